@@ -1,0 +1,303 @@
+"""Clusters: devices, links, presets, and the cluster file format.
+
+A :class:`Cluster` is ``num_nodes`` nodes of ``devices_per_node`` identical devices. Devices
+inside a node talk over ``intra_node``; devices on different nodes over ``inter_node``. Global
+rank ``r`` lives on node ``r // devices_per_node``. Bandwidths are bytes per second in one
+direction per device; latencies are seconds per message (the α of the α-β model).
+
+Presets take their figures from REFERENCES.md (hardware table and measured NCCL numbers);
+``local-cpu`` describes this machine's processes before ``plan calibrate`` measures it.
+A cluster file (TOML or JSON) has the fields of :meth:`Cluster.to_json`; ``plan calibrate``
+writes one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from planner.errors import AutoplanError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator (or CPU process): peak FLOP/s per dtype, memory, efficiencies."""
+
+    name: str
+    peak_flops: dict[str, float]
+    memory_bytes: int
+    memory_bandwidth: float
+    compute_efficiency: float = 0.6
+    memory_efficiency: float = 0.8
+    kernel_overhead_s: float = 5e-6
+    mixed_precision: bool = True
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``; the training dtype (bf16 or fp32) when unknown."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        return self.peak_flops["bfloat16" if self.mixed_precision else "float32"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """A link between two devices: bandwidth in bytes/s (one direction), latency in s."""
+
+    bandwidth: float
+    latency_s: float
+
+    def transfer_s(self, num_bytes: float) -> float:
+        return self.latency_s + num_bytes / self.bandwidth
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    name: str
+    num_nodes: int
+    devices_per_node: int
+    device: DeviceSpec
+    intra_node: Link
+    inter_node: Link
+    source: str = field(default="preset", compare=False)
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def link_between(self, ranks: tuple[int, ...] | list[int]) -> Link:
+        """The slowest link a group of ranks needs: inter-node as soon as it spans nodes."""
+        nodes = {self.node_of(rank) for rank in ranks}
+        return self.inter_node if len(nodes) > 1 else self.intra_node
+
+    def with_shape(self, *, num_nodes: int | None = None, devices_per_node: int | None = None) -> Cluster:
+        """This cluster with ``--nodes`` / ``--devices-per-node`` overrides applied."""
+        for flag, value in (("--nodes", num_nodes), ("--devices-per-node", devices_per_node)):
+            if value is not None and value <= 0:
+                raise AutoplanError(f"{flag} must be a positive number of devices, got {value}")
+        return replace(
+            self,
+            num_nodes=num_nodes if num_nodes is not None else self.num_nodes,
+            devices_per_node=devices_per_node if devices_per_node is not None else self.devices_per_node,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "num_nodes": self.num_nodes,
+            "devices_per_node": self.devices_per_node,
+            "device": {
+                "name": self.device.name,
+                "peak_flops": dict(self.device.peak_flops),
+                "memory_bytes": self.device.memory_bytes,
+                "memory_bandwidth": self.device.memory_bandwidth,
+                "compute_efficiency": self.device.compute_efficiency,
+                "memory_efficiency": self.device.memory_efficiency,
+                "kernel_overhead_s": self.device.kernel_overhead_s,
+                "mixed_precision": self.device.mixed_precision,
+            },
+            "intra_node": {"bandwidth": self.intra_node.bandwidth, "latency_s": self.intra_node.latency_s},
+            "inter_node": {"bandwidth": self.inter_node.bandwidth, "latency_s": self.inter_node.latency_s},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], *, source: str = "file") -> Cluster:
+        """Build from a parsed cluster file; a missing or wrong field is an AutoplanError."""
+        return _parse_cluster(data, source=source)
+
+
+def _local_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * GIB
+
+
+def _local_cpu() -> Cluster:
+    num_devices = max(os.cpu_count() or 1, 1)
+    return Cluster(
+        name="local-cpu",
+        num_nodes=1,
+        devices_per_node=num_devices,
+        # Rough figures for one CPU core per process, before `plan calibrate` measures them.
+        device=DeviceSpec(
+            name="cpu",
+            peak_flops={"float32": 1.0e11, "bfloat16": 1.0e11, "float16": 1.0e11},
+            memory_bytes=_local_memory_bytes() // num_devices,
+            memory_bandwidth=1.0e10,
+            compute_efficiency=0.5,
+            memory_efficiency=0.5,
+            kernel_overhead_s=2e-5,
+            mixed_precision=False,
+        ),
+        intra_node=Link(bandwidth=2.0e9, latency_s=5e-5),
+        inter_node=Link(bandwidth=1.25e9, latency_s=1e-4),
+    )
+
+
+def _gpu_cluster(
+    name: str, device: DeviceSpec, intra_node: Link, inter_node: Link, *, devices_per_node: int = 8
+) -> Cluster:
+    return Cluster(
+        name=name,
+        num_nodes=1,
+        devices_per_node=devices_per_node,
+        device=device,
+        intra_node=intra_node,
+        inter_node=inter_node,
+    )
+
+
+# REFERENCES.md, hardware table: V100 SXM2 16 GB, 125 TFLOP/s fp16, 900 GB/s HBM, NVLink
+# 300 GB/s bidirectional (150 GB/s each way); p3.16xlarge: 25 Gbit/s between nodes.
+# fp32 peaks (not in the table) are the vendors' data-sheet figures.
+_V100 = DeviceSpec(
+    name="V100-SXM2-16GB",
+    peak_flops={"float16": 125e12, "bfloat16": 125e12, "float32": 15.7e12},
+    memory_bytes=16 * GIB,
+    memory_bandwidth=900e9,
+)
+_A100 = DeviceSpec(
+    name="A100-SXM-80GB",
+    peak_flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
+    memory_bytes=80 * GIB,
+    memory_bandwidth=2.039e12,
+)
+_H100 = DeviceSpec(
+    name="H100-SXM-80GB",
+    peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
+    memory_bytes=80 * GIB,
+    memory_bandwidth=3.35e12,
+)
+
+
+def _presets() -> dict[str, Cluster]:
+    return {
+        "local-cpu": _local_cpu(),
+        "p3.16xlarge": _gpu_cluster(
+            "p3.16xlarge",
+            _V100,
+            Link(bandwidth=150e9, latency_s=10e-6),  # NVLink 300 GB/s bidirectional; ~10 µs on 2 GPUs
+            Link(bandwidth=25e9 / 8, latency_s=20e-6),  # 25 Gbit/s per node
+        ),
+        "dgx-a100": _gpu_cluster(
+            "dgx-a100",
+            _A100,
+            Link(bandwidth=208e9, latency_s=5e-6),  # measured NCCL all-reduce busbw, 8 A100
+            Link(bandwidth=23e9, latency_s=15e-6),  # 85-96 GB/s on 4 HDR -> ~23 GB/s per HDR NIC per GPU
+        ),
+        "dgx-h100": _gpu_cluster(
+            "dgx-h100",
+            _H100,
+            Link(bandwidth=370e9, latency_s=5e-6),  # measured NCCL ring busbw, 8 H100
+            Link(bandwidth=45e9, latency_s=15e-6),  # NDR 400 Gbit/s per GPU at ~90% efficiency
+        ),
+    }
+
+
+PRESET_NAMES = ("local-cpu", "p3.16xlarge", "dgx-a100", "dgx-h100")
+
+
+def preset(name: str) -> Cluster:
+    presets = _presets()
+    if name not in presets:
+        raise AutoplanError(
+            f"unknown cluster preset {name!r}: use one of {', '.join(PRESET_NAMES)} or a .toml/.json file"
+        )
+    return presets[name]
+
+
+def load_cluster(name_or_path: str, *, num_nodes: int | None = None, devices_per_node: int | None = None) -> Cluster:
+    """A preset by name, or a cluster file (TOML or JSON), with shape overrides."""
+    path = Path(name_or_path)
+    if name_or_path in PRESET_NAMES:
+        cluster = preset(name_or_path)
+    elif path.suffix in (".toml", ".json") or path.exists():
+        cluster = _read_cluster_file(path)
+    else:
+        cluster = preset(name_or_path)
+    return cluster.with_shape(num_nodes=num_nodes, devices_per_node=devices_per_node)
+
+
+def _read_cluster_file(path: Path) -> Cluster:
+    if not path.is_file():
+        raise AutoplanError(f"cluster file {path} does not exist")
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
+        raise AutoplanError(f"cluster file {path} is not valid {path.suffix.lstrip('.') or 'JSON'}: {error}") from None
+    return _parse_cluster(data, source=str(path))
+
+
+def _parse_cluster(data: Any, *, source: str) -> Cluster:
+    where = f"cluster file {source}"
+    if not isinstance(data, dict):
+        raise AutoplanError(f"{where} must hold a table/object with fields num_nodes, devices_per_node, device, ...")
+    device = _section(data, "device", where)
+    peak = device.get("peak_flops")
+    if not isinstance(peak, dict) or not peak or not all(_positive(v) for v in peak.values()):
+        raise AutoplanError(f"{where}: device.peak_flops must map dtypes to positive FLOP/s, e.g. float32 = 1e12")
+    cluster = Cluster(
+        name=str(data.get("name", Path(source).stem)),
+        num_nodes=_number(data, "num_nodes", where, integer=True),
+        devices_per_node=_number(data, "devices_per_node", where, integer=True),
+        device=DeviceSpec(
+            name=str(device.get("name", "device")),
+            peak_flops={str(k): float(v) for k, v in peak.items()},
+            memory_bytes=_number(device, "memory_bytes", f"{where}: device", integer=True),
+            memory_bandwidth=_number(device, "memory_bandwidth", f"{where}: device"),
+            compute_efficiency=_number(device, "compute_efficiency", f"{where}: device", default=0.6),
+            memory_efficiency=_number(device, "memory_efficiency", f"{where}: device", default=0.8),
+            kernel_overhead_s=_number(device, "kernel_overhead_s", f"{where}: device", default=5e-6, allow_zero=True),
+            mixed_precision=bool(device.get("mixed_precision", True)),
+        ),
+        intra_node=_link(data, "intra_node", where),
+        inter_node=_link(data, "inter_node", where),
+        source=source,
+    )
+    return cluster
+
+
+def _section(data: dict, key: str, where: str) -> dict:
+    value = data.get(key)
+    if not isinstance(value, dict):
+        raise AutoplanError(f"{where}: missing section [{key}]")
+    return value
+
+
+def _link(data: dict, key: str, where: str) -> Link:
+    section = _section(data, key, where)
+    return Link(
+        bandwidth=_number(section, "bandwidth", f"{where}: {key}"),
+        latency_s=_number(section, "latency_s", f"{where}: {key}", allow_zero=True),
+    )
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _number(
+    data: dict, key: str, where: str, *, integer: bool = False, default: float | None = None, allow_zero: bool = False
+) -> Any:
+    if key not in data:
+        if default is not None:
+            return default
+        raise AutoplanError(f"{where}: missing field {key}")
+    value = data[key]
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (value > 0 or (allow_zero and value == 0))
+    if integer:
+        ok = ok and float(value).is_integer()
+    if not ok:
+        kind = "a positive integer" if integer else "a positive number"
+        raise AutoplanError(f"{where}: field {key} must be {kind}, got {value!r}")
+    return int(value) if integer else float(value)

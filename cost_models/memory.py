@@ -1,0 +1,123 @@
+"""Bytes per device: model state (parameters, gradients, optimizer state) and activations.
+
+Model state per parameter (REFERENCES.md, "Memory per parameter"; ZeRO paper):
+
+* ``adam-mixed`` — bf16/fp16 weights 2 B + gradients 2 B + fp32 master weights, momentum and
+  variance 12 B = 16 B/param.
+* ``adam-fp32`` — fp32 weights 4 B + gradients 4 B + momentum and variance 8 B = 16 B/param.
+* ``sgd`` — weights 4 B + gradients 4 B; ``sgd-momentum`` adds 4 B of momentum.
+
+:func:`model_state_bytes` divides each of the three parts by its own shard count, so ZeRO
+stage 1 (``state_shards = d``), stage 2 (``grad_shards`` too) and stage 3 (``weight_shards``
+too) and tensor-parallel sharding are all the same formula.
+
+Activations kept for backward (:func:`saved_activation_bytes`): each operator saves what its
+backward needs — matmuls, convolutions, norms, attention and non-linear elementwise operators
+their non-parameter tensor inputs; softmax its output; additions, views and sums nothing.
+A tensor saved by several operators, or through a view of it, is counted once (views alias
+their base). On a mixed-precision device floating activations take 2 bytes per element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import AutoplanError
+from planner.graph import NodeKind, OpGraph, OpNode, TensorMeta, ValueKind
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimizerBytes:
+    """Bytes per parameter of weights, gradients and optimizer state."""
+
+    weights: int
+    grads: int
+    state: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.state
+
+
+OPTIMIZERS: dict[str, OptimizerBytes] = {
+    "adam-mixed": OptimizerBytes(weights=2, grads=2, state=12),
+    "adam-fp32": OptimizerBytes(weights=4, grads=4, state=8),
+    "sgd": OptimizerBytes(weights=4, grads=4, state=0),
+    "sgd-momentum": OptimizerBytes(weights=4, grads=4, state=4),
+}
+
+
+def optimizer_bytes(name: str) -> OptimizerBytes:
+    if name not in OPTIMIZERS:
+        raise AutoplanError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name]
+
+
+def model_state_bytes(
+    num_params: float,
+    *,
+    optimizer: str,
+    weight_shards: float = 1,
+    grad_shards: float = 1,
+    state_shards: float = 1,
+) -> float:
+    """Bytes one device holds for ``num_params`` parameters, each part split by its shard count."""
+    per_param = optimizer_bytes(optimizer)
+    return num_params * (
+        per_param.weights / weight_shards + per_param.grads / grad_shards + per_param.state / state_shards
+    )
+
+
+_SAVES_NOTHING = frozenset(
+    {"add", "sub", "neg", "sum", "mean", "clone", "contiguous", "dropout", "zeros_like", "ones_like", "cat"}
+)
+_LINEAR_ELEMENTWISE = frozenset({"add", "sub", "neg", "rsub"})
+
+
+def saved_inputs(node: OpNode) -> tuple[int, ...]:
+    """Positions in ``node.inputs`` whose tensors the node's backward reads."""
+    name = node.op_name.rstrip("_")
+    if node.kind in (NodeKind.VIEW, NodeKind.CREATION) or name in _SAVES_NOTHING:
+        return ()
+    if node.kind == NodeKind.SOFTMAX:
+        return ()
+    if node.kind == NodeKind.REDUCTION and name in ("sum", "mean"):
+        return ()
+    return tuple(range(len(node.inputs)))
+
+
+def saves_output(node: OpNode) -> bool:
+    return node.kind in (NodeKind.SOFTMAX, NodeKind.ATTENTION)
+
+
+def _element_bytes(meta: TensorMeta, activation_itemsize: int | None) -> int:
+    if activation_itemsize is not None and meta.is_floating:
+        return meta.numel * activation_itemsize
+    return meta.nbytes
+
+
+def saved_activation_bytes(
+    graph: OpGraph, *, nodes: list[OpNode] | None = None, activation_itemsize: int | None = None
+) -> int:
+    """Bytes of activations kept from forward to backward by ``nodes`` (default: all)."""
+    base_of: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.kind == NodeKind.VIEW and node.inputs and node.op_name not in ("clone", "contiguous", "_to_copy"):
+            base_of[node.name] = base_of.get(node.inputs[0], node.inputs[0])
+    saved: dict[str, int] = {}
+    for node in graph.nodes if nodes is None else nodes:
+        for position in saved_inputs(node):
+            name = node.inputs[position]
+            if graph.value_kind(name) in (ValueKind.PARAM, ValueKind.BUFFER):
+                continue
+            base = base_of.get(name, name)
+            saved[base] = max(saved.get(base, 0), _element_bytes(_meta_of(graph, base), activation_itemsize))
+        if saves_output(node):
+            saved[node.name] = _element_bytes(node.output, activation_itemsize)
+    return sum(saved.values())
+
+
+def _meta_of(graph: OpGraph, name: str) -> TensorMeta:
+    if graph.has_node(name):
+        return graph.node(name).output
+    return graph.value(name).meta

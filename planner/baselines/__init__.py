@@ -1,0 +1,1 @@
+"""Plans that engineers write by hand and placement algorithms from the literature."""

@@ -1,0 +1,166 @@
+"""The ``plan`` command.
+
+``plan MODEL_FILE --cluster NAME|FILE --batch-size B ...`` plans a model; subcommands
+``profile`` and ``calibrate`` stand beside it (later: ``compare``, ``run``, ``compile``,
+``show``). Every user error is one line on stderr and exit code 2; no output file is written
+unless the whole command succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from planner.errors import AutoplanError
+
+SUBCOMMANDS = ("profile", "calibrate")
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``plan: error: ... (see plan --help)``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+_DESCRIPTION = """\
+Find how to train a PyTorch model on a cluster: pipeline stages, per-operator sharding and
+data parallelism, with an estimate of step time and memory per device.
+
+  plan MODEL_FILE --cluster NAME|FILE --batch-size B [options]   plan a model (this form)
+  plan profile MODEL_FILE --batch-size B [options]               per-node FLOPs, time, memory
+  plan calibrate [--out FILE]                                    measure this machine
+
+A model file defines build_model(**kwargs) -> nn.Module and example_inputs(batch_size) -> tuple
+of tensors (optionally loss_fn(output, inputs)); see examples/. Clusters: local-cpu,
+p3.16xlarge, dgx-a100, dgx-h100, or a .toml/.json file (`plan calibrate` writes one).
+Run `plan SUBCOMMAND --help` for a subcommand's options."""
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_file", metavar="MODEL_FILE", help="Python file with build_model and example_inputs")
+    parser.add_argument("--batch-size", type=int, required=True, metavar="B", help="global batch size of one step")
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for build_model (repeatable), e.g. --model-arg size=1.3b",
+    )
+    parser.add_argument(
+        "--tracer", choices=("export", "fx"), default="export", help="graph capture: torch.export (default) or torch.fx"
+    )
+
+
+def add_cluster_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "--cluster",
+        required=required,
+        default=None if required else "local-cpu",
+        metavar="NAME|FILE",
+        help="preset (local-cpu, p3.16xlarge, dgx-a100, dgx-h100) or a cluster .toml/.json file",
+    )
+    parser.add_argument("--nodes", type=int, metavar="N", help="number of nodes (overrides the cluster's)")
+    parser.add_argument("--devices-per-node", type=int, metavar="M", help="devices per node (overrides the cluster's)")
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    from planner.api import COST_MODELS, METHODS
+
+    parser = _Parser(
+        prog="plan",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_options(parser)
+    add_cluster_options(parser, required=True)
+    methods = "; ".join(f"{name}: {text}" for name, text in METHODS.items())
+    parser.add_argument("--method", default="auto", choices=tuple(METHODS), metavar="M", help=methods)
+    parser.add_argument(
+        "--optimizer", default=None, help="adam-mixed (16 B/param, default on GPUs), adam-fp32 (default on CPU), sgd"
+    )
+    parser.add_argument(
+        "--cost-model",
+        choices=COST_MODELS,
+        default="roofline",
+        help="roofline (analytical, any device) or profiled (times measured on this machine's CPU)",
+    )
+    parser.add_argument(
+        "--memory-fraction", type=float, default=1.0, metavar="F", help="share of device memory the plan may use"
+    )
+    parser.add_argument(
+        "--out", default="plan.json", metavar="FILE", help="where to write the plan (default plan.json)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of a summary")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``plan`` console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    warnings.showwarning = _one_line_warning
+    try:
+        if args and args[0] in SUBCOMMANDS:
+            return _run_subcommand(args[0], args[1:])
+        return _run_plan(_plan_parser().parse_args(args))
+    except AutoplanError as error:
+        sys.stderr.write(f"plan: error: {error}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("plan: interrupted\n")
+        return 130
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(f"plan: warning: {str(message).splitlines()[0]}\n")
+
+
+def _run_subcommand(name: str, args: list[str]) -> int:
+    if name == "profile":
+        from planner.cli_profile import run_profile
+
+        return run_profile(args)
+    from planner.cli_calibrate import run_calibrate
+
+    return run_calibrate(args)
+
+
+def _run_plan(options: argparse.Namespace) -> int:
+    from cost_models.cluster import load_cluster
+    from planner.api import plan_model_file
+    from planner.model_file import parse_model_args
+    from planner.plan import save_plan
+    from planner.report import plan_summary
+
+    cluster = load_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node)
+    model_args = parse_model_args(options.model_arg)
+    result = plan_model_file(
+        options.model_file,
+        cluster,
+        batch_size=options.batch_size,
+        model_args=model_args,
+        method=options.method,
+        tracer=options.tracer,
+        optimizer=options.optimizer,
+        cost_model=options.cost_model,
+        memory_fraction=options.memory_fraction,
+    )
+    out = Path(options.out)
+    save_plan(result, out)
+    if options.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(plan_summary(result))
+        print(f"wrote {out}")
+    return 0
+
+
+def entry() -> NoReturn:
+    raise SystemExit(main())

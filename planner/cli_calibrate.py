@@ -1,0 +1,48 @@
+"""``plan calibrate [--out FILE]``: measure this machine and write a cluster file.
+
+The measuring (processes, gloo collectives) lives in :mod:`executors.calibrate`; the fits in
+:mod:`cost_models.calibration`. The written file is accepted by ``--cluster FILE``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def _parser():  # noqa: ANN202 - argparse parser
+    from planner.cli import _Parser
+
+    parser = _Parser(
+        prog="plan calibrate",
+        description=(
+            "Measure this machine: fp32 matmul throughput and memory bandwidth of one process, and gloo all-reduce, "
+            "all-gather and point-to-point latency and bandwidth between local processes at several sizes. Writes a "
+            "cluster file for --cluster FILE. Run it on an idle machine: other load slows the measurements."
+        ),
+    )
+    parser.add_argument("--out", default="cluster.json", metavar="FILE", help="cluster file to write (.json or .toml)")
+    parser.add_argument("--processes", type=int, default=2, metavar="N", help="local processes to measure between")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about 10 s)")
+    return parser
+
+
+def run_calibrate(argv: Sequence[str]) -> int:
+    from executors.calibrate import check_output_path, run_calibration, write_cluster_file
+
+    options = _parser().parse_args(list(argv))
+    check_output_path(options.out)
+
+    def progress(message: str) -> None:
+        sys.stderr.write(f"{message}\n")
+
+    result = run_calibration(num_processes=options.processes, quick=options.quick, progress=progress)
+    path = write_cluster_file(result, options.out)
+    cluster = result.to_cluster()
+    print(
+        f"wrote {path}: {cluster.device.peak('float32') / 1e9:.1f} GFLOP/s fp32, "
+        f"{cluster.device.memory_bandwidth / 1e9:.2f} GB/s memory, "
+        f"link latency {cluster.intra_node.latency_s * 1e6:.0f} µs, bandwidth {cluster.intra_node.bandwidth / 1e9:.2f} GB/s"
+    )
+    print(f"use it with: plan MODEL_FILE --cluster {path} --batch-size B")
+    return 0

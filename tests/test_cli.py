@@ -1,0 +1,165 @@
+"""The ``plan`` command: the happy path, and every bad input as one line, exit 2, no file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+from tests.conftest import EXAMPLES, ROOT
+
+MLP = str(EXAMPLES / "mlp.py")
+SMALL = ["--model-arg", "hidden=64", "--model-arg", "layers=2"]
+
+
+def run(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_plan_writes_json_and_prints_summary(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "plan.json"
+    code, stdout, _ = run([MLP, "--cluster", "dgx-a100", "--batch-size", "16", *SMALL, "--out", str(out)], capsys)
+    assert code == 0
+    assert "estimate: step" in stdout and f"wrote {out}" in stdout
+    data = json.loads(out.read_text())
+    assert data["method"] == "auto" and data["batch_size"] == 16
+    assert data["stages"][0]["devices"] == list(range(8))
+    assert data["model"]["args"] == {"hidden": 64, "layers": 2}
+
+
+def test_json_flag_prints_the_plan(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "p.json"
+    code, stdout, _ = run(
+        [MLP, "--cluster", "p3.16xlarge", "--nodes", "2", "--batch-size", "32", *SMALL, "--out", str(out), "--json"],
+        capsys,
+    )
+    assert code == 0
+    printed = json.loads(stdout)
+    assert printed == json.loads(out.read_text())
+    assert printed["cluster"]["num_nodes"] == 2 and len(printed["stages"][0]["devices"]) == 16
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+BAD_CASES = {
+    "missing file": (lambda t: ["nowhere.py", "--cluster", "local-cpu", "--batch-size", "2"], "nowhere.py does not exist"),
+    "python error": (
+        lambda t: [write(t, "broken.py", "import torch\nx = 1 / 0\n"), "--cluster", "local-cpu", "--batch-size", "2"],
+        r"failed to import: ZeroDivisionError: division by zero \(line 2\)",
+    ),
+    "syntax error": (
+        lambda t: [write(t, "syntax.py", "def build_model(:\n"), "--cluster", "local-cpu", "--batch-size", "2"],
+        r"failed to import: SyntaxError",
+    ),
+    "no build_model": (
+        lambda t: [write(t, "empty.py", "X = 1\n"), "--cluster", "local-cpu", "--batch-size", "2"],
+        "has no build_model or example_inputs function",
+    ),
+    "uncapturable": (
+        lambda t: [
+            write(
+                t,
+                "branchy.py",
+                "import torch\n"
+                "class M(torch.nn.Module):\n"
+                "    def forward(self, x):\n"
+                "        return x if x.sum().item() > 0 else -x\n"
+                "def build_model():\n    return M()\n"
+                "def example_inputs(batch_size):\n    return (torch.randn(batch_size, 4),)\n",
+            ),
+            "--cluster",
+            "local-cpu",
+            "--batch-size",
+            "2",
+        ],
+        "could not capture the model",
+    ),
+    "unknown preset": (lambda t: [MLP, "--cluster", "tpu-v9", "--batch-size", "2"], "unknown cluster preset 'tpu-v9'"),
+    "malformed cluster": (
+        lambda t: [MLP, "--cluster", write(t, "c.toml", "num_nodes = [\n"), "--batch-size", "2"],
+        "is not valid toml",
+    ),
+    "cluster field": (
+        lambda t: [MLP, "--cluster", write(t, "c.json", json.dumps({"num_nodes": 1})), "--batch-size", "2"],
+        r"missing section \[device\]",
+    ),
+    "batch split": (lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "12", *SMALL], "batch size 12 cannot be split evenly over 8"),
+    "zero batch": (lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "0", *SMALL], "--batch-size must be a positive"),
+    "zero nodes": (lambda t: [MLP, "--cluster", "dgx-a100", "--nodes", "0", "--batch-size", "8"], "--nodes must be a positive"),
+    "negative devices": (
+        lambda t: [MLP, "--cluster", "dgx-a100", "--devices-per-node", "-2", "--batch-size", "8"],
+        "--devices-per-node must be a positive",
+    ),
+    "bad model arg": (lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--model-arg", "hidden"], "must look like key=value"),
+    "unknown kwarg": (
+        lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--model-arg", "colour=red"],
+        r"--model-arg colour is not a parameter of build_model or example_inputs in .*mlp.py \(they take: hidden, in_features, layers, out_features\)",
+    ),
+    "unknown method": (lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--method", "magic"], "invalid choice: 'magic'"),
+    "does not fit": (
+        lambda t: [str(EXAMPLES / "gpt.py"), "--cluster", "p3.16xlarge", "--batch-size", "8", "--model-arg", "size=2.6b"],
+        r"does not fit: data parallel over 8 devices needs [\d.]+ GiB per device, the device has 16.0 GiB",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_input_is_one_line_exit_2_no_file(case: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    make_args, pattern = BAD_CASES[case]
+    args = make_args(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(args))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    lines = [line for line in err.splitlines() if not line.startswith("plan: warning:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    import re
+
+    assert re.search(pattern, lines[0]), lines[0]
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_console_script_runs_without_traceback(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "planner", "nowhere.py", "--cluster", "local-cpu", "--batch-size", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "plan: error: model file nowhere.py does not exist"
+
+
+def test_help_lists_subcommands(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "plan profile" in out and "plan calibrate" in out and "--cluster" in out
+
+
+def test_profile_prints_a_table(capsys) -> None:
+    code, stdout, _ = run(["profile", str(EXAMPLES / "gpt.py"), "--batch-size", "2", "--measure", "no"], capsys)
+    assert code == 0
+    assert "scaled_dot_product_attention" in stdout and "total" in stdout
+
+
+def test_profile_json_measures_locally(capsys) -> None:
+    code, stdout, _ = run(["profile", MLP, "--batch-size", "4", *SMALL, "--json", "--repeats", "2"], capsys)
+    assert code == 0
+    rows = json.loads(stdout)
+    linear = [r for r in rows if r["kind"] == "matmul"]
+    assert linear and all(r["measured"] and r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in linear)
