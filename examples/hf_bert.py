@@ -71,7 +71,9 @@ def build_model(
         vocab_size=int(vocab),
         attn_implementation=str(attn),
     )
-    return LogitsOnly(transformers.BertForMaskedLM(config))
+    model = transformers.BertForMaskedLM(config)
+    model.tie_weights()  # transformers 5.0 leaves them untied when built on the meta device
+    return LogitsOnly(model)
 
 
 def example_inputs(batch_size: int, *, seq: int = 32, vocab: int = 512, **_: object) -> tuple[Tensor, ...]:

@@ -72,7 +72,9 @@ def build_model(
         use_cache=False,
         attn_implementation=str(attn),
     )
-    return LogitsOnly(transformers.GPT2LMHeadModel(config))
+    model = transformers.GPT2LMHeadModel(config)
+    model.tie_weights()  # transformers 5.0 leaves them untied when built on the meta device
+    return LogitsOnly(model)
 
 
 def example_inputs(batch_size: int, *, seq: int = 32, vocab: int = 512, **_: object) -> tuple[Tensor, ...]:

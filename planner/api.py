@@ -50,22 +50,31 @@ def _resolve_cluster(cluster: Cluster | str) -> Cluster:
     return cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
 
 
-def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str) -> ComputeModel:
-    """The roofline for ``cluster``'s device, or node times measured on this machine."""
+def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, repeats: int = 5) -> ComputeModel:
+    """The roofline for ``cluster``'s device, or node times measured on this machine's CPU.
+
+    Measuring runs one thread (one local device per core, as ``local-cpu`` assumes) and uses the
+    on-disk profile cache; nodes it cannot time fall back to the roofline.
+    """
     roofline = RooflineCompute(device=cluster.device)
     if cost_model == "roofline":
         return roofline
     if cost_model != "profiled":
         raise AutoplanError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
-    if cluster.device.name != "cpu" and not cluster.device.name.startswith("cpu"):
+    if not cluster.device.name.startswith("cpu"):
         raise AutoplanError(
-            f"--cost-model profiled measures this machine's CPU, but cluster {cluster.name} has {cluster.device.name} "
-            "devices: use --cost-model roofline, or --cluster local-cpu / a file from `plan calibrate`"
+            f"measured times are for this machine's CPU, but cluster {cluster.name} has {cluster.device.name} "
+            "devices: use the roofline, or --cluster local-cpu / a file from `plan calibrate`"
         )
     from cost_models.compute import ProfiledCompute
-    from cost_models.profiler import profile_graph
+    from cost_models.profiler import ProfileCache, profile_graph
 
-    result = profile_graph(graph)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = profile_graph(graph, repeats=repeats, cache=ProfileCache(device="cpu"))
+    finally:
+        torch.set_num_threads(threads)
     return ProfiledCompute(table=result.times, fallback=roofline)
 
 

@@ -208,7 +208,9 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _G
         ) from None
     if _has_opaque_calls(program.graph):
         try:  # lowers predispatch vmap (HF transformers 4.5x masks) and higher-order ops to plain ATen
-            program = program.run_decompositions({})
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch's own LeafSpec deprecation
+                program = program.run_decompositions({})
         except Exception as error:
             raise AutoplanError(f"torch.export could not lower the model to ATen ({_first_line(error)})") from None
     kinds = {InputKind.PARAMETER: ValueKind.PARAM, InputKind.USER_INPUT: ValueKind.INPUT}

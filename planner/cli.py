@@ -22,7 +22,7 @@ SUBCOMMANDS = ("profile", "calibrate")
 EXIT_USAGE = 2
 
 
-class _Parser(argparse.ArgumentParser):
+class UsageParser(argparse.ArgumentParser):
     """Usage errors as one line (``plan: error: ... (see plan --help)``), exit code 2."""
 
     def error(self, message: str) -> NoReturn:
@@ -74,7 +74,7 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, required: bool) -> N
 def _plan_parser() -> argparse.ArgumentParser:
     from planner.api import COST_MODELS, METHODS
 
-    parser = _Parser(
+    parser = UsageParser(
         prog="plan",
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -133,6 +133,8 @@ def _run_subcommand(name: str, args: list[str]) -> int:
 
 
 def _run_plan(options: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from cost_models.cluster import load_cluster
     from planner.api import plan_model_file
     from planner.model_file import parse_model_args
@@ -141,17 +143,19 @@ def _run_plan(options: argparse.Namespace) -> int:
 
     cluster = load_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node)
     model_args = parse_model_args(options.model_arg)
-    result = plan_model_file(
-        options.model_file,
-        cluster,
-        batch_size=options.batch_size,
-        model_args=model_args,
-        method=options.method,
-        tracer=options.tracer,
-        optimizer=options.optimizer,
-        cost_model=options.cost_model,
-        memory_fraction=options.memory_fraction,
-    )
+    status = Console(stderr=True).status(f"planning {options.model_file} on {cluster.num_devices} devices")
+    with status:
+        result = plan_model_file(
+            options.model_file,
+            cluster,
+            batch_size=options.batch_size,
+            model_args=model_args,
+            method=options.method,
+            tracer=options.tracer,
+            optimizer=options.optimizer,
+            cost_model=options.cost_model,
+            memory_fraction=options.memory_fraction,
+        )
     out = Path(options.out)
     save_plan(result, out)
     if options.json:

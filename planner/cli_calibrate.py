@@ -6,14 +6,15 @@ The measuring (processes, gloo collectives) lives in :mod:`executors.calibrate`;
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
 
-def _parser():  # noqa: ANN202 - argparse parser
-    from planner.cli import _Parser
+def _parser() -> argparse.ArgumentParser:
+    from planner.cli import UsageParser
 
-    parser = _Parser(
+    parser = UsageParser(
         prog="plan calibrate",
         description=(
             "Measure this machine: fp32 matmul throughput and memory bandwidth of one process, and gloo all-reduce, "

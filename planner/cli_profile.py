@@ -10,13 +10,13 @@ import argparse
 import json
 from collections.abc import Sequence
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
 from cost_models.cluster import Cluster, load_cluster
-from cost_models.compute import ComputeModel, NodeTime, ProfiledCompute, RooflineCompute
+from cost_models.compute import ComputeModel, NodeTime, ProfiledCompute
 from cost_models.memory import saved_inputs, saves_output
+from planner.api import make_compute_model
 from planner.capture import capture
 from planner.graph import OpGraph, OpNode
 from planner.model_file import instantiate, load_model_file, parse_model_args
@@ -25,9 +25,9 @@ MIB = 1024**2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from planner.cli import _Parser, add_cluster_options, add_model_options
+    from planner.cli import UsageParser, add_cluster_options, add_model_options
 
-    parser = _Parser(
+    parser = UsageParser(
         prog="plan profile",
         description="Per-node table: name, target, kind, output shape, FLOPs, forward/backward time, memory.",
     )
@@ -46,23 +46,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _compute_model(graph: OpGraph, cluster: Cluster, *, measure: str, repeats: int) -> ComputeModel:
-    from planner.errors import AutoplanError
-
-    roofline = RooflineCompute(device=cluster.device)
     local = cluster.device.name.startswith("cpu")
-    if measure == "no" or (measure == "auto" and not local):
-        return roofline
-    if not local:
-        raise AutoplanError(f"--measure yes times this machine's CPU, but cluster {cluster.name} has GPUs")
-    from cost_models.profiler import ProfileCache, profile_graph
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        result = profile_graph(graph, repeats=repeats, cache=ProfileCache(device="cpu"))
-    finally:
-        torch.set_num_threads(threads)
-    return ProfiledCompute(table=result.times, fallback=roofline)
+    measured = measure == "yes" or (measure == "auto" and local)
+    return make_compute_model(graph, cluster, cost_model="profiled" if measured else "roofline", repeats=repeats)
 
 
 def _saved_bytes(node: OpNode, graph: OpGraph) -> int:

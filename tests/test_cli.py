@@ -52,7 +52,10 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 
 BAD_CASES = {
-    "missing file": (lambda t: ["nowhere.py", "--cluster", "local-cpu", "--batch-size", "2"], "nowhere.py does not exist"),
+    "missing file": (
+        lambda t: ["nowhere.py", "--cluster", "local-cpu", "--batch-size", "2"],
+        "nowhere.py does not exist",
+    ),
     "python error": (
         lambda t: [write(t, "broken.py", "import torch\nx = 1 / 0\n"), "--cluster", "local-cpu", "--batch-size", "2"],
         r"failed to import: ZeroDivisionError: division by zero \(line 2\)",
@@ -93,21 +96,44 @@ BAD_CASES = {
         lambda t: [MLP, "--cluster", write(t, "c.json", json.dumps({"num_nodes": 1})), "--batch-size", "2"],
         r"missing section \[device\]",
     ),
-    "batch split": (lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "12", *SMALL], "batch size 12 cannot be split evenly over 8"),
-    "zero batch": (lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "0", *SMALL], "--batch-size must be a positive"),
-    "zero nodes": (lambda t: [MLP, "--cluster", "dgx-a100", "--nodes", "0", "--batch-size", "8"], "--nodes must be a positive"),
+    "batch split": (
+        lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "12", *SMALL],
+        "batch size 12 cannot be split evenly over 8",
+    ),
+    "zero batch": (
+        lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "0", *SMALL],
+        "--batch-size must be a positive",
+    ),
+    "zero nodes": (
+        lambda t: [MLP, "--cluster", "dgx-a100", "--nodes", "0", "--batch-size", "8"],
+        "--nodes must be a positive",
+    ),
     "negative devices": (
         lambda t: [MLP, "--cluster", "dgx-a100", "--devices-per-node", "-2", "--batch-size", "8"],
         "--devices-per-node must be a positive",
     ),
-    "bad model arg": (lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--model-arg", "hidden"], "must look like key=value"),
+    "bad model arg": (
+        lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--model-arg", "hidden"],
+        "must look like key=value",
+    ),
     "unknown kwarg": (
         lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--model-arg", "colour=red"],
         r"--model-arg colour is not a parameter of build_model or example_inputs in .*mlp.py \(they take: hidden, in_features, layers, out_features\)",
     ),
-    "unknown method": (lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--method", "magic"], "invalid choice: 'magic'"),
+    "unknown method": (
+        lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--method", "magic"],
+        "invalid choice: 'magic'",
+    ),
     "does not fit": (
-        lambda t: [str(EXAMPLES / "gpt.py"), "--cluster", "p3.16xlarge", "--batch-size", "8", "--model-arg", "size=2.6b"],
+        lambda t: [
+            str(EXAMPLES / "gpt.py"),
+            "--cluster",
+            "p3.16xlarge",
+            "--batch-size",
+            "8",
+            "--model-arg",
+            "size=2.6b",
+        ],
         r"does not fit: data parallel over 8 devices needs [\d.]+ GiB per device, the device has 16.0 GiB",
     ),
 }

@@ -59,7 +59,9 @@ def test_valid_plan_validates(mlp_plan: Plan) -> None:
         (lambda p: with_stage(p, nodes=(*p.stages[0].nodes, p.stages[0].nodes[0])), "is placed twice"),
         (lambda p: with_stage(p, nodes=(*p.stages[0].nodes, "ghost")), "node ghost is not in the model"),
         (
-            lambda p: with_stage(p, param_placements={k: v for k, v in p.stages[0].param_placements.items() if "fc2" not in k}),
+            lambda p: with_stage(
+                p, param_placements={k: v for k, v in p.stages[0].param_placements.items() if "fc2" not in k}
+            ),
             r"parameter blocks\.\d\.fc2\.\w+ is not placed",
         ),
         (lambda p: with_stage(p, devices=(0, 1, 2, 3, 4, 5, 6, 6)), "device 6 is used by stage 0 and stage 0"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -19,39 +18,21 @@ from cost_models.profiler import (
     profile_graph,
     profiled_compute,
 )
-from planner.capture import capture
 from planner.errors import AutoplanError
 from planner.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind
-from planner.model_file import instantiate, load_model_file
+from tests.conftest import captured
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FAST = {"warmup": 1, "repeats": 3}
-
-
-def _capture_example(name: str, batch_size: int, **model_args: Any) -> OpGraph:
-    """Capture an example model as ``plan`` does: built on the meta device, no weights allocated."""
-    model_file = load_model_file(EXAMPLES / f"{name}.py")
-    model, inputs = instantiate(model_file, batch_size=batch_size, model_args=model_args)
-    return capture(model, inputs)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Profile with one thread (stable timings on a shared machine); restore the caller's count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
 def mlp_graph() -> OpGraph:
-    return _capture_example("mlp", 8, hidden=64, layers=2)
+    return captured("mlp", 8, hidden=64, layers=2)
 
 
 @pytest.fixture(scope="module")
 def gpt_graph() -> OpGraph:
-    return _capture_example("gpt", 8, size="tiny")
+    return captured("gpt", 8, size="tiny")
 
 
 def _positive_finite(value: float) -> bool:
