@@ -14,6 +14,7 @@ bandwidth ``β`` (s/byte), ring algorithms give (DESIGN.md, "Communication cost"
 * all-to-all       ``(n−1)·α + (n−1)/n·b·β`` — each device keeps 1/n of its ``b`` bytes and
   sends ``b/n`` to each of the ``n−1`` others, one peer per step — :func:`all_to_all_s`
 * point-to-point   ``α + b·β``                              — :func:`p2p_s`
+* gradient sync     all-reduce with the latency paid once per 25 MiB bucket — :func:`bucketed_all_reduce_s`
 
 ``n = 1`` costs nothing. The all-reduce bus-bandwidth convention of nccl-tests
 (busbw = algbw·2(n−1)/n, REFERENCES.md) is what makes ``bandwidth`` here comparable with
@@ -33,6 +34,25 @@ def all_reduce_s(num_bytes: float, *, num_devices: int, link: Link) -> float:
         return 0.0
     n = num_devices
     return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * num_bytes / link.bandwidth
+
+
+DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb
+
+
+def bucketed_all_reduce_s(
+    num_bytes: float, *, num_devices: int, link: Link, bucket_bytes: float = DDP_BUCKET_BYTES
+) -> float:
+    """Share of a bucketed gradient all-reduce: latency paid per bucket, not per tensor.
+
+    Gradients are all-reduced in buckets of ``bucket_bytes`` (DDP's 25 MiB), so a tensor of
+    ``b`` bytes pays ``min(1, b / bucket_bytes)`` of the ring's ``2(n−1)·α`` latency plus its
+    bandwidth term; summed over tensors this is the cost of the buckets.
+    """
+    if num_devices <= 1 or num_bytes <= 0:
+        return 0.0
+    n = num_devices
+    latency_share = min(1.0, num_bytes / bucket_bytes)
+    return latency_share * 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * num_bytes / link.bandwidth
 
 
 def all_gather_s(num_bytes: float, *, num_devices: int, link: Link) -> float:

@@ -96,25 +96,28 @@ def _element_bytes(meta: TensorMeta, activation_itemsize: int | None) -> int:
     return meta.nbytes
 
 
-def saved_activation_bytes(
-    graph: OpGraph, *, nodes: list[OpNode] | None = None, activation_itemsize: int | None = None
-) -> int:
-    """Bytes of activations kept from forward to backward by ``nodes`` (default: all)."""
+def saved_values(graph: OpGraph, *, nodes: list[OpNode] | None = None) -> set[str]:
+    """Names of the values (views resolved to their base) that ``nodes`` keep for backward."""
     base_of: dict[str, str] = {}
     for node in graph.nodes:
         if node.kind == NodeKind.VIEW and node.inputs and node.op_name not in ("clone", "contiguous", "_to_copy"):
             base_of[node.name] = base_of.get(node.inputs[0], node.inputs[0])
-    saved: dict[str, int] = {}
+    saved: set[str] = set()
     for node in graph.nodes if nodes is None else nodes:
         for position in saved_inputs(node):
             name = node.inputs[position]
-            if graph.value_kind(name) in (ValueKind.PARAM, ValueKind.BUFFER):
-                continue
-            base = base_of.get(name, name)
-            saved[base] = max(saved.get(base, 0), _element_bytes(_meta_of(graph, base), activation_itemsize))
+            if graph.value_kind(name) not in (ValueKind.PARAM, ValueKind.BUFFER):
+                saved.add(base_of.get(name, name))
         if saves_output(node):
-            saved[node.name] = _element_bytes(node.output, activation_itemsize)
-    return sum(saved.values())
+            saved.add(node.name)
+    return saved
+
+
+def saved_activation_bytes(
+    graph: OpGraph, *, nodes: list[OpNode] | None = None, activation_itemsize: int | None = None
+) -> int:
+    """Bytes of activations kept from forward to backward by ``nodes`` (default: all)."""
+    return sum(_element_bytes(_meta_of(graph, name), activation_itemsize) for name in saved_values(graph, nodes=nodes))
 
 
 def _meta_of(graph: OpGraph, name: str) -> TensorMeta:

@@ -4,14 +4,14 @@
 compute model, optimizer), runs the chosen method and returns a validated :class:`Plan`.
 :func:`plan_model_file` does the same from a model file, building the model on the meta
 device so that nothing is allocated. Methods are looked up in :data:`METHODS`; ``auto``
-picks the best plan the planner can search (in this version: data parallel over every
-device).
+picks the best plan the planner can search (in this version: one stage over every device,
+sharded per operator by the intra-op ILP on the best logical mesh).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +24,27 @@ from planner.capture import capture
 from planner.errors import AutoplanError
 from planner.estimate import CostSetup
 from planner.graph import OpGraph
+from planner.intra_op import IntraOpOptions
 from planner.model_file import instantiate, load_model_file
 from planner.plan import Estimate, ModelRef, Plan, SearchStats, Stage, validate_plan
-
-Method = Callable[[OpGraph, CostSetup], tuple[tuple[Stage, ...], Estimate]]
+from planner.single_stage import logical_meshes, single_stage_plan
 
 METHODS: dict[str, str] = {
-    "auto": "the best plan autoplan can search (this version: data parallel over every device)",
+    "auto": "the best plan autoplan can search (this version: one stage, per-operator sharding by ILP "
+    "over every logical mesh of the devices)",
     "data-parallel": "every device holds the model and a 1/d slice of the batch",
 }
 COST_MODELS = ("roofline", "profiled")
 
 
-def _run_method(name: str, graph: OpGraph, setup: CostSetup, *, batch_size: int) -> tuple[tuple[Stage, ...], Estimate]:
-    if name not in METHODS:
-        raise AutoplanError(f"unknown method {name!r}: use one of {', '.join(METHODS)}")
-    return data_parallel(graph, setup, batch_size=batch_size)
+def _run_method(
+    name: str, graph: OpGraph, setup: CostSetup, *, batch_size: int, options: IntraOpOptions
+) -> tuple[tuple[Stage, ...], Estimate, int]:
+    """Stages, estimate and the number of ILP solves of method ``name``."""
+    if name == "data-parallel":
+        return (*data_parallel(graph, setup, batch_size=batch_size), 0)
+    stages, estimate, _ = single_stage_plan(graph, setup, options=options)
+    return stages, estimate, len(logical_meshes(setup.cluster.num_devices, setup.cluster.devices_per_node))
 
 
 def default_optimizer(cluster: Cluster) -> str:
@@ -89,6 +94,9 @@ def plan(
     optimizer: str | None = None,
     cost_model: str = "roofline",
     memory_fraction: float = 1.0,
+    max_stages: int = 1,
+    zero: bool = False,
+    ilp_time_limit_s: float = 30.0,
     model_ref: dict[str, Any] | None = None,
 ) -> Plan:
     """Find a parallel plan for training ``model`` on ``cluster`` with global ``batch_size``.
@@ -100,6 +108,8 @@ def plan(
         raise AutoplanError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if batch_size <= 0:
         raise AutoplanError(f"--batch-size must be a positive integer, got {batch_size}")
+    if max_stages < 1:
+        raise AutoplanError(f"--max-stages must be at least 1, got {max_stages}")
     if not 0 < memory_fraction <= 1:
         raise AutoplanError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     cluster = _resolve_cluster(cluster)
@@ -113,7 +123,8 @@ def plan(
         memory_fraction=memory_fraction,
     )
     costed = time.perf_counter()
-    stages, estimate = _run_method(method, graph, setup, batch_size=batch_size)
+    options = IntraOpOptions(zero=zero, time_limit_s=ilp_time_limit_s)
+    stages, estimate, ilp_solves = _run_method(method, graph, setup, batch_size=batch_size, options=options)
     finished = time.perf_counter()
     ref = dict(model_ref or {})
     result = Plan(
@@ -132,17 +143,21 @@ def plan(
         optimizer=setup.optimizer,
         stages=stages,
         estimate=estimate,
-        search=SearchStats(time_s=finished - started, capture_s=captured - started, cost_s=costed - captured),
-        notes=_notes(method, cost_model),
+        search=SearchStats(
+            time_s=finished - started, capture_s=captured - started, cost_s=costed - captured, ilp_solves=ilp_solves
+        ),
+        notes=_notes(method, cost_model, max_stages),
     )
     validate_plan(result, graph)
     return result
 
 
-def _notes(method: str, cost_model: str) -> tuple[str, ...]:
+def _notes(method: str, cost_model: str, max_stages: int) -> tuple[str, ...]:
     notes = [f"compute times: {cost_model}", "gradient all-reduce is not overlapped with backward in the estimate"]
     if method == "auto":
-        notes.insert(0, "auto searched data parallel over every device (the only method in this version)")
+        notes.insert(0, "auto searched one stage: per-operator sharding by ILP on every logical mesh")
+        if max_stages > 1:
+            notes.insert(1, f"--max-stages {max_stages}: pipeline stages are not searched yet in this version")
     return tuple(notes)
 
 

@@ -4,7 +4,7 @@ A single-stage plan over ``d`` data-parallel devices (:func:`data_parallel_estim
 
     step_time_s  = compute_s + grad_sync_s + optimizer_s
     compute_s    = Σ_v  t_v(fwd + bwd) scaled by 1/d for batch-carrying nodes   (compute.py)
-    grad_sync_s  = all_reduce(gradient bytes, d devices, their slowest link)   (communication.py)
+    grad_sync_s  = Σ_params bucketed all-reduce(gradient bytes, d devices, slowest link) (communication.py)
     optimizer_s  = num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth
     memory_bytes = model state (memory.py, by optimizer) + saved activations / d
                    + the largest operator output / d (working memory of the biggest kernel)
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.cluster import Cluster
-from cost_models.communication import all_reduce_s
+from cost_models.communication import bucketed_all_reduce_s
 from cost_models.compute import ComputeModel
 from cost_models.memory import model_state_bytes, optimizer_bytes, saved_activation_bytes
 from planner.errors import AutoplanError
@@ -88,8 +88,9 @@ def data_parallel_estimate(graph: OpGraph, setup: CostSetup, *, devices: tuple[i
     num_devices = len(devices)
     per_param = optimizer_bytes(setup.optimizer)
     compute = compute_s(graph, setup, num_batch_shards=num_devices)
-    grad_sync = all_reduce_s(
-        graph.num_params * per_param.grads, num_devices=num_devices, link=setup.cluster.link_between(devices)
+    link = setup.cluster.link_between(devices)
+    grad_sync = sum(
+        bucketed_all_reduce_s(p.meta.numel * per_param.grads, num_devices=num_devices, link=link) for p in graph.params
     )
     optimizer = optimizer_step_s(graph.num_params, setup)
     step = compute + grad_sync + optimizer

@@ -45,6 +45,7 @@ class Stage:
     node_shardings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     param_placements: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     remat: bool = False
+    explanation: tuple[Mapping[str, Any], ...] = ()  # per node: split, spec and seconds (planner.explain)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +56,7 @@ class Stage:
             "node_shardings": {name: list(spec) for name, spec in self.node_shardings.items()},
             "param_placements": {name: list(spec) for name, spec in self.param_placements.items()},
             "remat": self.remat,
+            "explanation": [dict(row) for row in self.explanation],
         }
 
     @classmethod
@@ -67,6 +69,7 @@ class Stage:
             node_shardings={k: tuple(v) for k, v in data.get("node_shardings", {}).items()},
             param_placements={k: tuple(v) for k, v in data.get("param_placements", {}).items()},
             remat=bool(data.get("remat", False)),
+            explanation=tuple(dict(row) for row in data.get("explanation", ())),
         )
 
 

@@ -97,7 +97,7 @@ BAD_CASES = {
         r"missing section \[device\]",
     ),
     "batch split": (
-        lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "12", *SMALL],
+        lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "12", *SMALL, "--method", "data-parallel"],
         "batch size 12 cannot be split evenly over 8",
     ),
     "zero batch": (
@@ -132,7 +132,21 @@ BAD_CASES = {
             "--batch-size",
             "8",
             "--model-arg",
+            "size=39b",
+        ],
+        r"does not fit: the smallest sharding over 8 devices needs [\d.]+ GiB per device, the device has 16.0 GiB",
+    ),
+    "does not fit (data parallel)": (
+        lambda t: [
+            str(EXAMPLES / "gpt.py"),
+            "--cluster",
+            "p3.16xlarge",
+            "--batch-size",
+            "8",
+            "--model-arg",
             "size=2.6b",
+            "--method",
+            "data-parallel",
         ],
         r"does not fit: data parallel over 8 devices needs [\d.]+ GiB per device, the device has 16.0 GiB",
     ),

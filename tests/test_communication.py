@@ -11,6 +11,7 @@ from cost_models.communication import (
     all_to_all_s,
     axis_groups,
     axis_link,
+    bucketed_all_reduce_s,
     collective_s,
     p2p_s,
     reduce_scatter_s,
@@ -62,3 +63,15 @@ def test_axis_spanning_nodes_uses_inter_node_link() -> None:
     slow = collective_s("all_reduce", 1e8, cluster=cluster, devices=devices, mesh_shape=(2, 8), axis=0)
     fast = collective_s("all_reduce", 1e8, cluster=cluster, devices=devices, mesh_shape=(8, 2), axis=1)
     assert slow > 10 * fast
+
+
+def test_bucketed_all_reduce_pays_latency_per_bucket() -> None:
+    bucket = 25 * 1024**2
+    whole = all_reduce_s(bucket, num_devices=4, link=LINK)
+    assert bucketed_all_reduce_s(bucket, num_devices=4, link=LINK) == pytest.approx(whole)
+    quarter = bucketed_all_reduce_s(bucket / 4, num_devices=4, link=LINK)
+    assert 4 * quarter == pytest.approx(whole)
+    assert (
+        bucketed_all_reduce_s(2 * bucket, num_devices=4, link=LINK)
+        < all_reduce_s(2 * bucket, num_devices=4, link=LINK) + 1e-12
+    )

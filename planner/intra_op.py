@@ -1,0 +1,238 @@
+"""Intra-operator sharding of one stage on one logical mesh, by ILP (Alpa §4).
+
+For every node v with strategies S_v (:func:`planner.op_rules.enumerate_strategies`) the ILP
+(:func:`planner.ilp.solve_strategy_ilp`) picks one, minimising seconds per microbatch::
+
+    Σ_v  w_v · [ t_v(fwd+bwd) / shards_v(s)                 compute   — cost_models.compute
+               + comm_v(s)                                   own collectives — NodeStrategy.comm_s
+               + (grad_sync_v(s) + optimizer_v(s)) / m ]     once per step, amortised over m microbatches
+    + Σ_(u→v)  w_uv · reshard(out_u(s_u) → in_v(s_v))          edges — planner.sharding.reshard_s
+
+subject to  Σ_v w_v · mem_v(s) ≤ memory budget, where mem_v is the model state of v's
+parameters at their shard counts (16 B/param for mixed-precision Adam; with ``zero`` the
+optimizer state and gradients are also split over the axes the gradient syncs over) plus v's
+output if it is kept for backward, at its local size. ``optimizer_v`` is the memory-bound Adam
+update of v's local parameters (:func:`planner.estimate.optimizer_step_s`).
+
+Identical layers (:func:`planner.layers.collapse_identical_layers`) share one variable per
+position: ``w_v`` counts the copies, so the ILP does not grow with the number of layers.
+Graph inputs arrive in whatever spec a consumer wants (each device loads its own slice).
+Data-parallel and Megatron assignments (:mod:`planner.incumbents`) seed the solver, and the
+answer is never worse than either.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+
+from cost_models.memory import model_state_bytes, saved_values
+from planner.estimate import CostSetup, optimizer_step_s
+from planner.graph import OpGraph, OpNode, ValueKind
+from planner.ilp import StrategyEdge, StrategyProblem, StrategySolution, evaluate, solve_strategy_ilp
+from planner.layers import collapse_identical_layers
+from planner.op_rules import enumerate_strategies
+from planner.sharding import StageMesh, reshard_s
+from planner.strategies import NodeStrategy, StrategyContext
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntraOpOptions:
+    num_microbatches: int = 1
+    zero: bool = False
+    time_limit_s: float = 30.0
+    gap: float = 0.0
+
+
+DEFAULT_OPTIONS = IntraOpOptions()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeCost:
+    compute_s: float
+    comm_s: float
+    step_s: float  # gradient sync + optimizer update, per step
+    memory_bytes: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageProblem:
+    """The ILP of one stage on one mesh, with what is needed to read its answer back."""
+
+    graph: OpGraph
+    mesh: StageMesh
+    variables: tuple[str, ...]  # representative node per ILP variable
+    strategies: tuple[tuple[NodeStrategy, ...], ...]
+    costs: tuple[tuple[NodeCost, ...], ...]
+    problem: StrategyProblem
+    representative: dict[str, str]
+    unruled: tuple[str, ...]  # targets replicated for lack of a rule
+
+
+def grad_values(graph: OpGraph) -> frozenset[str]:
+    needs = {p.name for p in graph.params}
+    for node in graph.nodes:
+        if node.output.is_floating and any(name in needs for name in node.inputs):
+            needs.add(node.name)
+    return frozenset(needs)
+
+
+def _node_cost(
+    node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions, saved: bool
+) -> NodeCost:
+    graph_time = setup.compute.node_time(node).scaled(1 / strategy.compute_shards)
+    memory = mesh.local_bytes(node.output, strategy.output) if saved else 0.0
+    sync_axes = dict(strategy.grad_sync_axes)
+    local_params = 0.0
+    for name, spec in strategy.params:
+        numel = _param_numel(node, name)
+        shards = spec.num_shards(mesh.mesh_shape)
+        data_shards = 1
+        for axis in sync_axes.get(name, ()):
+            data_shards *= mesh.mesh_shape[axis]
+        zero_shards = shards * data_shards if options.zero else shards
+        memory += model_state_bytes(
+            numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=zero_shards, state_shards=zero_shards
+        )
+        local_params += numel / zero_shards
+    step_s = strategy.grad_sync_s + optimizer_step_s(local_params, setup)
+    return NodeCost(compute_s=graph_time.total_s, comm_s=strategy.comm_s, step_s=step_s, memory_bytes=memory)
+
+
+def _param_numel(node: OpNode, name: str) -> int:
+    return next(meta.numel for value, meta in zip(node.inputs, node.input_metas, strict=True) if value == name)
+
+
+def build_stage_problem(
+    graph: OpGraph, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions = DEFAULT_OPTIONS
+) -> StageProblem:
+    collapsed = collapse_identical_layers(graph)
+    context = StrategyContext(
+        graph=graph,
+        mesh=mesh,
+        grad_values=grad_values(graph),
+        grad_itemsize=2 if setup.cluster.device.mixed_precision else 4,
+    )
+    saved = saved_values(graph)
+    variables = collapsed.unique_nodes
+    index = {name: i for i, name in enumerate(variables)}
+    strategies, costs, unruled = [], [], []
+    for name in variables:
+        node = graph.node(name)
+        options_v, reason = enumerate_strategies(node, context)
+        if reason:
+            unruled.append(node.target)
+        strategies.append(tuple(options_v))
+        costs.append(tuple(_node_cost(node, s, setup, mesh, options, name in saved) for s in options_v))
+    weights = Counter(collapsed.representative.values())
+    m = options.num_microbatches
+    edges, self_costs = _edges(graph, collapsed.representative, index, strategies, mesh, context.grad_values)
+    node_costs = [[c.compute_s + c.comm_s + c.step_s / m for c in row] for row in costs]
+    for variable, extra in self_costs.items():  # an edge between two copies of one layer position
+        node_costs[variable] = [
+            a + b / weights[variables[variable]] for a, b in zip(node_costs[variable], extra, strict=True)
+        ]
+    problem = StrategyProblem(
+        names=tuple(variables),
+        node_costs=tuple(tuple(row) for row in node_costs),
+        node_memory=tuple(tuple(c.memory_bytes for c in row) for row in costs),
+        node_weights=tuple(float(weights[name]) for name in variables),
+        edges=tuple(edges),
+        memory_budget=setup.memory_budget_bytes,
+    )
+    for target in sorted(set(unruled)):
+        warnings.warn(f"no sharding rule for {target}: it is replicated", stacklevel=2)
+    return StageProblem(
+        graph=graph,
+        mesh=mesh,
+        variables=tuple(variables),
+        strategies=tuple(strategies),
+        costs=tuple(costs),
+        problem=problem,
+        representative=collapsed.representative,
+        unruled=tuple(sorted(set(unruled))),
+    )
+
+
+def _edges(
+    graph: OpGraph,
+    representative: dict[str, str],
+    index: dict[str, int],
+    strategies: list[tuple[NodeStrategy, ...]],
+    mesh: StageMesh,
+    needs_grad: frozenset[str],
+) -> tuple[list[StrategyEdge], dict[int, list[float]]]:
+    """One edge per graph edge, between representatives; identical copies merge in the ILP.
+
+    An edge whose two ends share a representative costs its diagonal (both copies take the
+    same strategy); those are returned per variable instead.
+    """
+    cache: dict[tuple[int, int, int], tuple[tuple[float, ...], ...]] = {}
+    edges = []
+    self_costs: dict[int, list[float]] = {}
+    for node in graph.nodes:
+        target = index[representative[node.name]]
+        for position, (name, meta) in enumerate(zip(node.inputs, node.input_metas, strict=True)):
+            if graph.value_kind(name) != ValueKind.NODE:
+                continue
+            source = index[representative[name]]
+            key = (source, target, position)
+            if key not in cache:
+                cache[key] = tuple(
+                    tuple(
+                        reshard_s(out.output, need.inputs[position], meta, mesh, requires_grad=name in needs_grad)
+                        if need.inputs[position] is not None
+                        else 0.0
+                        for need in strategies[target]
+                    )
+                    for out in strategies[source]
+                )
+            if source == target:
+                diagonal = [cache[key][i][i] for i in range(len(cache[key]))]
+                self_costs[source] = [
+                    a + b for a, b in zip(self_costs.get(source, [0.0] * len(diagonal)), diagonal, strict=True)
+                ]
+            else:
+                edges.append(StrategyEdge(source=source, target=target, cost=cache[key]))
+    return edges, self_costs
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntraOpResult:
+    stage: StageProblem
+    choice: tuple[int, ...]
+    objective_s: float
+    memory_bytes: float
+    solution: StrategySolution
+    incumbent_objectives_s: dict[str, float]
+    build_s: float
+
+    def strategy_of(self, name: str) -> NodeStrategy:
+        variable = self.stage.variables.index(self.stage.representative[name])
+        return self.stage.strategies[variable][self.choice[variable]]
+
+
+def solve_intra_op(
+    graph: OpGraph, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions = DEFAULT_OPTIONS
+) -> IntraOpResult:
+    """Build and solve the stage ILP; raise AutoplanError (smallest memory) when nothing fits."""
+    from planner.incumbents import data_parallel_choice, megatron_choice
+
+    started = time.perf_counter()
+    stage = build_stage_problem(graph, setup, mesh, options)
+    incumbents = {"data-parallel": data_parallel_choice(stage), "megatron": megatron_choice(stage)}
+    built = time.perf_counter()
+    solution = solve_strategy_ilp(
+        stage.problem, time_limit_s=options.time_limit_s, gap=options.gap, incumbents=list(incumbents.values())
+    )
+    return IntraOpResult(
+        stage=stage,
+        choice=solution.choice,
+        objective_s=solution.objective,
+        memory_bytes=solution.memory_bytes,
+        solution=solution,
+        incumbent_objectives_s={name: evaluate(stage.problem, choice)[0] for name, choice in incumbents.items()},
+        build_s=built - started,
+    )
