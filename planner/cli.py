@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from planner.errors import AutoplanError
+from planner.plan import Plan
 
 SUBCOMMANDS = ("profile", "calibrate")
 EXIT_USAGE = 2
@@ -96,6 +97,14 @@ def _plan_parser() -> argparse.ArgumentParser:
         "--memory-fraction", type=float, default=1.0, metavar="F", help="share of device memory the plan may use"
     )
     parser.add_argument(
+        "--max-stages", type=int, default=1, metavar="K", help="most pipeline stages (this version plans one stage)"
+    )
+    parser.add_argument("--zero", action="store_true", help="shard optimizer state and gradients over data axes (ZeRO)")
+    parser.add_argument(
+        "--ilp-time-limit", type=float, default=30.0, metavar="S", help="seconds per ILP solve (default 30)"
+    )
+    parser.add_argument("--explain", action="store_true", help="print each node's split, spec and seconds")
+    parser.add_argument(
         "--out", default="plan.json", metavar="FILE", help="where to write the plan (default plan.json)"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of a summary")
@@ -155,6 +164,9 @@ def _run_plan(options: argparse.Namespace) -> int:
             optimizer=options.optimizer,
             cost_model=options.cost_model,
             memory_fraction=options.memory_fraction,
+            max_stages=options.max_stages,
+            zero=options.zero,
+            ilp_time_limit_s=options.ilp_time_limit,
         )
     out = Path(options.out)
     save_plan(result, out)
@@ -163,7 +175,24 @@ def _run_plan(options: argparse.Namespace) -> int:
     else:
         print(plan_summary(result))
         print(f"wrote {out}")
+    if options.explain:
+        _print_explanation(result)
     return 0
+
+
+def _print_explanation(result: Plan) -> None:
+    from rich.console import Console
+
+    from planner.explain import ExplainRow, explain_table
+
+    console = Console(width=200, stderr=False)
+    for stage in result.stages:
+        if not stage.explanation:
+            console.print(f"stage {stage.index}: {result.method} has no per-node explanation")
+            continue
+        rows = [ExplainRow(**row) for row in stage.explanation]
+        mesh = "×".join(str(size) for size in stage.mesh_shape)
+        console.print(explain_table(rows, title=f"stage {stage.index} on mesh {mesh}: split per mesh axis"))
 
 
 def entry() -> NoReturn:

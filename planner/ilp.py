@@ -5,32 +5,36 @@ and edges ``(u, v)`` with a cost for every pair of strategies. Write ``c_v = w_v
 and ``m_v = w_v·node_memory[v]`` (``w_v`` the variable's multiplicity), ``C_uv`` the sum of
 ``w_e·cost_e`` over the edges from ``u`` to ``v`` plus ``w_e·cost_eᵀ`` over those from ``v``
 to ``u`` (:func:`_merge_edges`), ``B`` the memory budget. With binary ``s_v ∈ {0,1}^{k_v}``
-and continuous ``e_uv ∈ ℝ_{≥0}^{k_u×k_v}`` the ILP built by :func:`_build_model` is::
+and continuous ``e_uv ∈ ℝ_{≥0}^{k_u×k_v}``, :func:`_build_matrix` builds::
 
-    minimise  Σ_v c_v·s_v + Σ_(u,v) Σ_ij C_uv[i,j]·e_uv[i,j]              (_objective)
-    s.t.      Σ_i s_v[i] = 1                             for every v       (_one_hot_rows)
+    minimise  Σ_v c_v·s_v + Σ_(u,v) Σ_ij C_uv[i,j]·e_uv[i,j]               (_objective)
+    s.t.      Σ_i s_v[i] = 1                             for every v        (_one_hot_rows)
               Σ_j e_uv[i,j] = s_u[i]                     for every (u,v), i (_edge_rows)
               Σ_i e_uv[i,j] = s_v[j]                     for every (u,v), j (_edge_rows)
-              Σ_v (m_v − min m_v)·s_v ≤ B − M_min                          (_memory_row)
+              Σ_v (m_v − min m_v)·s_v ≤ B − M_min                           (_memory_row)
 
-    M_min = Σ_v min_i m_v[i]                                                (smallest_memory)
+    M_min = Σ_v min_i m_v[i]                                                 (smallest_memory)
 
-``e_uv`` needs no integrality: once ``s`` is binary, the rows of ``e_uv`` outside ``s_u``'s
-chosen strategy sum to zero, so the one remaining row equals ``s_v``: ``e_uv = s_u s_vᵀ``.
-Declaring it binary would only widen the branching.
+``e_uv`` needs no integrality: once ``s`` is binary, the rows of ``e_uv`` other than ``s_u``'s
+chosen one sum to zero, so that one row equals ``s_v``: ``e_uv = s_u s_vᵀ``. Declaring it
+binary would only widen the branching.
 
 Reductions (:func:`_reduce`), all exact: a variable with one strategy is a constant; an edge
 with one constant end adds a row or column of ``C_uv`` to the other end's ``c``; an edge whose
 merged matrix is separable, ``C_uv[i,j] = a_i + b_j`` (all-zero ones included), adds ``a`` to
 ``c_u`` and ``b`` to ``c_v``, since the edge rows give ``Σ_ij (a_i + b_j)·e_uv[i,j] = a·s_u +
 b·s_v``. Dominated strategies are kept: one cheaper and smaller than another can still lose
-through its edges. Cost coefficients are scaled to at most 1 and memory to the budget slack.
+through its edges. Costs are scaled to at most 1, memory to the largest ``m_v − min m_v``.
 
 The memory-minimising ILP (same rows, no budget) is separable because the edge rows hold for
-any ``s``: its optimum is ``M_min`` above, and ``M_min > B`` means no assignment fits
-(:func:`_raise_if_no_fit`). Incumbents (assignments known to be good) are the solver's MIP
-start and are compared with its answer (:func:`_best_of`), so a time-limited solve never
-returns worse. Reported objectives and memory come from :func:`evaluate`, not the solver.
+any ``s``: its optimum is ``M_min``, and ``M_min > B`` means nothing fits (:func:`_memory_slack`).
+The MIP start is the cheapest fitting one of the incumbents and the smallest assignment; the
+solver's answer replaces it only if no dearer, so a time-limited solve never returns worse
+(:func:`solve_strategy_ilp`). Objectives and memory reported come from :func:`evaluate`.
+
+The sparse matrix goes to HiGHS in bulk through highspy (:func:`_solve_highs`): building PuLP
+objects costs seconds per 100k columns, and ``pulp.HiGHS`` passes no MIP start. ``solver="cbc"``
+rebuilds the same matrix in PuLP (:func:`_solve_pulp`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import highspy
 import numpy as np
@@ -47,6 +52,7 @@ import pulp
 from planner.errors import AutoplanError
 
 _GIB = 2**30
+_SOLVERS = ("highs", "cbc")  # HiGHS through highspy, CBC through PuLP
 _SEPARABLE_TOLERANCE = 1e-12
 _FEASIBILITY_TOLERANCE = 1e-6  # HiGHS's and CBC's default for rows
 _BRUTE_FORCE_LIMIT = 2_000_000
@@ -77,9 +83,11 @@ class StrategyProblem:
         count = len(self.names)
         if not len(self.node_costs) == len(self.node_memory) == len(self.node_weights) == count:
             raise ValueError("names, node_costs, node_memory and node_weights differ in length")
-        for name, costs, memory in zip(self.names, self.node_costs, self.node_memory, strict=True):
-            if not costs or len(costs) != len(memory):
-                raise ValueError(f"{name}: needs as many memory figures as costs, and at least one")
+        for name, costs, memory, weight in zip(
+            self.names, self.node_costs, self.node_memory, self.node_weights, strict=True
+        ):
+            if not costs or len(costs) != len(memory) or weight < 0:
+                raise ValueError(f"{name}: needs a weight >= 0 and as many memory figures as costs, at least one")
         for edge in self.edges:
             if not (0 <= edge.source < count and 0 <= edge.target < count) or edge.source == edge.target:
                 raise ValueError(f"edge {edge.source}->{edge.target} joins no two distinct variables")
@@ -113,9 +121,8 @@ class MemoryBudgetError(AutoplanError):
 
 def evaluate(problem: StrategyProblem, choice: Sequence[int]) -> tuple[float, float]:
     """(objective seconds, memory bytes per device) of one assignment, summed exactly in Python."""
-    if len(choice) != len(problem.names) or any(
-        not 0 <= strategy < len(costs) for strategy, costs in zip(choice, problem.node_costs, strict=True)
-    ):
+    sizes = [len(costs) for costs in problem.node_costs]
+    if len(choice) != len(sizes) or any(not 0 <= i < size for i, size in zip(choice, sizes, strict=True)):
         raise ValueError(f"choice {tuple(choice)} does not pick one valid strategy per variable")
     weights = problem.node_weights
     node_terms = [w * costs[i] for w, costs, i in zip(weights, problem.node_costs, choice, strict=True)]
@@ -132,39 +139,32 @@ def smallest_memory(problem: StrategyProblem) -> tuple[float, tuple[int, ...]]:
 
 def brute_force(problem: StrategyProblem) -> StrategySolution | None:
     """The optimum by enumerating every assignment (small problems, for tests); None if none fits."""
-    sizes = [len(costs) for costs in problem.node_costs]
+    started, sizes = time.perf_counter(), [len(costs) for costs in problem.node_costs]
     if math.prod(sizes) > _BRUTE_FORCE_LIMIT:
         raise ValueError(f"{math.prod(sizes)} assignments are too many to enumerate")
-    start = time.perf_counter()
-    objective, memory = _assignment_tensors(problem, sizes)
+    objective, memory = np.zeros(sizes), np.zeros(sizes)  # indexed by the choice
+    for v, weight in enumerate(problem.node_weights):
+        objective = objective + weight * np.asarray(problem.node_costs[v]).reshape(_axes(sizes, v))
+        memory = memory + weight * np.asarray(problem.node_memory[v]).reshape(_axes(sizes, v))
+    for (u, v), matrix in _merge_edges(problem).items():
+        objective = objective + matrix.reshape(_axes(sizes, u, v))
     if problem.memory_budget is not None:
         objective = np.where(memory <= problem.memory_budget, objective, np.inf)
     if not np.isfinite(objective).any():
         return None
     choice = tuple(int(i) for i in np.unravel_index(int(np.argmin(objective)), sizes))
-    value, memory_bytes = evaluate(problem, choice)
-    return StrategySolution(
-        choice=choice, objective=value, memory_bytes=memory_bytes, optimal=True, num_variables=0,
-        num_constraints=0, build_s=0.0, solve_s=time.perf_counter() - start, status="enumerated",
-    )  # fmt: skip
+    details = {"num_variables": 0, "num_constraints": 0, "build_s": 0.0, "status": "enumerated"}
+    return _solution(problem, choice, optimal=True, solve_s=time.perf_counter() - started, **details)
 
 
-def _assignment_tensors(problem: StrategyProblem, sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Objective and memory of every assignment, as arrays indexed by the choice."""
-    objective, memory = np.zeros(sizes), np.zeros(sizes)
-    for v, weight in enumerate(problem.node_weights):
-        shape = [1] * len(sizes)
-        shape[v] = sizes[v]
-        objective = objective + weight * np.asarray(problem.node_costs[v], dtype=float).reshape(shape)
-        memory = memory + weight * np.asarray(problem.node_memory[v], dtype=float).reshape(shape)
-    for edge in problem.edges:
-        matrix = edge.weight * np.asarray(edge.cost, dtype=float)
-        if edge.source > edge.target:
-            matrix = matrix.T
-        shape = [1] * len(sizes)
-        shape[min(edge.source, edge.target)], shape[max(edge.source, edge.target)] = matrix.shape
-        objective = objective + matrix.reshape(shape)
-    return objective, memory
+def _solution(problem: StrategyProblem, choice: tuple[int, ...], **details: Any) -> StrategySolution:
+    objective, memory_bytes = evaluate(problem, choice)
+    return StrategySolution(choice=choice, objective=objective, memory_bytes=memory_bytes, **details)
+
+
+def _axes(sizes: list[int], *kept: int) -> list[int]:
+    """The shape that broadcasts an array over the variables ``kept`` along the assignment axes."""
+    return [size if axis in kept else 1 for axis, size in enumerate(sizes)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,11 +200,10 @@ def _separable_parts(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None
 def _reduce(problem: StrategyProblem) -> _Reduced:
     """Drop constant variables, fold edges into node costs where exact, keep the rest as edges."""
     free = tuple(v for v, costs in enumerate(problem.node_costs) if len(costs) > 1)
-    position = {v: k for k, v in enumerate(free)}
-    weights = problem.node_weights
+    position, weights = {v: k for k, v in enumerate(free)}, problem.node_weights
     costs = {v: weights[v] * np.asarray(problem.node_costs[v], dtype=float) for v in free}
-    edges = []
-    for (u, v), matrix in _merge_edges(problem).items():
+    merged, edges = _merge_edges(problem), []
+    for (u, v), matrix in merged.items():
         if u in position and v in position and (parts := _separable_parts(matrix)) is None:
             edges.append((position[u], position[v], matrix))
         elif u in position and v in position:
@@ -214,26 +213,23 @@ def _reduce(problem: StrategyProblem) -> _Reduced:
         elif v in position:
             costs[v] = costs[v] + matrix[0, :]
     memory = tuple(weights[v] * np.asarray(problem.node_memory[v], dtype=float) for v in free)
-    if not all(np.isfinite(c).all() for c in costs.values()) or not all(np.isfinite(m).all() for m in memory):
+    if not all(np.isfinite(array).all() for array in [*costs.values(), *memory, *merged.values()]):
         raise ValueError("costs and memory must be finite")
     return _Reduced(free=free, node_costs=tuple(costs[v] for v in free), node_memory=memory, edges=tuple(edges))
 
 
 def _gib_pair(first: float, second: float) -> tuple[str, str]:
-    """Both byte counts in GiB, with just enough digits to tell them apart."""
-    for digits in range(3, 13):
-        pair = (f"{first / _GIB:.{digits}g}", f"{second / _GIB:.{digits}g}")
-        if pair[0] != pair[1]:
-            break
-    return pair
+    """Both byte counts in GiB, with just enough digits (3 at least) to tell them apart."""
+    digits = next((d for d in range(3, 13) if f"{first / _GIB:.{d}g}" != f"{second / _GIB:.{d}g}"), 12)
+    return f"{first / _GIB:.{digits}g}", f"{second / _GIB:.{digits}g}"
 
 
-def _raise_if_no_fit(problem: StrategyProblem) -> tuple[int, ...]:
-    """The smallest assignment, or MemoryBudgetError naming what it needs when even it exceeds the budget."""
+def _memory_slack(problem: StrategyProblem) -> float | None:
+    """B − M_min, or MemoryBudgetError naming what the smallest assignment needs when that is negative."""
     smallest, choice = smallest_memory(problem)
     budget = problem.memory_budget
     if budget is None or smallest <= budget:
-        return choice
+        return None if budget is None else budget - smallest
     largest = max(range(len(choice)), key=lambda v: problem.node_weights[v] * problem.node_memory[v][choice[v]])
     budget_gib, smallest_gib = _gib_pair(budget, smallest)
     raise MemoryBudgetError(
@@ -245,10 +241,10 @@ def _raise_if_no_fit(problem: StrategyProblem) -> tuple[int, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class _MatrixIlp:
-    """The ILP in solver-neutral sparse form: columns s (binary) then e (continuous), rows in CSR."""
+    """The ILP in solver-neutral sparse form: columns s (binary) then e (in [0, inf)), rows in CSR."""
 
-    costs: np.ndarray  # objective per column, scaled so the largest magnitude is 1
-    num_binary: int  # the first columns are the s, binary; the rest are the e, in [0, inf)
+    costs: np.ndarray
+    num_binary: int
     choice_columns: tuple[int, ...]  # first column of each free variable's s
     edge_columns: tuple[int, ...]  # first column of each kept edge's e, row-major
     starts: np.ndarray
@@ -258,33 +254,33 @@ class _MatrixIlp:
     row_upper: np.ndarray
 
 
-_RowBlock = tuple[np.ndarray, np.ndarray, float, float]  # columns and coefficients (one row each), bounds
-
-
-def _first_columns(sizes: list[int], offset: int) -> tuple[int, ...]:
-    return tuple(offset + int(total) for total in np.cumsum([0, *sizes])[:-1])
+_RowBlock = tuple[np.ndarray, np.ndarray, float, float]  # columns, coefficients (a row each), lower, upper
 
 
 def _build_matrix(reduced: _Reduced, memory_slack: float | None) -> _MatrixIlp:
     sizes = [len(costs) for costs in reduced.node_costs]
-    choice_columns = _first_columns(sizes, 0)
-    edge_columns = _first_columns([matrix.size for _, _, matrix in reduced.edges], sum(sizes))
+    edge_sizes = [matrix.size for _, _, matrix in reduced.edges]
+    choice_columns = tuple(np.cumsum([0, *sizes])[:-1].tolist())
+    edge_columns = tuple((sum(sizes) + np.cumsum([0, *edge_sizes])[:-1]).tolist())
     blocks = [*_one_hot_rows(choice_columns, sizes), *_edge_rows(reduced, choice_columns, edge_columns)]
     blocks += _memory_row(reduced, choice_columns, memory_slack)
-    lengths = [columns.shape[1] for columns, _, _, _ in blocks for _ in range(columns.shape[0])]
+    lengths = [columns.shape[1] for columns, _, _, _ in blocks for _ in columns]
     return _MatrixIlp(
-        costs=_objective(reduced), num_binary=sum(sizes), choice_columns=choice_columns, edge_columns=edge_columns,
+        costs=_objective(reduced),
+        num_binary=sum(sizes),
+        choice_columns=choice_columns,
+        edge_columns=edge_columns,
         starts=np.cumsum([0, *lengths])[:-1].astype(np.int32),
-        indices=np.concatenate([columns.ravel() for columns, _, _, _ in blocks]).astype(np.int32),
-        values=np.concatenate([coefficients.ravel() for _, coefficients, _, _ in blocks]).astype(float),
-        row_lower=np.concatenate([np.full(columns.shape[0], lower) for columns, _, lower, _ in blocks]),
-        row_upper=np.concatenate([np.full(columns.shape[0], upper) for columns, _, _, upper in blocks]),
-    )  # fmt: skip
+        indices=np.concatenate([np.zeros(0), *(columns.ravel() for columns, _, _, _ in blocks)]).astype(np.int32),
+        values=np.concatenate([np.zeros(0), *(coefficients.ravel() for _, coefficients, _, _ in blocks)]),
+        row_lower=np.concatenate([np.zeros(0), *(np.full(len(columns), lower) for columns, _, lower, _ in blocks)]),
+        row_upper=np.concatenate([np.zeros(0), *(np.full(len(columns), upper) for columns, _, _, upper in blocks)]),
+    )
 
 
 def _objective(reduced: _Reduced) -> np.ndarray:
     """c_v for every s, then C_uv for every e; scaled so the largest magnitude is 1."""
-    costs = np.concatenate([*reduced.node_costs, *(matrix.ravel() for _, _, matrix in reduced.edges)])
+    costs = np.concatenate([np.zeros(0), *reduced.node_costs, *(matrix.ravel() for _, _, matrix in reduced.edges)])
     scale = float(np.abs(costs).max()) if costs.size else 0.0
     return costs / scale if scale > 0 else costs
 
@@ -309,20 +305,16 @@ def _edge_rows(reduced: _Reduced, choice_columns: tuple[int, ...], edge_columns:
 
 
 def _memory_row(reduced: _Reduced, choice_columns: tuple[int, ...], slack: float | None) -> list[_RowBlock]:
-    """Σ (m_v − min m_v)·s_v ≤ B − M_min, scaled to coefficients ≤ 1; none when even the largest choice fits.
-
-    The bound is lowered by the solver's feasibility tolerance, so what it accepts truly fits.
-    """
+    """Σ (m_v − min m_v)·s_v ≤ B − M_min, none when even the largest choice fits. The bound is lowered
+    by the solver's feasibility tolerance, so what the solver accepts truly fits."""
     extras = [memory - memory.min() for memory in reduced.node_memory]
     if slack is None or sum(float(extra.max()) for extra in extras) <= slack:
         return []
-    coefficients = np.concatenate(extras)
-    scale = float(coefficients.max())
+    coefficients, scale = np.concatenate(extras), max(float(extra.max()) for extra in extras)
     columns = np.concatenate(
         [first + np.arange(len(extra)) for first, extra in zip(choice_columns, extras, strict=True)]
     )
-    used = coefficients > 0
-    upper = max(slack / scale - _FEASIBILITY_TOLERANCE, 0.0)
+    used, upper = coefficients > 0, max(slack / scale - _FEASIBILITY_TOLERANCE, 0.0)
     return [(columns[used][None, :], coefficients[used][None, :] / scale, -np.inf, upper)]
 
 
@@ -348,44 +340,37 @@ _Outcome = tuple[np.ndarray | None, bool, str]  # column values (None: no soluti
 
 
 def _solve_highs(ilp: _MatrixIlp, start: np.ndarray, time_limit_s: float, gap: float) -> _Outcome:
-    """HiGHS through highspy, the matrix passed in bulk and the start as MIP start."""
-    highs = highspy.Highs()
+    """HiGHS through highspy: the matrix passed in bulk, the start as MIP start."""
+    highs, count = highspy.Highs(), len(ilp.costs)
     for option, value in (("output_flag", False), ("time_limit", float(time_limit_s)), ("mip_rel_gap", float(gap))):
         highs.setOptionValue(option, value)
-    count, no_entries = len(ilp.costs), np.zeros(len(ilp.costs), dtype=np.int32)
-    upper = np.where(np.arange(count) < ilp.num_binary, 1.0, highspy.kHighsInf)
+    upper, no_entries = np.where(np.arange(count) < ilp.num_binary, 1.0, highspy.kHighsInf), np.zeros(count, np.int32)
     highs.addCols(count, ilp.costs, np.zeros(count), upper, 0, no_entries, no_entries[:0], ilp.costs[:0])
     binary = np.arange(ilp.num_binary, dtype=np.int32)
     highs.changeColsIntegrality(ilp.num_binary, binary, np.ones(ilp.num_binary, dtype=np.uint8))
     highs.addRows(
-        len(ilp.row_lower), ilp.row_lower, ilp.row_upper, len(ilp.indices), ilp.starts, ilp.indices, ilp.values
+        len(ilp.row_lower), ilp.row_lower, ilp.row_upper, len(ilp.values), ilp.starts, ilp.indices, ilp.values
     )
     highs.setSolution(count, np.arange(count, dtype=np.int32), start)
     highs.run()
-    status, solution = highs.getModelStatus(), highs.getSolution()
-    values = np.asarray(solution.col_value) if solution.value_valid else None
-    return values, status == highspy.HighsModelStatus.kOptimal, highs.modelStatusToString(status)
+    status, solution, relative_gap = highs.getModelStatus(), highs.getSolution(), highs.getInfo().mip_gap
+    optimal, text = status == highspy.HighsModelStatus.kOptimal, highs.modelStatusToString(status)
+    text += "" if optimal or not math.isfinite(relative_gap) else f" (gap {relative_gap:.2%})"
+    return (np.asarray(solution.col_value) if solution.value_valid else None), optimal, text
 
 
 def _solve_pulp(ilp: _MatrixIlp, start: np.ndarray, solver: pulp.LpSolver) -> _Outcome:
-    """Any PuLP solver: the matrix rebuilt as an LpProblem, the start as initial values."""
+    """Any PuLP solver: the matrix rebuilt as an LpProblem (x_k for column k), the start as initial values."""
     lp = pulp.LpProblem("strategies", pulp.LpMinimize)
-    columns = [
-        pulp.LpVariable(f"x{k}", lowBound=0, cat=pulp.LpBinary if k < ilp.num_binary else pulp.LpContinuous)
-        for k in range(len(ilp.costs))
-    ]
+    kinds = [pulp.LpBinary] * ilp.num_binary + [pulp.LpContinuous] * (len(ilp.costs) - ilp.num_binary)
+    columns = [pulp.LpVariable(f"x{k}", lowBound=0, cat=kind) for k, kind in enumerate(kinds)]
     lp.setObjective(pulp.LpAffineExpression([(columns[k], c) for k, c in enumerate(ilp.costs.tolist()) if c != 0.0]))
-    ends = [*ilp.starts.tolist()[1:], len(ilp.indices)]
+    entries = list(zip(ilp.indices.tolist(), ilp.values.tolist(), strict=True))
+    ends = [*ilp.starts.tolist()[1:], len(entries)]
     for row, (begin, end) in enumerate(zip(ilp.starts.tolist(), ends, strict=True)):
-        terms = [
-            (columns[k], c)
-            for k, c in zip(ilp.indices[begin:end].tolist(), ilp.values[begin:end].tolist(), strict=True)
-        ]
-        equal = ilp.row_lower[row] == ilp.row_upper[row]
-        sense = pulp.LpConstraintEQ if equal else pulp.LpConstraintLE
-        lp.addConstraint(
-            pulp.LpConstraint(pulp.LpAffineExpression(terms), sense=sense, rhs=float(ilp.row_upper[row])), f"r{row}"
-        )
+        terms = pulp.LpAffineExpression([(columns[k], c) for k, c in entries[begin:end]])
+        sense = pulp.LpConstraintEQ if ilp.row_lower[row] == ilp.row_upper[row] else pulp.LpConstraintLE
+        lp.addConstraint(pulp.LpConstraint(terms, sense=sense, rhs=float(ilp.row_upper[row])), f"r{row}")
     for column, value in zip(columns, start.tolist(), strict=True):
         column.setInitialValue(value)
     lp.solve(solver)
@@ -394,16 +379,20 @@ def _solve_pulp(ilp: _MatrixIlp, start: np.ndarray, solver: pulp.LpSolver) -> _O
     return found, lp.sol_status == pulp.LpSolutionOptimal, pulp.LpSolution[lp.sol_status]
 
 
-def _pulp_solver(solver: str, time_limit_s: float, gap: float) -> pulp.LpSolver:
-    if solver == "cbc":
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap, warmStart=True)
-    if solver == "pulp-highs":  # pulp.HiGHS takes no MIP start: incumbents are only compared afterwards
-        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap)
-    raise ValueError(f"unknown solver {solver!r}: use 'highs', 'cbc' or 'pulp-highs'")
-
-
 def _fits(problem: StrategyProblem, memory_bytes: float) -> bool:
     return problem.memory_budget is None or memory_bytes <= problem.memory_budget
+
+
+def _mip_start(problem: StrategyProblem, incumbents: Sequence[Sequence[int]]) -> tuple[float, tuple[int, ...]]:
+    """(objective, choice) of the cheapest fitting one of the incumbents and the smallest assignment."""
+    scored = [(*evaluate(problem, choice), tuple(choice)) for choice in [*incumbents, smallest_memory(problem)[1]]]
+    return min((objective, choice) for objective, memory, choice in scored if _fits(problem, memory))
+
+
+def _run_solver(ilp: _MatrixIlp, start: np.ndarray, solver: str, time_limit_s: float, gap: float) -> _Outcome:
+    if solver == "highs":
+        return _solve_highs(ilp, start, time_limit_s, gap)
+    return _solve_pulp(ilp, start, pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap, warmStart=True))
 
 
 def solve_strategy_ilp(
@@ -416,30 +405,25 @@ def solve_strategy_ilp(
 ) -> StrategySolution:
     """The cheapest assignment that fits the memory budget, never worse than a fitting incumbent.
 
-    ``gap`` is the relative MIP gap; ``solver`` is "highs" (highspy), "cbc" or "pulp-highs" (through PuLP).
+    ``gap`` is the relative MIP gap; ``solver`` "highs" (through highspy) or "cbc" (through PuLP).
     Raises MemoryBudgetError (an AutoplanError) when no assignment fits.
     """
-    started = time.perf_counter()
-    smallest = _raise_if_no_fit(problem)
-    known = [(*evaluate(problem, choice), tuple(choice)) for choice in [*incumbents, smallest]]
-    best_known = min((entry for entry in known if _fits(problem, entry[1])), key=lambda entry: entry[0])
-    reduced = _reduce(problem)
-    slack = None if problem.memory_budget is None else problem.memory_budget - evaluate(problem, smallest)[1]
+    if solver not in _SOLVERS or time_limit_s <= 0 or gap < 0:
+        raise ValueError(
+            f"need solver in {_SOLVERS}, time_limit_s > 0, gap >= 0; got {solver!r}, {time_limit_s}, {gap}"
+        )
+    started, slack, reduced = time.perf_counter(), _memory_slack(problem), _reduce(problem)
+    start_objective, start_choice = _mip_start(problem, incumbents)
     ilp = _build_matrix(reduced, slack)
-    start = _start_vector(reduced, ilp, best_known[2])
-    built = time.perf_counter()
-    values, optimal, status = None, True, "nothing to choose"
-    if reduced.free and solver == "highs":
-        values, optimal, status = _solve_highs(ilp, start, time_limit_s, gap)
-    elif reduced.free:
-        values, optimal, status = _solve_pulp(ilp, start, _pulp_solver(solver, time_limit_s, gap))
-    found = [] if values is None else [(*evaluate(problem, c := _read_choice(problem, reduced, ilp, values)), c)]
-    found = [entry for entry in found if _fits(problem, entry[1])]
-    objective, memory_bytes, choice = min([*found, best_known], key=lambda entry: entry[0])
-    if reduced.free and (not found or choice != found[0][2]):
-        status = f"{status}; returned an incumbent"
-    return StrategySolution(
-        choice=choice, objective=objective, memory_bytes=memory_bytes, optimal=optimal and (bool(found) or not reduced.free),
-        num_variables=len(ilp.costs), num_constraints=len(ilp.row_lower), build_s=built - started,
-        solve_s=time.perf_counter() - built, status=status,
-    )  # fmt: skip
+    start, built = _start_vector(reduced, ilp, start_choice), time.perf_counter()
+    solved = _run_solver(ilp, start, solver, time_limit_s, gap) if reduced.free else (None, True, "nothing to choose")
+    values, optimal, status = solved
+    found = None if values is None else _read_choice(problem, reduced, ilp, values)
+    found_objective, found_memory = (math.inf, math.inf) if found is None else evaluate(problem, found)
+    found_fits = found is not None and _fits(problem, found_memory)
+    choice = found if found_fits and found_objective <= start_objective else start_choice
+    if reduced.free and choice != found:
+        status = f"{status}; kept the MIP start"
+    sizes = {"num_variables": len(ilp.costs), "num_constraints": len(ilp.row_lower), "build_s": built - started}
+    optimal = optimal and (found_fits or not reduced.free)
+    return _solution(problem, choice, optimal=optimal, solve_s=time.perf_counter() - built, status=status, **sizes)

@@ -84,12 +84,16 @@ def _einsum_letters(node: OpNode) -> Letters | None:
 
 
 def _conv_letters(node: OpNode) -> Letters | None:
-    scalars = [arg for arg in node.args if not isinstance(arg, TensorArg)]
-    groups = scalars[-1] if node.op_name in ("conv1d", "conv2d", "conv3d") and len(scalars) >= 4 else 1
+    if node.op_name.startswith("conv_transpose"):
+        return None  # weight is [in, out/groups, ...]: the letters below do not describe it
+    # conv{1,2,3}d(input, weight, bias, stride, padding, dilation, groups);
+    # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    position = 8 if node.op_name in ("convolution", "_convolution") else 6
+    groups = dict(node.kwargs).get("groups", node.args[position] if len(node.args) > position else 1)
     if node.op_name in ("convolution", "_convolution"):
-        groups = node.args[8] if len(node.args) > 8 else 1
-        if len(node.args) > 6 and node.args[6]:
-            return None  # transposed
+        transposed = dict(node.kwargs).get("transposed", node.args[6] if len(node.args) > 6 else False)
+        if transposed:
+            return None
     if groups != 1:
         return None
     spatial = len(node.input_metas[0].shape) - 2
@@ -154,8 +158,12 @@ def excluded_dims(node: OpNode) -> set[int] | None:
     if node.kind == NodeKind.POOL:
         return set(range(2, rank))
     if node.kind == NodeKind.INDEX and name in ("topk", "sort", "cat", "gather", "scatter", "scatter_add"):
-        default = 0 if name in ("cat",) else -1
-        dim = _dim_arg(node, default) if name not in ("gather", "scatter", "scatter_add") else node.args[1]
+        if name == "topk":  # topk(input, k, dim=-1, ...): the first int is k
+            dim = dict(node.kwargs).get("dim", node.args[2] if len(node.args) > 2 else -1)
+        elif name in ("gather", "scatter", "scatter_add"):
+            dim = node.args[1]
+        else:
+            dim = _dim_arg(node, 0 if name == "cat" else -1)
         return {int(dim) % rank} if rank else None
     return None
 
@@ -164,10 +172,12 @@ def _reduction_map(node: OpNode) -> list[int | None] | None:
     source, target = node.input_metas[0].shape, node.output.shape
     if len(target) == len(source):
         return [d if source[d] == target[d] else None for d in range(len(target))]
-    dims = next((arg for arg in node.args[1:] if isinstance(arg, int | tuple) and not isinstance(arg, bool)), None)
+    dims = dict(node.kwargs).get("dim")  # fx keeps Tensor.sum(dim=1) as a keyword
+    if dims is None:
+        dims = next((arg for arg in node.args[1:] if isinstance(arg, int | tuple) and not isinstance(arg, bool)), None)
     if dims is None or not target:
         return None
-    reduced = {d % len(source) for d in (dims if isinstance(dims, tuple) else (dims,))}
+    reduced = {d % len(source) for d in (dims if isinstance(dims, tuple | list) else (dims,))}
     kept = [d for d in range(len(source)) if d not in reduced]
     return kept if len(kept) == len(target) else None
 
@@ -182,7 +192,7 @@ def enumerate_strategies(node: OpNode, context: StrategyContext) -> tuple[list[N
     strategies: list[NodeStrategy] = []
     if letters is not None:
         strategies = contraction_strategies(node, letters, context)
-    elif node.kind == NodeKind.VIEW or (node.kind == NodeKind.REDUCTION and node.op_name in ("argmax", "argmin")):
+    elif node.kind == NodeKind.VIEW or node.op_name in ("argmax", "argmin"):  # op_kinds files these under INDEX
         dim_map = view_dim_map(node) if node.kind == NodeKind.VIEW else _reduction_map(node)
         strategies = view_strategies(node, dim_map, context) if dim_map is not None else []
     elif node.kind == NodeKind.REDUCTION:

@@ -14,6 +14,10 @@ other axes' sharding, :mod:`cost_models.communication` formulas):
 * ``R → S(d)``: a free local slice forward, an all-gather of the gradient backward;
 * ``S(d) → S(e)``: all-to-all forward and backward;
 * unchanged: 0.
+
+When several axes change, they change one at a time (slices, then all-to-alls, then gathers
+from the last axis back), each on the tensor as the earlier steps left it, so gathering a
+tensor split on two axes brings (n₀n₁−1)/(n₀n₁) of its whole size to each device, as it must.
 """
 
 from __future__ import annotations
@@ -128,13 +132,17 @@ def reshard_s(
         return 0.0
     total = 0.0
     whole = mesh.tensor_bytes(meta)
-    for axis, (before, after) in enumerate(zip(source.placements, target.placements, strict=True)):
-        if before == after:
-            continue
+    changed = [axis for axis in range(mesh.num_axes) if source.placements[axis] != target.placements[axis]]
+    slices = [axis for axis in changed if source.placements[axis] == REPLICATE]
+    gathers = [axis for axis in reversed(changed) if target.placements[axis] == REPLICATE]
+    exchanges = [axis for axis in changed if axis not in slices and axis not in gathers]
+    # One axis at a time, slices first and gathers last, each on the tensor as the earlier steps
+    # left it: a gather's full size is the tensor local to the other axes' *current* sharding.
+    current = list(source.placements)
+    for axis in (*slices, *exchanges, *gathers):
+        before, after = source.placements[axis], target.placements[axis]
         others = math.prod(
-            mesh.mesh_shape[other]
-            for other in range(mesh.num_axes)
-            if other != axis and (source.placements[other] != REPLICATE or target.placements[other] != REPLICATE)
+            mesh.mesh_shape[other] for other in range(mesh.num_axes) if other != axis and current[other] != REPLICATE
         )
         num_bytes = whole / others
         if before == REPLICATE:
@@ -144,4 +152,5 @@ def reshard_s(
         else:
             passes = 2 if requires_grad else 1
             total += passes * mesh.all_to_all_s(num_bytes / mesh.mesh_shape[axis], axis)
+        current[axis] = after
     return total

@@ -41,7 +41,7 @@ from planner.sharding import REPLICATE, ShardingSpec, StageMesh, shard
 class NodeStrategy:
     name: str
     output: ShardingSpec
-    inputs: tuple[ShardingSpec | None, ...]  # per node input; None for parameters and buffers
+    inputs: tuple[ShardingSpec | None, ...]  # per node input; None: parameters, buffers, shape-only arguments
     params: tuple[tuple[str, ShardingSpec], ...] = ()
     compute_shards: int = 1
     comm_s: float = 0.0  # the node's own collectives, forward + backward, per microbatch
@@ -129,14 +129,18 @@ def _finish(
     node: OpNode,
     assignment: tuple[object | None, ...],
     output: ShardingSpec,
-    input_specs: list[ShardingSpec],
+    input_specs: list[ShardingSpec | None],
     comm_s: float,
     context: StrategyContext,
     graph: OpGraph,
     *,
     contracted: set[object],
 ) -> NodeStrategy:
-    """Add backward all-reduces of replicated inputs and the gradient sync of parameters."""
+    """Add backward all-reduces of replicated inputs and the gradient sync of parameters.
+
+    An input spec of None marks an argument read only for its shape or dtype (``view_as``'s
+    ``other``): it needs no layout and gets no gradient.
+    """
     mesh = context.mesh
     split_axes = [axis for axis, choice in enumerate(assignment) if choice is not None and choice not in contracted]
     inputs: list[ShardingSpec | None] = []
@@ -144,8 +148,13 @@ def _finish(
     sync_axes: dict[str, tuple[int, ...]] = {}
     grad_sync_s = 0.0
     for name, meta, spec in zip(node.inputs, node.input_metas, input_specs, strict=True):
-        replicated_on = [axis for axis in split_axes if spec.placements[axis] == REPLICATE]
         kind = graph.value_kind(name)
+        if spec is None:  # shape-only: a parameter read so is kept whole and gets no gradient sync
+            inputs.append(None)
+            if kind == ValueKind.PARAM and name not in params:
+                params[name], sync_axes[name] = ShardingSpec.replicated(mesh.num_axes), ()
+            continue
+        replicated_on = [axis for axis in split_axes if spec.placements[axis] == REPLICATE]
         if kind in (ValueKind.PARAM, ValueKind.BUFFER):
             inputs.append(None)
             if kind == ValueKind.PARAM and name not in params:

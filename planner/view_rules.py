@@ -38,8 +38,26 @@ def _norm(dim: int, rank: int) -> int:
     return dim % rank if rank else 0
 
 
+# The leading non-tensor parameters each view's rule reads, to find them when passed by keyword.
+_SCALAR_PARAMS = {
+    "transpose": ("dim0", "dim1"),
+    "permute": ("dims",),
+    "unsqueeze": ("dim",),
+    "slice": ("dim",),
+    "select": ("dim",),
+    "narrow": ("dim",),
+}
+
+
 def _scalar_args(node: OpNode) -> list[object]:
-    return [arg for arg in node.args if not isinstance(arg, TensorArg)]
+    """Non-tensor arguments in order, the ones fx kept as keywords appended by name."""
+    scalars = [arg for arg in node.args if not isinstance(arg, TensorArg)]
+    kwargs = dict(node.kwargs)
+    for name in _SCALAR_PARAMS.get(node.op_name, ())[len(scalars) :]:
+        if name not in kwargs:
+            break
+        scalars.append(kwargs[name])
+    return scalars
 
 
 def reshape_map(source: Sequence[int], target: Sequence[int]) -> list[int | None]:
@@ -81,12 +99,15 @@ def view_dim_map(node: OpNode) -> list[int | None] | None:
         return reshape_map(source, target)
     scalars = _scalar_args(node)
     if name in ("transpose", "t"):
+        if rank_in < 2:
+            return list(range(rank_out))  # t() of a vector is the vector
         first, second = (0, 1) if name == "t" else (_norm(int(scalars[0]), rank_in), _norm(int(scalars[1]), rank_in))
         order = list(range(rank_in))
         order[first], order[second] = order[second], order[first]
         return list(order)
-    if name == "permute":
-        return [_norm(int(d), rank_in) for d in scalars[0]]
+    if name == "permute":  # permute(dims) or, as fx records Tensor.permute(0, 2, 1), permute(*dims)
+        dims = scalars[0] if scalars and isinstance(scalars[0], tuple | list) else scalars
+        return [_norm(int(d), rank_in) for d in dims]
     if name == "unsqueeze":
         dim = _norm(int(scalars[0]), rank_out)
         return [None if d == dim else (d if d < dim else d - 1) for d in range(rank_out)]
@@ -120,7 +141,9 @@ def view_strategies(node: OpNode, dim_map: list[int | None], context: StrategyCo
         first = ShardingSpec(tuple(REPLICATE if d is None else shard(dim_map[d]) for d in assignment))
         if not output.fits(node.output.shape, mesh.mesh_shape) or not first.fits(source, mesh.mesh_shape):
             continue
-        others = [ShardingSpec.replicated(mesh.num_axes)] * (len(node.inputs) - 1)
+        # Later tensor arguments (view_as/expand_as/type_as's ``other``) give only a shape or
+        # dtype: no layout is needed and no gradient flows back to them.
+        others = [None] * (len(node.inputs) - 1)
         strategies.append(
             _finish(node, assignment, output, [first, *others], 0.0, context, context.graph, contracted=set())
         )

@@ -203,3 +203,16 @@ def test_profile_json_measures_locally(capsys) -> None:
     rows = json.loads(stdout)
     linear = [r for r in rows if r["kind"] == "matmul"]
     assert linear and all(r["measured"] and r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in linear)
+
+
+def test_max_stages_one_explain_prints_each_node(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "p.json"
+    args = [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--model-arg", "hidden=4096", "--model-arg", "layers=2"]
+    code, stdout, _ = run(
+        [*args, "--max-stages", "1", "--memory-fraction", "0.005", "--explain", "--out", str(out)], capsys
+    )
+    assert code == 0
+    assert "split per mesh axis" in stdout and "linear_1" in stdout and "total" in stdout
+    stage = json.loads(out.read_text())["stages"][0]
+    assert stage["param_placements"]["blocks.0.fc1.weight"] != ["R"] * len(stage["mesh_shape"])
+    assert {row["node"] for row in stage["explanation"]} == set(stage["node_shardings"])
