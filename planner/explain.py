@@ -15,6 +15,7 @@ from rich.table import Table
 
 from planner.graph import ValueKind
 from planner.intra_op import IntraOpResult
+from planner.op_rules import split_label
 from planner.plan import Stage
 from planner.sharding import ShardingSpec, reshard_s
 
@@ -56,7 +57,7 @@ def explain_rows(result: IntraOpResult) -> list[ExplainRow]:
             ExplainRow(
                 node=node.name,
                 target=node.target,
-                strategy=strategy.name,
+                strategy=split_label(node, strategy.name),
                 spec=str(strategy.output),
                 compute_s=cost.compute_s,
                 comm_s=cost.comm_s,

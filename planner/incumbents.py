@@ -4,7 +4,8 @@ Both are greedy walks in topological order: each node takes, among the strategie
 prefers for it, the one with the least node cost plus resharding from its already-chosen
 producers (all strategies when none is preferred).
 
-* :func:`data_parallel_choice` prefers outputs split on dim 0 (the batch) on every mesh axis.
+* :func:`data_parallel_choice` prefers outputs computed from the batch split on dim 0 on every
+  mesh axis, and the others (a position-embedding slice, say) replicated.
 * :func:`megatron_choice` (Megatron-LM tensor parallelism on the last mesh axis, data
   parallelism on the others): a linear whose input arrives split on its last dim over the
   tensor axis is row-parallel (``k`` split), any other linear column-parallel (``n`` split);
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from planner.estimate import batched_values
 from planner.graph import NodeKind, OpNode, ValueKind
 from planner.intra_op import StageProblem
 from planner.sharding import REPLICATE, shard
@@ -51,20 +53,24 @@ def greedy_choice(stage: StageProblem, prefers: Preference) -> tuple[int, ...]:
     return tuple(choice[v] for v in range(len(stage.variables)))
 
 
-def _batch_everywhere(axes: range) -> Preference:
+def _batch_everywhere(stage: StageProblem, axes: range) -> Preference:
+    """Values computed from the batch split on dim 0 over ``axes``; the others stay replicated."""
+    batched = batched_values(stage.graph)
+
     def prefers(node: OpNode, strategy: NodeStrategy, chosen: dict[str, NodeStrategy]) -> bool:
-        return all(strategy.output.placements[axis] == shard(0) for axis in axes)
+        wanted = shard(0) if node.name in batched else REPLICATE
+        return all(strategy.output.placements[axis] == wanted for axis in axes)
 
     return prefers
 
 
 def data_parallel_choice(stage: StageProblem) -> tuple[int, ...]:
-    return greedy_choice(stage, _batch_everywhere(range(stage.mesh.num_axes)))
+    return greedy_choice(stage, _batch_everywhere(stage, range(stage.mesh.num_axes)))
 
 
 def megatron_choice(stage: StageProblem) -> tuple[int, ...]:
     tensor_axis = stage.mesh.num_axes - 1
-    data = _batch_everywhere(range(tensor_axis))
+    data = _batch_everywhere(stage, range(tensor_axis))
     graph = stage.graph
 
     def arrives_split_last(node: OpNode, chosen: dict[str, NodeStrategy]) -> bool:

@@ -204,3 +204,25 @@ def enumerate_strategies(node: OpNode, context: StrategyContext) -> tuple[list[N
         return strategies, None
     reason = None if node.kind in (NodeKind.CREATION, NodeKind.REDUCTION) else f"no sharding rule for {node.target}"
     return [replicated_strategy(node, context)], reason
+
+
+_ROLES: dict[NodeKind, dict[str, str]] = {
+    NodeKind.MATMUL: {"a": "batch", "b": "seq", "n": "col", "k": "row"},
+    NodeKind.EMBEDDING: {"a": "batch", "b": "seq", "v": "vocab", "h": "hidden"},
+    NodeKind.ATTENTION: {"b": "batch", "h": "heads"},
+    NodeKind.CONV: {"n": "batch", "o": "out-ch", "c": "in-ch"},
+}
+
+
+def split_label(node: OpNode, strategy_name: str) -> str:
+    """A strategy's per-axis splits in words: ``"a n"`` on a linear reads ``"batch col"``."""
+    roles = _ROLES.get(node.kind, {}) if letters_for(node) is not None else {}
+    words = []
+    for choice in strategy_name.split(" "):
+        if choice == "-":
+            words.append("-")
+        elif choice.isdigit():
+            words.append(f"dim{choice}")
+        else:
+            words.append(roles.get(choice, choice))
+    return " ".join(words)
