@@ -10,9 +10,7 @@ command. Target (issue 2): GPT 39b captured under 2 GiB RSS.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -20,6 +18,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results_page import save_table  # noqa: E402
+
 SIZES = ("125m", "350m", "760m", "1.3b", "2.6b", "6.7b", "15b", "39b")
 
 
@@ -85,17 +87,14 @@ def main() -> None:
     text = table(rows)
     print(text)
     if options.save:
-        today = datetime.date.today().isoformat()
-        header = (
-            f"# Capture benchmark, {today}\n\nMachine: {platform.machine()}, {platform.processor() or 'cpu'}, "
-            f"Python {platform.python_version()}, {platform.system()}.\n"
-            f"Command: `python benchmarks/capture.py --batch-size {options.batch_size} --tracer {options.tracer} --save`\n\n"
-            f"GPT from `examples/gpt.py` built on the meta device, batch {options.batch_size}, sequence 1024; each size "
-            "in a fresh process (peak RSS includes importing torch).\n\n"
+        save_table(
+            "capture",
+            title="Capture benchmark",
+            command=f"python benchmarks/capture.py --batch-size {options.batch_size} --tracer {options.tracer} --save",
+            description=f"GPT from `examples/gpt.py` built on the meta device, batch {options.batch_size}, sequence "
+            "1024; each size in a fresh process (peak RSS includes importing torch).",
+            table=text,
         )
-        out = ROOT / "benchmarks" / "results" / f"capture-{today}.md"
-        out.write_text(header + text + "\n")
-        print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,15 @@ with identical layers. Target on a 2-core machine: 39b in at most 10 s per mesh.
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results_page import save_table  # noqa: E402
 
 CASES = [
     ("1.3b", {}, 1, 16),
@@ -122,18 +123,16 @@ def main() -> None:
     text = table(rows)
     print(text)
     if options.save:
-        today = datetime.date.today().isoformat()
-        header = (
-            f"# Intra-op ILP benchmark, {today}\n\nMachine: {platform.machine()}, {platform.processor() or 'cpu'}, "
-            f"Python {platform.python_version()}. Command: `python benchmarks/intra_op.py --save`\n\n"
-            "One stage of GPT (examples/gpt.py, seq 1024, batch 16 on 8 GPUs, 64 on 64 GPUs) on dgx-a100 nodes, "
-            "every 2-D logical mesh; roofline costs, mixed-precision Adam, 80 GiB budget. `problem s` = strategies, "
-            "costs and edges; `total s` includes the data-parallel and Megatron incumbents. `*` = time limit hit. "
-            "DP / Megatron: the same cost model's step time of those hand-written plans (`-` = does not fit).\n\n"
+        save_table(
+            "intra_op",
+            title="Intra-op ILP benchmark",
+            command="python benchmarks/intra_op.py --save",
+            description="One stage of GPT (examples/gpt.py, seq 1024, batch 16 on 8 GPUs, 64 on 64 GPUs) on dgx-a100 "
+            "nodes, every 2-D logical mesh; roofline costs, mixed-precision Adam, 80 GiB budget. `problem s` = "
+            "strategies, costs and edges; `total s` includes the data-parallel and Megatron incumbents. `*` = time "
+            "limit hit. DP / Megatron: the same cost model's step time of those hand-written plans (`-` = does not fit).",
+            table=text,
         )
-        out = ROOT / "benchmarks" / "results" / f"intra_op-{today}.md"
-        out.write_text(header + text + "\n")
-        print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
