@@ -14,7 +14,7 @@ from planner.estimate import CostSetup
 from planner.explain import explain_rows, stage_from_result
 from planner.ilp import evaluate
 from planner.incumbents import data_parallel_choice, megatron_choice
-from planner.intra_op import build_stage_problem, solve_intra_op
+from planner.intra_op import IntraOpOptions, build_stage_problem, solve_intra_op
 from planner.sharding import StageMesh
 from planner.single_stage import logical_meshes, single_stage_plan
 from tests.conftest import captured
@@ -144,3 +144,13 @@ def test_single_stage_plan_fills_placements_and_shardings() -> None:
     assert set(stage.node_shardings) == {n.name for n in graph.nodes}
     assert estimate.step_time_s == pytest.approx(result.objective_s)
     assert json.loads(json.dumps(stage.to_json()))["explanation"][0]["node"] == graph.nodes[0].name
+
+
+def test_zero_shards_optimizer_state_over_data_axes() -> None:
+    graph = captured("mlp", 65536, "export", hidden=1024, layers=2)
+    setup = setup_for()
+    plain = solve_intra_op(graph, setup, mesh_for(setup, (8,)))
+    sharded = solve_intra_op(graph, setup, mesh_for(setup, (8,)), IntraOpOptions(zero=True))
+    assert set(stage_from_result(sharded).param_placements.values()) == {("R",)}  # still data parallel
+    state = graph.num_params * (2 + 12)  # gradients and Adam state, mixed precision
+    assert plain.memory_bytes - sharded.memory_bytes == pytest.approx(state * 7 / 8, rel=1e-6)
