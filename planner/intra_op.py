@@ -54,7 +54,12 @@ class NodeCost:
     compute_s: float
     comm_s: float
     step_s: float  # gradient sync + optimizer update, per step
-    memory_bytes: float
+    state_bytes: float  # parameters, gradients and optimizer state
+    activation_bytes: float  # the output, when it is kept for backward
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +88,8 @@ def _node_cost(
     node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions, saved: bool
 ) -> NodeCost:
     graph_time = setup.compute.node_time(node).scaled(1 / strategy.compute_shards)
-    memory = mesh.local_bytes(node.output, strategy.output) if saved else 0.0
+    activation = mesh.local_bytes(node.output, strategy.output) if saved else 0.0
+    state = 0.0
     sync_axes = dict(strategy.grad_sync_axes)
     local_params = 0.0
     for name, spec in strategy.params:
@@ -93,12 +99,18 @@ def _node_cost(
         for axis in sync_axes.get(name, ()):
             data_shards *= mesh.mesh_shape[axis]
         zero_shards = shards * data_shards if options.zero else shards
-        memory += model_state_bytes(
+        state += model_state_bytes(
             numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=zero_shards, state_shards=zero_shards
         )
         local_params += numel / zero_shards
     step_s = strategy.grad_sync_s + optimizer_step_s(local_params, setup)
-    return NodeCost(compute_s=graph_time.total_s, comm_s=strategy.comm_s, step_s=step_s, memory_bytes=memory)
+    return NodeCost(
+        compute_s=graph_time.total_s,
+        comm_s=strategy.comm_s,
+        step_s=step_s,
+        state_bytes=state,
+        activation_bytes=activation,
+    )
 
 
 def _param_numel(node: OpNode, name: str) -> int:

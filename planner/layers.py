@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.graph import OpGraph, OpNode, ValueKind
 
 
@@ -42,7 +44,7 @@ def segments(graph: OpGraph) -> list[tuple[str | None, list[OpNode]]]:
     """Consecutive nodes grouped by layer key, in topological order."""
     result: list[tuple[str | None, list[OpNode]]] = []
     for node, key in zip(graph.nodes, layer_keys(graph), strict=True):
-        if result and result[-1][0] == key and key is not None:
+        if result and result[-1][0] == key:
             result[-1][1].append(node)
         else:
             result.append((key, [node]))
@@ -100,3 +102,70 @@ def collapse_identical_layers(graph: OpGraph) -> CollapsedGraph:
     if run_length > 1 and first is not None:
         runs.append((run_length, len(first)))
     return CollapsedGraph(representative=representative, runs=tuple(runs))
+
+
+def boundary_bytes(graph: OpGraph) -> list[int]:
+    """``cut[k]``: bytes of the node outputs produced by nodes 0..k and read by nodes after k.
+
+    Graph inputs are left out: every stage can load them itself.
+    """
+    position = {node.name: index for index, node in enumerate(graph.nodes)}
+    last_use: dict[str, int] = {}
+    for index, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            if name in position:
+                last_use[name] = index
+    delta = [0] * (len(graph.nodes) + 1)
+    for name, last in last_use.items():
+        produced = position[name]
+        if last > produced:
+            delta[produced] += graph.node(name).output.nbytes
+            delta[last] -= graph.node(name).output.nbytes
+    cut, running = [], 0
+    for index in range(len(graph.nodes)):
+        running += delta[index]
+        cut.append(running)
+    return cut
+
+
+def cluster_layers(graph: OpGraph, *, num_layers: int, tolerance: float = 0.5) -> list[list[str]]:
+    """Alpa's layer clustering: contiguous layers of balanced FLOPs with little traffic between them.
+
+    ``G(q, r) = min_k max(G(q−1, k), cut[k])`` over cuts ``k < r`` whose layer ``k+1..r`` has at
+    most ``(1 + tolerance)·total/num_layers`` FLOPs: the largest activation crossing any layer
+    boundary is minimised while compute stays balanced (REFERENCES.md, Alpa's search). Without
+    a balanced solution the tolerance doubles until one exists.
+    """
+    nodes = graph.nodes
+    count = len(nodes)
+    num_layers = max(1, min(num_layers, count))
+    flops = np.cumsum([0] + [node.flops_fwd + node.flops_bwd for node in nodes], dtype=float)
+    cut = np.asarray(boundary_bytes(graph), dtype=float)
+    cap = (1 + tolerance) * flops[-1] / num_layers
+    best = np.full((num_layers + 1, count + 1), np.inf)
+    choice = np.zeros((num_layers + 1, count + 1), dtype=int)
+    best[0, 0] = 0.0
+    for q in range(1, num_layers + 1):
+        for r in range(q, count + 1):
+            starts = np.arange(q - 1, r)
+            balanced = ((flops[r] - flops[starts]) <= cap) | (flops[-1] == 0)
+            boundary = np.where(starts > 0, cut[np.maximum(starts - 1, 0)], 0.0)
+            values = np.where(balanced, np.maximum(best[q - 1, starts], boundary), np.inf)
+            k = int(np.argmin(values))
+            best[q, r], choice[q, r] = values[k], starts[k]
+    if not np.isfinite(best[num_layers, count]):
+        return cluster_layers(graph, num_layers=num_layers, tolerance=2 * tolerance + 1)
+    bounds, r = [], count
+    for q in range(num_layers, 0, -1):
+        start = int(choice[q, r])
+        bounds.append((start, r))
+        r = start
+    return [[node.name for node in nodes[a:b]] for a, b in reversed(bounds)]
+
+
+def graph_layers(graph: OpGraph, *, num_layers: int = 16) -> list[list[str]]:
+    """Layers from the module structure when it repeats, else by :func:`cluster_layers`."""
+    parts = segments(graph)
+    if sum(1 for key, _ in parts if key is not None) >= 2:
+        return [[node.name for node in nodes] for _, nodes in parts]
+    return cluster_layers(graph, num_layers=num_layers)

@@ -1,0 +1,84 @@
+"""Layers: repeated blocks from module paths, Alpa's clustering DP, layer subgraphs and their options."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from planner.intra_op import IntraOpOptions
+from planner.layer_costs import layer_options, subgraph
+from planner.layers import boundary_bytes, cluster_layers, collapse_identical_layers, graph_layers
+from tests.conftest import captured
+from tests.test_intra_op import mesh_for, setup_for
+
+
+def test_gpt_layers_follow_the_blocks() -> None:
+    graph = captured("gpt", 4, "export", size="tiny", layers=3)
+    layers = graph_layers(graph)
+    assert [len(layer) for layer in layers] == [3, 20, 20, 20, 2]
+    assert all(graph.node(name).module_path.startswith("blocks.1") for name in layers[2])
+    collapsed = collapse_identical_layers(graph)
+    assert collapsed.runs == ((3, 20),)
+    assert len(collapsed.unique_nodes) == len(graph) - 40
+
+
+def test_boundary_bytes_hand_worked() -> None:
+    graph = captured("mlp", 8, "export", hidden=64, layers=2)  # fc1, gelu, fc2, add per block
+    cut = boundary_bytes(graph)
+    activation = 8 * 64 * 4
+    assert cut[0] == activation  # fc1's output (to gelu); graph inputs are not node outputs and never count
+    assert cut[3] == activation  # after block 0: only its sum crosses
+    assert cut[-1] == 0
+
+
+def brute_force_clusters(graph, num_layers: int, cap: float) -> float:
+    flops = [n.flops_fwd + n.flops_bwd for n in graph.nodes]
+    cut = boundary_bytes(graph)
+    best = float("inf")
+    for bounds in itertools.combinations(range(1, len(flops)), num_layers - 1):
+        edges = (0, *bounds, len(flops))
+        if all(sum(flops[a:b]) <= cap for a, b in itertools.pairwise(edges)):
+            best = min(best, max((cut[b - 1] for b in bounds), default=0.0))
+    return best
+
+
+@pytest.mark.parametrize("num_layers", [2, 3, 4])
+def test_clustering_matches_brute_force(num_layers: int) -> None:
+    graph = captured("resnet", 4, "export", width=8, blocks=1)
+    total = graph.flops_fwd + graph.flops_bwd
+    layers = cluster_layers(graph, num_layers=num_layers, tolerance=0.5)
+    assert [name for layer in layers for name in layer] == [n.name for n in graph.nodes]
+    assert len(layers) == num_layers
+    cap = 1.5 * total / num_layers
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
+    cut = boundary_bytes(graph)
+    achieved = max((cut[position[layer[-1]]] for layer in layers[:-1]), default=0.0)
+    assert achieved == brute_force_clusters(graph, num_layers, cap)
+
+
+def test_subgraph_turns_outside_values_into_inputs() -> None:
+    graph = captured("gpt", 4, "export", size="tiny")
+    block = graph_layers(graph)[2]
+    part = subgraph(graph, block)
+    assert len(part) == len(block)
+    assert all(p.startswith("blocks.1.") for p in part.param_names)
+    (source,) = part.inputs
+    assert graph.has_node(source.name) and source.meta.shape == (4, 32, 64)
+    assert part.outputs == (block[-1],)
+
+
+def test_layer_options_trade_time_for_memory() -> None:
+    graph = captured("gpt", 16, "export", size="tiny", hidden=512, heads=8)
+    block = subgraph(graph, graph_layers(graph)[1])
+    setup = setup_for()
+    options = layer_options(block, setup, mesh_for(setup, (8,)), options=IntraOpOptions())
+    plain = [o for o in options if not o.remat]
+    assert plain and all(
+        b.state_bytes + b.activation_bytes < a.state_bytes + a.activation_bytes for a, b in itertools.pairwise(plain)
+    )
+    assert all(b.time_s >= a.time_s * (1 - 1e-9) for a, b in itertools.pairwise(plain))
+    for option in options:
+        if option.remat:
+            twin = next(o for o in plain if o.result is option.result)
+            assert option.time_s > twin.time_s and option.activation_bytes < twin.activation_bytes
