@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 
@@ -20,7 +19,6 @@ from planner.stage_dp import (
 )
 
 CLUSTERS = [(1, 8), (2, 4), (1, 4), (2, 2), (3, 2), (1, 6), (1, 1), (2, 1)]
-Boundary = Callable[[int, Submesh, Submesh], float]
 
 
 class TableCosts:
@@ -104,7 +102,9 @@ def brute_force(case: dict) -> float | None:
             for s, ((first, last), mesh) in enumerate(zip(spans, placed, strict=True)):
                 link = boundary(last, mesh, placed[s + 1]) if boundary and s < count - 1 else 0.0
                 options = case["costs"].table.get((first, last, mesh), [])
-                per_stage.append([o.time_s + link for o in options if o.fits(min(count - s, batches), budget)])
+                in_flight = min(count - s, batches)
+                fits = [o for o in options if o.state_bytes + o.activation_bytes * in_flight <= budget]
+                per_stage.append([o.time_s + link for o in fits])
             for times in itertools.product(*per_stage):
                 latency = sum(times) + (batches - 1) * max(times)
                 best = latency if best is None else min(best, latency)
@@ -128,7 +128,8 @@ def check_plan(case: dict, plan: StagePlan) -> None:
     assert case["max_stages"] is None or len(stages) <= case["max_stages"]
     for s, stage in enumerate(stages):
         assert stage.option in case["costs"].table[stage.first, stage.last, stage.submesh]
-        assert stage.option.fits(min(len(stages) - s, batches), case["memory_budget_bytes"])
+        in_flight = min(len(stages) - s, batches)
+        assert stage.option.state_bytes + stage.option.activation_bytes * in_flight <= case["memory_budget_bytes"]
     times = [stage.time_s for stage in stages]
     assert plan.step_time_s == pytest.approx(sum(times) + (batches - 1) * max(times))
     assert plan.bubble_fraction == pytest.approx(1 - batches * sum(times) / (len(stages) * plan.step_time_s))
@@ -173,7 +174,7 @@ def test_memory_forces_more_stages(budget: float, num_stages: int, latency: floa
         costs=UniformCosts(state=10.0, activation=1.0), memory_budget_bytes=budget,
     )  # fmt: skip
     assert len(plan.stages) == num_stages and plan.step_time_s == pytest.approx(latency)
-    assert all(stage.last - stage.first + 1 == 4 // num_stages for stage in plan.stages)
+    assert all(stage.last - stage.first + 1 == stage.submesh.size == 4 // num_stages for stage in plan.stages)
 
 
 def test_nothing_fits_names_the_budget() -> None:
