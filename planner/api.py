@@ -3,15 +3,17 @@
 :func:`plan` captures the model (:mod:`planner.capture`), builds the cost setup (cluster,
 compute model, optimizer), runs the chosen method and returns a validated :class:`Plan`.
 :func:`plan_model_file` does the same from a model file, building the model on the meta
-device so that nothing is allocated. Methods are looked up in :data:`METHODS`; ``auto``
-picks the best plan the planner can search (in this version: one stage over every device,
-sharded per operator by the intra-op ILP on the best logical mesh).
+device so that nothing is allocated. Methods are looked up in :data:`METHODS`; ``auto`` is the
+two-level search (:mod:`planner.auto`): pipeline stages on submeshes by DP, each operator's
+sharding by the intra-op problem, microbatches, schedule and recomputation; ``megatron`` and
+``uniform-pipeline`` are the best hand-written plans of those kinds under the same cost model.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,27 +26,42 @@ from planner.capture import capture
 from planner.errors import AutoplanError
 from planner.estimate import CostSetup
 from planner.graph import OpGraph
-from planner.intra_op import IntraOpOptions
+from planner.auto import auto_plan
+from planner.estimate import GIB
+from planner.inter_op import PipelineOptions, Progress, allowed_slots, microbatch_counts
 from planner.model_file import instantiate, load_model_file
-from planner.plan import Estimate, ModelRef, Plan, SearchStats, Stage, validate_plan
-from planner.single_stage import logical_meshes, single_stage_plan
+from planner.pipeline_plan import PricedPipeline
+from planner.plan import ModelRef, Plan, SearchStats, validate_plan
+from planner.rebatch import MicrobatchGraphs
 
 METHODS: dict[str, str] = {
-    "auto": "the best plan autoplan can search (this version: one stage, per-operator sharding by ILP "
-    "over every logical mesh of the devices)",
+    "auto": "the best plan autoplan can search: pipeline stages by DP, per-operator sharding by ILP, "
+    "microbatches, schedule and recomputation",
     "data-parallel": "every device holds the model and a 1/d slice of the batch",
+    "megatron": "the best Megatron (tensor, pipeline, data) grid point, priced like auto",
+    "uniform-pipeline": "equal layers per stage on equal submeshes, each stage sharded by ILP",
 }
 COST_MODELS = ("roofline", "profiled")
 
 
 def _run_method(
-    name: str, graph: OpGraph, setup: CostSetup, *, batch_size: int, options: IntraOpOptions
-) -> tuple[tuple[Stage, ...], Estimate, int]:
-    """Stages, estimate and the number of ILP solves of method ``name``."""
+    name: str, graphs: MicrobatchGraphs, setup: CostSetup, *, batch_size: int, options: PipelineOptions,
+    progress: Progress | None,
+) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:  # fmt: skip
+    """The plan of method ``name``, its search statistics (capture filled in later) and notes."""
+    graph = graphs.at(batch_size)
     if name == "data-parallel":
-        return (*data_parallel(graph, setup, batch_size=batch_size), 0)
-    stages, estimate, _ = single_stage_plan(graph, setup, options=options)
-    return stages, estimate, len(logical_meshes(setup.cluster.num_devices, setup.cluster.devices_per_node))
+        stages, estimate = data_parallel(graph, setup, batch_size=batch_size)
+        return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none"), SearchStats(time_s=0.0), ()
+    result = auto_plan(graphs, graph, setup, options=options, progress=progress)
+    if name != "auto" and name not in result.priced:
+        raise AutoplanError(f"no {name} plan fits in {setup.memory_budget_bytes / GIB:.1f} GiB per device")
+    chosen = result.best if name == "auto" else result.priced[name]
+    stats = SearchStats(time_s=0.0, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s,
+                        price_s=result.price_s)  # fmt: skip
+    compared = ", ".join(f"{method} {p.estimate.step_time_s:.4g} s" for method, p in sorted(result.priced.items()))
+    notes = (f"compared under the same cost model: {compared}; chosen: {result.chosen_by if name == 'auto' else name}",)
+    return chosen, stats, notes
 
 
 def default_optimizer(cluster: Cluster) -> str:
@@ -94,28 +111,42 @@ def plan(
     optimizer: str | None = None,
     cost_model: str = "roofline",
     memory_fraction: float = 1.0,
-    max_stages: int = 1,
+    max_stages: int | None = None,
+    microbatches: int | None = None,
+    schedule: str = "auto",
+    remat: str = "auto",
     zero: bool = False,
     ilp_time_limit_s: float = 30.0,
     model_ref: dict[str, Any] | None = None,
+    progress: Progress | None = None,
 ) -> Plan:
     """Find a parallel plan for training ``model`` on ``cluster`` with global ``batch_size``.
 
     ``example_inputs`` are one step's inputs at ``batch_size``. The model may live on the
-    meta device. Raises :class:`AutoplanError` for bad input or a model that does not fit.
+    meta device. ``microbatches`` None searches the counts; ``max_stages`` None allows any.
+    ``progress(what, done, total)`` is called during the search. Raises :class:`AutoplanError`
+    for bad input or a model that does not fit.
     """
     if method not in METHODS:
         raise AutoplanError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if batch_size <= 0:
         raise AutoplanError(f"--batch-size must be a positive integer, got {batch_size}")
-    if max_stages < 1:
+    if max_stages is not None and max_stages < 1:
         raise AutoplanError(f"--max-stages must be at least 1, got {max_stages}")
+    pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
+                               zero=zero, ilp_time_limit_s=ilp_time_limit_s)  # fmt: skip
+    counts = microbatch_counts(batch_size, microbatches) if method != "data-parallel" else [1]
+    allowed_slots(remat)
     if not 0 < memory_fraction <= 1:
         raise AutoplanError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     cluster = _resolve_cluster(cluster)
     started = time.perf_counter()
     graph = capture(model, example_inputs, tracer=tracer)
-    captured = time.perf_counter()
+    graphs = MicrobatchGraphs(
+        full=graph, batch_size=batch_size, smallest=batch_size // counts[-1],
+        capture_at=lambda size: capture(model, slice_batch(example_inputs, batch_size, size), tracer=tracer),
+    )  # fmt: skip
+    captured, captured_before = time.perf_counter(), graphs.capture_s
     setup = CostSetup(
         cluster=cluster,
         compute=make_compute_model(graph, cluster, cost_model=cost_model),
@@ -123,9 +154,10 @@ def plan(
         memory_fraction=memory_fraction,
     )
     costed = time.perf_counter()
-    options = IntraOpOptions(zero=zero, time_limit_s=ilp_time_limit_s)
-    stages, estimate, ilp_solves = _run_method(method, graph, setup, batch_size=batch_size, options=options)
+    chosen, stats, method_notes = _run_method(method, graphs, setup, batch_size=batch_size, options=pipeline,
+                                              progress=progress)  # fmt: skip
     finished = time.perf_counter()
+    capture_s = captured - started + graphs.capture_s - captured_before
     ref = dict(model_ref or {})
     result = Plan(
         method=method,
@@ -138,27 +170,33 @@ def plan(
         ),
         cluster=cluster,
         batch_size=batch_size,
-        num_microbatches=1,
-        schedule="none",
+        num_microbatches=chosen.num_microbatches,
+        schedule=chosen.schedule,
         optimizer=setup.optimizer,
-        stages=stages,
-        estimate=estimate,
-        search=SearchStats(
-            time_s=finished - started, capture_s=captured - started, cost_s=costed - captured, ilp_solves=ilp_solves
-        ),
-        notes=_notes(method, cost_model, max_stages),
+        stages=chosen.stages,
+        estimate=chosen.estimate,
+        search=replace(stats, time_s=finished - started, capture_s=capture_s, cost_s=costed - captured),
+        notes=(*method_notes, *_notes(cost_model, graphs)),
     )
     validate_plan(result, graph)
     return result
 
 
-def _notes(method: str, cost_model: str, max_stages: int) -> tuple[str, ...]:
-    notes = [f"compute times: {cost_model}", "gradient all-reduce is not overlapped with backward in the estimate"]
-    if method == "auto":
-        notes.insert(0, "auto searched one stage: per-operator sharding by ILP on every logical mesh")
-        if max_stages > 1:
-            notes.insert(1, f"--max-stages {max_stages}: pipeline stages are not searched yet in this version")
-    return tuple(notes)
+def _notes(cost_model: str, graphs: MicrobatchGraphs) -> tuple[str, ...]:
+    return (
+        f"compute times: {cost_model}; model captured {graphs.num_captures} time(s), other microbatch sizes "
+        "interpolated",
+        "gradient all-reduce is not overlapped with backward in the estimate",
+    )
+
+
+def slice_batch(example_inputs: Sequence[Any], batch_size: int, size: int) -> tuple[Any, ...]:
+    """The example inputs at batch ``size``: tensors whose dim 0 is the batch are cut to ``size`` rows."""
+    sliced = [x[:size] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size else x for x in example_inputs]
+    if size != batch_size and not any(isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size
+                                      for x in example_inputs):  # fmt: skip
+        raise AutoplanError(f"no example input has the batch ({batch_size}) as dim 0: use --microbatches 1")
+    return tuple(sliced)
 
 
 def plan_model_file(

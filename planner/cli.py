@@ -97,7 +97,26 @@ def _plan_parser() -> argparse.ArgumentParser:
         "--memory-fraction", type=float, default=1.0, metavar="F", help="share of device memory the plan may use"
     )
     parser.add_argument(
-        "--max-stages", type=int, default=1, metavar="K", help="most pipeline stages (this version plans one stage)"
+        "--max-stages", type=int, default=None, metavar="K", help="most pipeline stages (default: no limit)"
+    )
+    parser.add_argument(
+        "--microbatches",
+        type=_microbatches,
+        default=None,
+        metavar="K|auto",
+        help="microbatches per step: a divisor of the batch, or auto (default: search the powers of two up to 64)",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=("auto", "1f1b", "gpipe"),
+        default="auto",
+        help="pipeline schedule; auto takes 1f1b (same time, never more memory)",
+    )
+    parser.add_argument(
+        "--remat",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="activation recomputation per stage: auto lets the search choose",
     )
     parser.add_argument("--zero", action="store_true", help="shard optimizer state and gradients over data axes (ZeRO)")
     parser.add_argument(
@@ -109,6 +128,18 @@ def _plan_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of a summary")
     return parser
+
+
+def _microbatches(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,6 +174,7 @@ def _run_subcommand(name: str, args: list[str]) -> int:
 
 def _run_plan(options: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     from cost_models.cluster import load_cluster
     from planner.api import plan_model_file
@@ -152,8 +184,15 @@ def _run_plan(options: argparse.Namespace) -> int:
 
     cluster = load_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node)
     model_args = parse_model_args(options.model_arg)
-    status = Console(stderr=True).status(f"planning {options.model_file} on {cluster.num_devices} devices")
-    with status:
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+    console = Console(stderr=True)
+    bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+    task = bar.add_task(f"capturing {options.model_file} for {cluster.num_devices} devices", total=None)
+
+    def progress(what: str, done: int, total: int) -> None:
+        bar.update(task, description=what, completed=done, total=total)
+
+    with bar:
         result = plan_model_file(
             options.model_file,
             cluster,
@@ -165,8 +204,12 @@ def _run_plan(options: argparse.Namespace) -> int:
             cost_model=options.cost_model,
             memory_fraction=options.memory_fraction,
             max_stages=options.max_stages,
+            microbatches=options.microbatches,
+            schedule=options.schedule,
+            remat=options.remat,
             zero=options.zero,
             ilp_time_limit_s=options.ilp_time_limit,
+            progress=progress,
         )
     out = Path(options.out)
     save_plan(result, out)

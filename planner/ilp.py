@@ -267,3 +267,24 @@ def solve_strategy_ilp(
     sizes = {"num_variables": len(ilp.costs), "num_constraints": len(ilp.row_lower), "build_s": built - started}
     optimal = optimal and (found_fits or not reduced.free)
     return _solution(problem, choice, optimal=optimal, solve_s=time.perf_counter() - built, status=status, **sizes)
+
+
+def solve_unconstrained(
+    problem: StrategyProblem, *, time_limit_s: float = 30.0, incumbents: Sequence[tuple[int, ...]] = ()
+) -> StrategySolution:
+    """The cheapest assignment ignoring the memory budget: exact variable elimination
+    (:func:`planner.elimination.min_sum`), or the ILP when the elimination tables grow too wide."""
+    from dataclasses import replace
+
+    from planner.elimination import min_sum
+
+    started = time.perf_counter()
+    reduced = reduce_problem(problem)
+    free_choice = min_sum(reduced)
+    if free_choice is None:
+        return solve_strategy_ilp(replace(problem, memory_budget=None), time_limit_s=time_limit_s, incumbents=incumbents)
+    choice = [int(np.argmin(costs)) if len(costs) == 1 else 0 for costs in problem.node_costs]
+    for position, v in enumerate(reduced.free):
+        choice[v] = free_choice[position]
+    details = {"num_variables": 0, "num_constraints": 0, "build_s": 0.0, "status": "variable elimination"}
+    return _solution(problem, tuple(choice), optimal=True, solve_s=time.perf_counter() - started, **details)

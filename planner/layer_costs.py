@@ -2,30 +2,45 @@
 
 A layer (:func:`planner.layers.graph_layers`) is cut out of the graph as its own
 :class:`~planner.graph.OpGraph` (:func:`subgraph`): values from other layers become graph
-inputs, so the stage ILP (:func:`planner.intra_op.solve_intra_op`) prices its operators alone.
-:func:`layer_options` solves that ILP under a ladder of memory budgets (no limit, then halving)
-and returns the distinct (time, memory) points, each with and without activation
-recomputation:
+inputs, so the stage problem (:func:`planner.intra_op.build_stage_problem`) prices its
+operators alone. :func:`layer_table` builds that problem once and reads off a fixed list of
+*slots*, each an assignment of strategies:
 
-* no recomputation: time = ILP objective; activations kept = the saved outputs' bytes;
-* recomputation: time + the forward compute once more (a third of forward+backward compute
-  for matmul-dominated layers); activations kept = the layer's inputs at their local size.
+* ``λ = κ·t₀/M₀`` for κ in :data:`LAMBDA_STEPS`: the exact minimum of ``time + λ·memory``
+  (:func:`planner.ilp.solve_unconstrained`, variable elimination) — a Lagrangian sweep of the
+  memory row that gives supported (time, memory) Pareto points; ``t₀, M₀`` are the time and
+  memory of the ``λ = 0`` optimum;
+* the data-parallel and Megatron assignments (:mod:`planner.incumbents`), so no hand-written
+  layout is outside the search;
 
-Identical layers share one set of options (keyed by their structural hash), so a GPT of 48
-blocks costs one ILP ladder per mesh for its blocks.
+and each slot with and without activation recomputation (:func:`_option`):
+
+* no recomputation: time = the problem's objective; activations kept = saved outputs' bytes;
+* recomputation: time + the forward compute once more (a third of forward+backward);
+  activations kept = the layer's inputs at their local size.
+
+A stage of several layers takes the same slot in each (:mod:`planner.inter_op`), so its time
+and memory are sums over its layers. Values crossing between layers are charged no
+resharding here; the chosen plan is re-priced on whole stages afterwards
+(:mod:`planner.pipeline_plan`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from planner.estimate import CostSetup
 from planner.graph import GraphValue, OpGraph, ValueKind
-from planner.ilp import MemoryBudgetError
-from planner.intra_op import IntraOpOptions, IntraOpResult, solve_intra_op
+from planner.ilp import evaluate, solve_unconstrained
+from planner.incumbents import data_parallel_choice, megatron_choice
+from planner.intra_op import IntraOpOptions, StageProblem, build_stage_problem
 from planner.sharding import StageMesh
 
-MEMORY_LADDER = (None, 0.5, 0.25, 0.125)
+LAMBDA_STEPS = (0.0, 0.25, 1.0, 4.0)
+SOURCES = (*(f"λ={kappa:g}" for kappa in LAMBDA_STEPS), "data-parallel", "megatron")
+SLOTS = tuple((source, remat) for remat in (False, True) for source in SOURCES)
 
 
 def subgraph(graph: OpGraph, names: list[str]) -> OpGraph:
@@ -63,64 +78,82 @@ class LayerOption:
     state_bytes: float
     activation_bytes: float  # kept per in-flight microbatch
     remat: bool
-    result: IntraOpResult
+    choice: tuple[int, ...]  # strategy per variable of the table's problem
+    source: str
 
 
-def _input_bytes(result: IntraOpResult) -> float:
-    graph, mesh = result.stage.graph, result.stage.mesh
-    total = 0.0
+@dataclass(frozen=True, kw_only=True)
+class LayerTable:
+    """One layer's problem on one mesh and its option per slot (None where the slot has none)."""
+
+    problem: StageProblem
+    options: tuple[LayerOption | None, ...]  # aligned with SLOTS
+
+    def arrays(self) -> np.ndarray:
+        """(3, slots): time, state and activation bytes; inf time for an empty slot."""
+        out = np.zeros((3, len(SLOTS)))
+        for w, option in enumerate(self.options):
+            out[:, w] = (np.inf, 0.0, 0.0) if option is None else (option.time_s, option.state_bytes, option.activation_bytes)
+        return out
+
+
+def split_costs(problem: StageProblem, choice: tuple[int, ...]) -> tuple[float, float, float]:
+    """(state bytes, activation bytes, compute seconds) of an assignment, over every node of the graph."""
+    state = activation = compute = 0.0
+    for node in problem.graph.nodes:
+        variable = problem.variables.index(problem.representative[node.name])
+        cost = problem.costs[variable][choice[variable]]
+        state, activation, compute = state + cost.state_bytes, activation + cost.activation_bytes, compute + cost.compute_s
+    return state, activation, compute
+
+
+def input_bytes(problem: StageProblem, choice: tuple[int, ...]) -> float:
+    """The layer's inputs at the local size its first reader wants: what recomputation keeps."""
+    graph, mesh, total = problem.graph, problem.mesh, 0.0
     for value in graph.inputs:
-        readers = [n for n in graph.nodes if value.name in n.inputs]
-        spec = next((result.strategy_of(n.name).inputs[n.inputs.index(value.name)] for n in readers), None)
+        reader = next(n for n in graph.nodes if value.name in n.inputs)
+        variable = problem.variables.index(problem.representative[reader.name])
+        spec = problem.strategies[variable][choice[variable]].inputs[reader.inputs.index(value.name)]
         total += mesh.local_bytes(value.meta, spec) if spec is not None else mesh.tensor_bytes(value.meta)
     return total
 
 
-def _split_memory(result: IntraOpResult) -> tuple[float, float, float]:
-    """(state bytes, activation bytes, compute seconds) of a solved layer."""
-    stage = result.stage
-    state = activation = compute = 0.0
-    for name in stage.graph.nodes:
-        variable = stage.variables.index(stage.representative[name.name])
-        cost = stage.costs[variable][result.choice[variable]]
-        state, activation, compute = (
-            state + cost.state_bytes,
-            activation + cost.activation_bytes,
-            compute + cost.compute_s,
-        )
-    return state, activation, compute
+def _option(problem: StageProblem, choice: tuple[int, ...], *, source: str, remat: bool) -> LayerOption:
+    time_s, _ = evaluate(problem.problem, choice)
+    state, activation, compute = split_costs(problem, choice)
+    if remat:
+        time_s, activation = time_s + compute / 3, input_bytes(problem, choice)
+    return LayerOption(
+        time_s=time_s, state_bytes=state, activation_bytes=activation, remat=remat, choice=choice, source=source
+    )
 
 
-def layer_options(
-    layer: OpGraph, setup: CostSetup, mesh: StageMesh, *, options: IntraOpOptions, ladder: tuple = MEMORY_LADDER
-) -> list[LayerOption]:
-    """Pareto-useful (time, memory) options of ``layer`` on ``mesh``; empty if none fits the device."""
-    found: list[LayerOption] = []
-    reference: float | None = None
-    for share in ladder:
-        budget = setup.memory_budget_bytes if share is None or reference is None else reference * share
-        try:
-            result = solve_intra_op(
-                layer, replace(setup, memory_fraction=budget / setup.cluster.device.memory_bytes), mesh, options
-            )
-        except MemoryBudgetError:
-            break
-        reference = result.memory_bytes if reference is None else reference
-        state, activation, compute = _split_memory(result)
-        if found and found[-1].state_bytes + found[-1].activation_bytes <= state + activation:
+def _lagrangian_choices(problem: StageProblem, options: IntraOpOptions) -> list[tuple[int, ...]]:
+    """The exact minimiser of time + λ·memory for each λ of :data:`LAMBDA_STEPS`."""
+    base = problem.problem
+    first = solve_unconstrained(base, time_limit_s=options.time_limit_s).choice
+    time_s, memory = evaluate(base, first)
+    choices = [first]
+    for kappa in LAMBDA_STEPS[1:]:
+        if memory <= 0 or time_s <= 0:
+            choices.append(first)
             continue
-        found.append(
-            LayerOption(
-                time_s=result.objective_s, state_bytes=state, activation_bytes=activation, remat=False, result=result
-            )
+        scale = kappa * time_s / memory
+        costs = tuple(
+            tuple(c + scale * m for c, m in zip(cs, ms, strict=True))
+            for cs, ms in zip(base.node_costs, base.node_memory, strict=True)
         )
-        found.append(
-            LayerOption(
-                time_s=result.objective_s + compute / 3,
-                state_bytes=state,
-                activation_bytes=_input_bytes(result),
-                remat=True,
-                result=result,
-            )
-        )
-    return found
+        weighted = replace(base, node_costs=costs, memory_budget=None)
+        choices.append(solve_unconstrained(weighted, time_limit_s=options.time_limit_s).choice)
+    return choices
+
+
+def layer_table(layer: OpGraph, setup: CostSetup, mesh: StageMesh, *, options: IntraOpOptions) -> LayerTable:
+    """The options of ``layer`` on ``mesh`` at its microbatch size, one per slot of :data:`SLOTS`."""
+    problem = build_stage_problem(layer, setup, mesh, options)
+    choices = [*_lagrangian_choices(problem, options), data_parallel_choice(problem), megatron_choice(problem)]
+    found: list[LayerOption | None] = []
+    for source, remat in SLOTS:
+        choice = choices[SOURCES.index(source)]
+        found.append(None if choice is None else _option(problem, choice, source=source, remat=remat))
+    return LayerTable(problem=problem, options=tuple(found))

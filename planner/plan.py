@@ -113,6 +113,9 @@ class SearchStats:
     capture_s: float = 0.0
     cost_s: float = 0.0
     ilp_solves: int = 0
+    ilp_s: float = 0.0  # building and solving the intra-op problems of layers
+    dp_s: float = 0.0  # the stage DP and the hand-written grid
+    price_s: float = 0.0  # re-pricing candidates on whole stages
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +123,9 @@ class SearchStats:
             "capture_s": self.capture_s,
             "cost_s": self.cost_s,
             "ilp_solves": self.ilp_solves,
+            "ilp_s": self.ilp_s,
+            "dp_s": self.dp_s,
+            "price_s": self.price_s,
         }
 
     @classmethod
@@ -129,6 +135,9 @@ class SearchStats:
             capture_s=float(data.get("capture_s", 0.0)),
             cost_s=float(data.get("cost_s", 0.0)),
             ilp_solves=int(data.get("ilp_solves", 0)),
+            ilp_s=float(data.get("ilp_s", 0.0)),
+            dp_s=float(data.get("dp_s", 0.0)),
+            price_s=float(data.get("price_s", 0.0)),
         )
 
 

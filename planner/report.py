@@ -19,7 +19,7 @@ def _stage_line(stage: Stage) -> str:
     mesh = "×".join(str(s) for s in stage.mesh_shape)
     return (
         f"  stage {stage.index}: devices {_device_range(stage.devices)}, mesh {mesh}, "
-        f"{len(stage.nodes)} nodes, {params}{', recomputed' if stage.remat else ''}"
+        f"{len(stage.nodes)} nodes, {params}{', activations recomputed' if stage.remat else ''}"
     )
 
 
@@ -43,7 +43,9 @@ def plan_summary(plan: Plan) -> str:
         f"          {estimate.memory_per_device_bytes / GIB:.2f} GiB per device of {cluster.device.memory_bytes / GIB:.1f} GiB, "
         f"{estimate.tflops_per_device:.3g} TFLOP/s per device ({estimate.mfu:.0%} of peak), "
         f"bubble {estimate.bubble_fraction:.0%}",
-        f"search: {plan.search.time_s:.2f} s (capture {plan.search.capture_s:.2f} s)",
+        f"search: {plan.search.time_s:.2f} s (capture {plan.search.capture_s:.2f} s, intra-op {plan.search.ilp_s:.2f} s "
+        f"in {plan.search.ilp_solves} layer problems, stage DP {plan.search.dp_s:.2f} s, "
+        f"pricing {plan.search.price_s:.2f} s)",
     ]
     lines.extend(f"note: {note}" for note in plan.notes)
     return "\n".join(lines)

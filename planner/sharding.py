@@ -89,11 +89,13 @@ class StageMesh:
     mesh_shape: tuple[int, ...]
     activation_itemsize: int | None = None
     _links: tuple[Link, ...] = field(init=False, repr=False, compare=False)
+    _reshard_memo: dict = field(init=False, repr=False, compare=False)  # reshard_s by (specs, bytes, grad)
 
     def __post_init__(self) -> None:
         assert math.prod(self.mesh_shape) == len(self.devices), "mesh shape must hold the stage's devices"
         links = tuple(axis_link(self.cluster, self.devices, self.mesh_shape, a) for a in range(len(self.mesh_shape)))
         object.__setattr__(self, "_links", links)
+        object.__setattr__(self, "_reshard_memo", {})
 
     @property
     def num_axes(self) -> int:
@@ -130,8 +132,17 @@ def reshard_s(
     """Forward (+ backward when the tensor requires grad) seconds from ``source`` to ``target``."""
     if source == target:
         return 0.0
-    total = 0.0
     whole = mesh.tensor_bytes(meta)
+    key = (source.placements, target.placements, whole, requires_grad)
+    if (memo := mesh._reshard_memo.get(key)) is None:
+        memo = mesh._reshard_memo[key] = _reshard_steps_s(source, target, whole, mesh, requires_grad=requires_grad)
+    return memo
+
+
+def _reshard_steps_s(
+    source: ShardingSpec, target: ShardingSpec, whole: float, mesh: StageMesh, *, requires_grad: bool
+) -> float:
+    total = 0.0
     changed = [axis for axis in range(mesh.num_axes) if source.placements[axis] != target.placements[axis]]
     slices = [axis for axis in changed if source.placements[axis] == REPLICATE]
     gathers = [axis for axis in reversed(changed) if target.placements[axis] == REPLICATE]

@@ -8,6 +8,7 @@ the optional ``boundary_s`` (p2p of activations and gradients to the next stage,
     t_s = o_s.time_s + b(i_s, j_s, j_{s+1})   (none after the last stage)                       (_plan)
     T   = Σ_s t_s + (B − 1)·max_s t_s          (Alpa's pipeline latency)                          (_plan)
     o_s.state_bytes + o_s.activation_bytes·min(S − s, B) ≤ budget   (1F1B in flight)   (_fitting_times)
+                                                ·B for GPipe (every microbatch in flight: one class)
 
 Only the memory check sees a stage's position, through ``f = min(S − s, B)``, so the fastest fitting
 option ``τ_f(k, i, j)`` beats the others of its span, submesh and ``f``: lower sum and max alike.
@@ -51,6 +52,7 @@ from typing import Protocol
 
 import numpy as np
 
+from planner.device_blocks import assign_devices  # noqa: F401  (re-exported)
 from planner.errors import AutoplanError
 
 _GIB = 2**30
@@ -88,6 +90,20 @@ class StageOption:
 
 Boundary = Callable[[int, Submesh, Submesh], float]  # (last layer of the sender, sender, receiver) -> s
 Options = dict[tuple[int, int, int], tuple[StageOption, ...]]  # (first, last, submesh index) -> options
+SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptionArrays:
+    """Every option at once, indexed ``[first, last, submesh, option]``; ``inf`` time where none.
+
+    The fast form of :class:`StageCosts` for callers that compose options by arithmetic
+    (:mod:`planner.inter_op`); the chosen option's ``label`` is its index.
+    """
+
+    time_s: np.ndarray
+    state_bytes: np.ndarray
+    activation_bytes: np.ndarray
 
 
 class StageCosts(Protocol):
@@ -121,12 +137,14 @@ class StagePlan:
 class _Tables:
     meshes: tuple[Submesh, ...]
     sizes: np.ndarray  # (J,) devices per submesh
-    options: Options  # each queried once
+    arrays: OptionArrays
+    labels: Options | None  # the StageCosts' own options, when given as a protocol
     times: np.ndarray  # (C, L, L, J) τ_c(k, i, j), inf where nothing fits
     boundary: np.ndarray  # (L−1, J, J) b(i, j, j')
     order: np.ndarray  # (L−1, J, J) j' sorted by b(i, j, ·)
     sorted_boundary: np.ndarray  # (L−1, J, J) b(i, j, order[i, j, ·])
     open_class: bool  # class C−1 holds ≥ C stages
+    flight_all: bool = False  # GPipe: every microbatch in flight in every stage
     num_devices: int
     num_microbatches: int
     budget: float
@@ -160,29 +178,40 @@ def solve_stages(
     num_nodes: int,
     devices_per_node: int,
     num_microbatches: int,
-    costs: StageCosts,
+    costs: StageCosts | OptionArrays,
     memory_budget_bytes: float,
     max_stages: int | None = None,
     boundary_s: Boundary | None = None,
     early_stop: bool = True,
+    schedule: str = "1f1b",
 ) -> StagePlan:
-    """The stages, submeshes and options of least pipeline latency; AutoplanError if no slicing fits."""
+    """The stages, submeshes and options of least pipeline latency; AutoplanError if no slicing fits.
+
+    ``schedule`` sets the microbatches in flight: ``min(S − s, B)`` for 1F1B, ``B`` for GPipe."""
     if min(num_layers, num_microbatches, 1 if max_stages is None else max_stages) < 1:
         raise ValueError(f"need layers, microbatches, max_stages >= 1: {num_layers, num_microbatches, max_stages}")
+    assert schedule in SCHEDULES, schedule
     meshes = tuple(submeshes(num_nodes, devices_per_node))
-    options = {(k, i, j): tuple(costs.options(k, i, mesh)) for k in range(num_layers) for i in range(k, num_layers)
-               for j, mesh in enumerate(meshes)}  # fmt: skip
+    labels = None
+    if not isinstance(costs, OptionArrays):
+        labels = {(k, i, j): tuple(costs.options(k, i, mesh)) for k in range(num_layers) for i in range(k, num_layers)
+                  for j, mesh in enumerate(meshes)}  # fmt: skip
+        costs = _arrays(labels, num_layers, len(meshes))
     boundary = _boundary(boundary_s, num_layers, meshes)
     queried = time.perf_counter()
     natural = min(num_layers, num_nodes * devices_per_node)
     stage_limit = natural if max_stages is None else min(natural, max_stages)
-    fitting = _fitting_times(options, num_layers, len(meshes), min(num_microbatches, stage_limit), memory_budget_bytes)
-    times, open_class = _classes(fitting, stage_limit, exact=stage_limit < natural)
+    if schedule == "gpipe":
+        times, open_class = _fitting_times(costs, [num_microbatches], memory_budget_bytes), True
+    else:
+        flights = range(1, min(num_microbatches, stage_limit) + 1)
+        times, open_class = _classes(_fitting_times(costs, flights, memory_budget_bytes), stage_limit,
+                                     exact=stage_limit < natural)  # fmt: skip
     order = np.argsort(boundary, axis=2, kind="stable")
     tables = _Tables(
-        meshes=meshes, sizes=np.array([mesh.size for mesh in meshes]), options=options, times=times,
+        meshes=meshes, sizes=np.array([mesh.size for mesh in meshes]), arrays=costs, labels=labels, times=times,
         boundary=boundary, order=order, sorted_boundary=np.take_along_axis(boundary, order, axis=2),
-        open_class=open_class, num_devices=num_nodes * devices_per_node, num_microbatches=num_microbatches,
+        open_class=open_class, flight_all=schedule == "gpipe", num_devices=num_nodes * devices_per_node, num_microbatches=num_microbatches,
         budget=memory_budget_bytes,
     )  # fmt: skip
     best, tried = _search(tables, early_stop)
@@ -203,8 +232,7 @@ def _boundary(boundary_s: Boundary | None, num_layers: int, meshes: tuple[Submes
     return out
 
 
-def _fitting_times(options: Options, num_layers: int, num_meshes: int, max_flight: int, budget: float) -> np.ndarray:
-    """``τ_f(k, i, j)`` for ``f = 1..max_flight``: the fastest option fitting with f microbatches in flight."""
+def _arrays(options: Options, num_layers: int, num_meshes: int) -> OptionArrays:
     width = max((len(found) for found in options.values()), default=1) or 1
     shape = (num_layers, num_layers, num_meshes, width)
     times, state, activation = np.full(shape, np.inf), np.zeros(shape), np.zeros(shape)
@@ -212,7 +240,12 @@ def _fitting_times(options: Options, num_layers: int, num_meshes: int, max_fligh
         for o, option in enumerate(found):
             times[k, i, j, o], state[k, i, j, o] = option.time_s, option.state_bytes
             activation[k, i, j, o] = option.activation_bytes
-    flights = range(1, max_flight + 1)
+    return OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation)
+
+
+def _fitting_times(arrays: OptionArrays, flights: Sequence[int], budget: float) -> np.ndarray:
+    """``τ_f(k, i, j)`` for each ``f`` of ``flights``: the fastest option fitting with f microbatches in flight."""
+    times, state, activation = arrays.time_s, arrays.state_bytes, arrays.activation_bytes
     return np.stack([np.where(state + activation * f <= budget, times, np.inf).min(axis=-1) for f in flights])
 
 
@@ -362,12 +395,22 @@ def _follow(tables: _Tables, t_max: float, value: np.ndarray, c: int, i: int, j:
     return min(after, key=lambda found: found[0] + float(value[found[1], i + 1, found[2], devices]))
 
 
+def _chosen(tables: _Tables, first: int, last: int, j: int, in_flight: int) -> StageOption:
+    """The fastest option of a stage that fits with ``in_flight`` microbatches."""
+    arrays = tables.arrays
+    state, activation = arrays.state_bytes[first, last, j], arrays.activation_bytes[first, last, j]
+    times = np.where(state + activation * in_flight <= tables.budget, arrays.time_s[first, last, j], np.inf)
+    o = int(np.argmin(times))
+    if tables.labels is not None:
+        return tables.labels[first, last, j][o]
+    return StageOption(time_s=float(times[o]), state_bytes=float(state[o]), activation_bytes=float(activation[o]), label=o)
+
+
 def _plan(tables: _Tables, run: _Run, tried: int, dp_s: float) -> StagePlan:
     """Options for the true in-flight counts, stage times and the latency recomputed in Python."""
     count, batches, stages = len(run.path), tables.num_microbatches, []
     for s, (first, last, j, _) in enumerate(run.path):
-        fitting = [o for o in tables.options[first, last, j] if o.fits(min(count - s, batches), tables.budget)]
-        option = min(fitting, key=lambda o: o.time_s)
+        option = _chosen(tables, first, last, j, batches if tables.flight_all else min(count - s, batches))
         boundary = float(tables.boundary[last, j, run.path[s + 1][2]]) if s < count - 1 else 0.0
         mesh, time_s = tables.meshes[j], option.time_s + boundary
         stages.append(PlannedStage(first=first, last=last, submesh=mesh, option=option, time_s=time_s))
@@ -376,34 +419,3 @@ def _plan(tables: _Tables, run: _Run, tried: int, dp_s: float) -> StagePlan:
     bubble = 1.0 - batches * total / (count * step) if step > 0 else 0.0
     return StagePlan(stages=tuple(stages), step_time_s=step, max_stage_s=longest, bubble_fraction=bubble,
                      num_candidates_tried=tried, dp_s=dp_s)  # fmt: skip
-
-
-def assign_devices(meshes: Sequence[Submesh], *, num_nodes: int, devices_per_node: int) -> list[tuple[int, ...]]:
-    """Global ranks (``node·M + local``) per stage: whole-node submeshes on whole nodes, ``(1, m)`` on
-    blocks aligned to ``m`` inside one node.
-
-    First in stage order, so consecutive stages sit on the same or adjacent nodes; if that misaligns a
-    block, largest first. That always packs Alpa's shapes summing to ``N·M`` (whole nodes, and ``(1, m)``
-    with ``m`` a power of two dividing ``M``): descending, every offset is a sum of multiples of the
-    current size, so each block is aligned, and an aligned block of ``m | M`` devices never crosses a
-    node. AssertionError if the submeshes do not pack.
-    """
-    starts = _pack(meshes, range(len(meshes)), devices_per_node)
-    if starts is None:
-        starts = _pack(meshes, sorted(range(len(meshes)), key=lambda s: -meshes[s].size), devices_per_node)
-    if starts is None or sum(mesh.size for mesh in meshes) > num_nodes * devices_per_node:
-        shapes = [(mesh.num_nodes, mesh.devices_per_node) for mesh in meshes]
-        raise AssertionError(f"submeshes {shapes} do not pack into {num_nodes} nodes of {devices_per_node} devices")
-    return [tuple(range(starts[s], starts[s] + mesh.size)) for s, mesh in enumerate(meshes)]
-
-
-def _pack(meshes: Sequence[Submesh], order: Sequence[int], devices_per_node: int) -> dict[int, int] | None:
-    """First rank of each submesh, placed back to back in ``order``; None where one is misaligned."""
-    starts, offset = {}, 0
-    for s in order:
-        whole = meshes[s].num_nodes > 1
-        align = devices_per_node if whole else meshes[s].size
-        if (whole and meshes[s].devices_per_node != devices_per_node) or devices_per_node % align or offset % align:
-            return None
-        starts[s], offset = offset, offset + meshes[s].size
-    return starts

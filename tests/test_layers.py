@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from planner.intra_op import IntraOpOptions
-from planner.layer_costs import layer_options, subgraph
+from planner.layer_costs import SLOTS, SOURCES, layer_table, subgraph
 from planner.layers import boundary_bytes, cluster_layers, collapse_identical_layers, graph_layers
 from tests.conftest import captured
 from tests.test_intra_op import mesh_for, setup_for
@@ -68,17 +68,18 @@ def test_subgraph_turns_outside_values_into_inputs() -> None:
     assert part.outputs == (block[-1],)
 
 
-def test_layer_options_trade_time_for_memory() -> None:
+def test_layer_table_trades_time_for_memory() -> None:
     graph = captured("gpt", 16, "export", size="tiny", hidden=512, heads=8)
     block = subgraph(graph, graph_layers(graph)[1])
     setup = setup_for()
-    options = layer_options(block, setup, mesh_for(setup, (8,)), options=IntraOpOptions())
-    plain = [o for o in options if not o.remat]
-    assert plain and all(
-        b.state_bytes + b.activation_bytes < a.state_bytes + a.activation_bytes for a, b in itertools.pairwise(plain)
-    )
-    assert all(b.time_s >= a.time_s * (1 - 1e-9) for a, b in itertools.pairwise(plain))
-    for option in options:
-        if option.remat:
-            twin = next(o for o in plain if o.result is option.result)
-            assert option.time_s > twin.time_s and option.activation_bytes < twin.activation_bytes
+    table = layer_table(block, setup, mesh_for(setup, (8,)), options=IntraOpOptions())
+    assert len(table.options) == len(SLOTS)
+    sweep = [table.options[SLOTS.index((f"λ={kappa:g}", False))] for kappa in (0.0, 0.25, 1.0, 4.0)]
+    memory = [o.state_bytes + o.activation_bytes for o in sweep]
+    assert all(b <= a * (1 + 1e-9) for a, b in itertools.pairwise(memory))  # more weight on memory, less memory
+    assert all(b.time_s >= a.time_s * (1 - 1e-9) for a, b in itertools.pairwise(sweep))
+    assert memory[-1] < memory[0]
+    for source in SOURCES:
+        plain, remat = (table.options[SLOTS.index((source, flag))] for flag in (False, True))
+        assert remat.time_s > plain.time_s and remat.activation_bytes < plain.activation_bytes
+    assert sweep[0].time_s <= min(o.time_s for o in table.options)  # λ = 0 is the exact fastest

@@ -1,0 +1,122 @@
+"""The plans engineers write by hand, in the search's own terms and priced by the same model.
+
+* ``megatron`` (:func:`megatron_grid`): every ``(t, p, d)`` with ``t·p·d = D``, ``t`` dividing
+  the devices per node: ``p`` stages of equal layer counts, each on ``t·d`` devices as a
+  ``(d, t)`` mesh, data parallel over ``d`` and Megatron tensor parallel over ``t``
+  (:func:`planner.incumbents.megatron_choice`), with and without recomputation;
+* ``uniform-pipeline`` (:func:`uniform_pipelines`): ``p`` stages of equal layer counts on
+  equal submeshes, each stage with its best option (any mesh, any slot);
+* ``data-parallel``: ``(1, 1, D)`` of the grid.
+
+Each is scored per microbatch count on the span options of :mod:`planner.inter_op`
+(:func:`approximate_step_s`: ``Σ t_s + (m − 1)·max t_s``, 1F1B memory), and the best is then
+priced exactly like the auto plan (:func:`planner.pipeline_plan.price_stages`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.estimate import CostSetup
+from planner.inter_op import PipelineChoice, boundary_table, mesh_choices
+from planner.layer_costs import SLOTS
+from planner.pipeline_plan import StageSpec
+
+HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    method: str
+    degrees: tuple[int, int, int]  # (tensor, pipeline, data); 0 where a stage picks its own mesh
+    step_time_s: float  # approximate (span options)
+    specs: tuple[StageSpec, ...]
+    setting: PipelineChoice
+
+
+def _equal_spans(num_layers: int, count: int) -> list[tuple[int, int]]:
+    bounds = np.linspace(0, num_layers, count + 1).round().astype(int)
+    return [(int(a), int(b) - 1) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def approximate_step_s(setting: PipelineChoice, setup: CostSetup, specs: list[StageSpec]) -> float:
+    """Latency of fixed stages on the span options; inf if a stage has no option or does not fit."""
+    meshes = [submesh for submesh, _ in mesh_choices(setup)]
+    arrays, m, count = setting.spans.arrays, setting.num_microbatches, len(specs)
+    boundary = boundary_table(setting.graph, setting.layers, setup)
+    times = []
+    for s, spec in enumerate(specs):
+        j = meshes.index(spec.submesh)
+        column = setting.spans.labels[j].index((spec.mesh_shape, spec.slot))
+        index = (spec.first, spec.last, j, column)
+        in_flight = m if setting.schedule == "gpipe" else min(count - s, m)
+        memory = arrays.state_bytes[index] + arrays.activation_bytes[index] * in_flight
+        if memory > setup.memory_budget_bytes or not math.isfinite(arrays.time_s[index]):
+            return math.inf
+        after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
+        times.append(float(arrays.time_s[index]) + after)
+    return math.fsum(times) + (m - 1) * max(times)
+
+
+def _submesh_of(setup: CostSetup, size: int):  # noqa: ANN202
+    return next((submesh for submesh, _ in mesh_choices(setup) if submesh.size == size), None)
+
+
+def _slots(source: str, remat: str) -> list[int]:
+    return [w for w, (name, slot_remat) in enumerate(SLOTS) if name == source and remat in ("auto", ("off", "on")[slot_remat])]
+
+
+def megatron_grid(setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto") -> list[Candidate]:
+    cluster, num_layers = setup.cluster, len(setting.layers.layers)
+    found = []
+    for t in (t for t in range(1, cluster.devices_per_node + 1) if cluster.devices_per_node % t == 0):
+        for p in range(1, num_layers + 1):
+            if cluster.num_devices % (t * p):
+                continue
+            d = cluster.num_devices // (t * p)
+            submesh = _submesh_of(setup, t * d)
+            if submesh is None:
+                continue
+            shape, source = ((d,), "data-parallel") if t == 1 else (((t,), "megatron") if d == 1 else ((d, t), "megatron"))
+            for slot in _slots(source, remat):
+                specs = [StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot)
+                         for a, b in _equal_spans(num_layers, p)]  # fmt: skip
+                step = approximate_step_s(setting, setup, specs)
+                method = "data-parallel" if (t, p) == (1, 1) else "megatron"
+                found.append(Candidate(method=method, degrees=(t, p, d), step_time_s=step, specs=tuple(specs), setting=setting))
+    return found
+
+
+def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candidate]:
+    cluster, num_layers, arrays = setup.cluster, len(setting.layers.layers), setting.spans.arrays
+    meshes = [submesh for submesh, _ in mesh_choices(setup)]
+    found = []
+    for p in range(1, min(num_layers, cluster.num_devices) + 1):
+        submesh = _submesh_of(setup, cluster.num_devices // p) if cluster.num_devices % p == 0 else None
+        if submesh is None:
+            continue
+        j, specs = meshes.index(submesh), []
+        for s, (a, b) in enumerate(_equal_spans(num_layers, p)):
+            in_flight = setting.num_microbatches if setting.schedule == "gpipe" else min(p - s, setting.num_microbatches)
+            memory = arrays.state_bytes[a, b, j] + arrays.activation_bytes[a, b, j] * in_flight
+            times = np.where(memory <= setup.memory_budget_bytes, arrays.time_s[a, b, j], np.inf)
+            shape, slot = setting.spans.labels[j][int(np.argmin(times))]
+            specs.append(StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot))
+        step = approximate_step_s(setting, setup, specs)
+        found.append(Candidate(method="uniform-pipeline", degrees=(0, p, 0), step_time_s=step, specs=tuple(specs), setting=setting))
+    return found
+
+
+def best_handwritten(settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto") -> dict[str, Candidate]:
+    """The fastest fitting candidate of each hand-written method over every microbatch count."""
+    best: dict[str, Candidate] = {}
+    for setting in settings:
+        for candidate in [*megatron_grid(setting, setup, remat=remat), *uniform_pipelines(setting, setup)]:
+            if not math.isfinite(candidate.step_time_s):
+                continue
+            if candidate.method not in best or candidate.step_time_s < best[candidate.method].step_time_s:
+                best[candidate.method] = candidate
+    return best
