@@ -21,13 +21,12 @@ import torch
 
 from cost_models.cluster import Cluster, load_cluster
 from cost_models.compute import ComputeModel, RooflineCompute
+from planner.auto import auto_plan
 from planner.baselines.data_parallel import data_parallel
 from planner.capture import capture
 from planner.errors import AutoplanError
-from planner.estimate import CostSetup
+from planner.estimate import GIB, CostSetup
 from planner.graph import OpGraph
-from planner.auto import auto_plan
-from planner.estimate import GIB
 from planner.inter_op import PipelineOptions, Progress, allowed_slots, microbatch_counts
 from planner.model_file import instantiate, load_model_file
 from planner.pipeline_plan import PricedPipeline
@@ -52,7 +51,11 @@ def _run_method(
     graph = graphs.at(batch_size)
     if name == "data-parallel":
         stages, estimate = data_parallel(graph, setup, batch_size=batch_size)
-        return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none"), SearchStats(time_s=0.0), ()
+        return (
+            PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none"),
+            SearchStats(time_s=0.0),
+            (),
+        )
     result = auto_plan(graphs, graph, setup, options=options, progress=progress)
     if name != "auto" and name not in result.priced:
         raise AutoplanError(f"no {name} plan fits in {setup.memory_budget_bytes / GIB:.1f} GiB per device")
@@ -192,7 +195,9 @@ def _notes(cost_model: str, graphs: MicrobatchGraphs) -> tuple[str, ...]:
 
 def slice_batch(example_inputs: Sequence[Any], batch_size: int, size: int) -> tuple[Any, ...]:
     """The example inputs at batch ``size``: tensors whose dim 0 is the batch are cut to ``size`` rows."""
-    sliced = [x[:size] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size else x for x in example_inputs]
+    sliced = [
+        x[:size] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size else x for x in example_inputs
+    ]
     if size != batch_size and not any(isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size
                                       for x in example_inputs):  # fmt: skip
         raise AutoplanError(f"no example input has the batch ({batch_size}) as dim 0: use --microbatches 1")

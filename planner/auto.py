@@ -55,15 +55,18 @@ def auto_plan(
     candidates = [("stage-dp", s, specs_from_dp(s.stage_plan, s.spans, setup)) for s in ranked[:DP_CANDIDATES]]
     handwritten_started = time.perf_counter()
     for method, found in best_handwritten(settings, setup, remat=options.remat).items():
-        candidates.append((method, found.setting, list(found.specs)))
+        candidates.extend((method, candidate.setting, list(candidate.specs)) for candidate in found)
     handwritten_s = time.perf_counter() - handwritten_started
     priced: dict[str, PricedPipeline] = {}
     for done, (method, setting, specs) in enumerate(candidates):
         if progress is not None:
             progress("pricing candidates", done, len(candidates))
         result = price_stages(full_graph=full_graph, graph=setting.graph, layers=setting.layers, tables=tables,
-                              specs=specs, m=setting.num_microbatches, schedule=setting.schedule)  # fmt: skip
-        if result is not None and (method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s):
+                              specs=specs, m=setting.num_microbatches, schedule=setting.schedule,
+                              refine=method == "stage-dp")  # fmt: skip
+        if result is not None and (
+            method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s
+        ):
             priced[method] = result
     if not priced:
         failure = next((s.failure for s in reversed(settings) if s.failure), "")

@@ -282,7 +282,9 @@ def solve_unconstrained(
     reduced = reduce_problem(problem)
     free_choice = min_sum(reduced)
     if free_choice is None:
-        return solve_strategy_ilp(replace(problem, memory_budget=None), time_limit_s=time_limit_s, incumbents=incumbents)
+        return solve_strategy_ilp(
+            replace(problem, memory_budget=None), time_limit_s=time_limit_s, incumbents=incumbents
+        )
     choice = [int(np.argmin(costs)) if len(costs) == 1 else 0 for costs in problem.node_costs]
     for position, v in enumerate(reduced.free):
         choice[v] = free_choice[position]

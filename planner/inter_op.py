@@ -110,7 +110,9 @@ def microbatch_counts(batch_size: int, requested: int | None) -> list[int]:
 def canonical_mesh(setup: CostSetup, submesh: Submesh, shape: tuple[int, ...]) -> StageMesh:
     """The submesh on ranks ``0..|j|−1``: where it sits does not change its links."""
     devices = tuple(range(submesh.size))
-    return StageMesh(cluster=setup.cluster, devices=devices, mesh_shape=shape, activation_itemsize=setup.activation_itemsize)
+    return StageMesh(
+        cluster=setup.cluster, devices=devices, mesh_shape=shape, activation_itemsize=setup.activation_itemsize
+    )
 
 
 class LayerTables:
@@ -129,7 +131,9 @@ class LayerTables:
             mesh_key = (submesh, shape)
             if mesh_key not in self._meshes:
                 self._meshes[mesh_key] = canonical_mesh(self.setup, submesh, shape)
-            intra = IntraOpOptions(num_microbatches=m, zero=self.options.zero, time_limit_s=self.options.ilp_time_limit_s)
+            intra = IntraOpOptions(
+                num_microbatches=m, zero=self.options.zero, time_limit_s=self.options.ilp_time_limit_s
+            )
             part = subgraph(graph, list(layers.layers[kind]))
             self._tables[key] = layer_table(part, self.setup, self._meshes[mesh_key], options=intra)
             self.num_solves += 1
@@ -173,7 +177,8 @@ def option_arrays(
             per_layer = np.stack([tables.get(graph, layers, kind, submesh, q, m).arrays() for kind in layers.kinds])
             per_layer[:, 0, ~allowed] = np.inf
             cumulative = np.concatenate([np.zeros((1, 3, slots)), np.cumsum(per_layer, axis=0)])
-            spans = cumulative[None, 1:] - cumulative[:-1, None]  # [k, i] = Σ_{k..i}, valid for k ≤ i
+            with np.errstate(invalid="ignore"):  # inf − inf where a slot is empty: set to inf below
+                spans = cumulative[None, 1:] - cumulative[:-1, None]  # [k, i] = Σ_{k..i}, valid for k ≤ i
             columns = slice(index * slots, (index + 1) * slots)
             times[:, :, j, columns] = np.where(upper[..., None], spans[:, :, 0], np.inf)
             state[:, :, j, columns], activation[:, :, j, columns] = spans[:, :, 1], spans[:, :, 2]
@@ -181,7 +186,9 @@ def option_arrays(
             if progress is not None:
                 progress(f"layer options, {m} microbatches", done, total)
     times[~np.isfinite(times)] = np.inf  # inf − inf in the prefix sums
-    return SpanOptions(arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation), labels=tuple(labels))
+    return SpanOptions(
+        arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation), labels=tuple(labels)
+    )
 
 
 def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callable[[int, Submesh, Submesh], float]:

@@ -93,7 +93,9 @@ class LayerTable:
         """(3, slots): time, state and activation bytes; inf time for an empty slot."""
         out = np.zeros((3, len(SLOTS)))
         for w, option in enumerate(self.options):
-            out[:, w] = (np.inf, 0.0, 0.0) if option is None else (option.time_s, option.state_bytes, option.activation_bytes)
+            out[:, w] = (
+                (np.inf, 0.0, 0.0) if option is None else (option.time_s, option.state_bytes, option.activation_bytes)
+            )
         return out
 
 
@@ -103,7 +105,11 @@ def split_costs(problem: StageProblem, choice: tuple[int, ...]) -> tuple[float, 
     for node in problem.graph.nodes:
         variable = problem.variables.index(problem.representative[node.name])
         cost = problem.costs[variable][choice[variable]]
-        state, activation, compute = state + cost.state_bytes, activation + cost.activation_bytes, compute + cost.compute_s
+        state, activation, compute = (
+            state + cost.state_bytes,
+            activation + cost.activation_bytes,
+            compute + cost.compute_s,
+        )
     return state, activation, compute
 
 

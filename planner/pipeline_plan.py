@@ -36,6 +36,8 @@ from planner.plan import Estimate, Stage
 from planner.sharding import StageMesh
 from planner.stage_dp import StagePlan, Submesh
 
+EXACT_LIMIT_S = 10.0  # the one-stage memory-constrained ILP, at most
+
 
 @dataclass(frozen=True, kw_only=True)
 class StageSpec:
@@ -65,7 +67,9 @@ class _PricedStage:
 def _composed_choice(
     problem: StageProblem, graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, m: int
 ) -> tuple[int, ...]:
-    owner = {name: (index, position) for index, names in enumerate(layers.layers) for position, name in enumerate(names)}
+    owner = {
+        name: (index, position) for index, names in enumerate(layers.layers) for position, name in enumerate(names)
+    }
     choice = []
     for v, name in enumerate(problem.variables):
         layer, position = owner[name]
@@ -109,7 +113,7 @@ def _refined_choice(
 
 def _price_stage(
     graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, *, devices: tuple[int, ...], m: int,
-    in_flight: int, exact: bool,
+    in_flight: int, refine: bool, exact: bool,
 ) -> _PricedStage:  # fmt: skip
     setup, options = tables.setup, tables.options
     names = [name for names in layers.layers[spec.first : spec.last + 1] for name in names]
@@ -119,8 +123,8 @@ def _price_stage(
     problem = build_stage_problem(subgraph(graph, names), setup, mesh, intra)
     remat = SLOTS[spec.slot][1]
     choice = _composed_choice(problem, graph, layers, tables, spec, m)
-    if not remat:
-        limit = options.ilp_time_limit_s if exact else None
+    if refine and not remat:
+        limit = min(options.ilp_time_limit_s, EXACT_LIMIT_S) if exact else None
         choice = _refined_choice(problem, choice, in_flight=in_flight, budget=setup.memory_budget_bytes,
                                  exact_limit_s=limit)  # fmt: skip
     objective, _ = evaluate(problem.problem, choice)
@@ -135,9 +139,11 @@ def _price_stage(
 
 def price_stages(
     *, full_graph: OpGraph, graph: OpGraph, layers: Layering, tables: LayerTables, specs: list[StageSpec], m: int,
-    schedule: str,
+    schedule: str, refine: bool = True,
 ) -> PricedPipeline | None:  # fmt: skip
-    """The exact estimate of a candidate (see the module docstring); None if a stage does not fit."""
+    """The exact estimate of a candidate (see the module docstring); None if a stage does not fit.
+
+    ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself)."""
     setup = tables.setup
     cluster = setup.cluster
     ranks = assign_devices([spec.submesh for spec in specs], num_nodes=cluster.num_nodes,
@@ -146,7 +152,8 @@ def price_stages(
     count, priced, times = len(specs), [], []
     for s, spec in enumerate(specs):
         in_flight = m if schedule == "gpipe" else min(count - s, m)
-        stage = _price_stage(graph, layers, tables, spec, devices=ranks[s], m=m, in_flight=in_flight, exact=count == 1)
+        stage = _price_stage(graph, layers, tables, spec, devices=ranks[s], m=m, in_flight=in_flight,
+                             refine=refine, exact=count == 1)  # fmt: skip
         if stage.memory_bytes > setup.memory_budget_bytes:
             return None
         after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
@@ -213,4 +220,3 @@ def specs_from_dp(plan: StagePlan, spans: SpanOptions, setup: CostSetup) -> list
         shape, slot = spans.labels[j][stage.option.label]
         specs.append(StageSpec(first=stage.first, last=stage.last, submesh=stage.submesh, mesh_shape=shape, slot=slot))
     return specs
-

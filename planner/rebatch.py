@@ -127,7 +127,7 @@ def _node(a: OpNode, b: OpNode, t: Fraction) -> OpNode:
         outputs=tuple(_meta(x, y, t) for x, y in zip(a.outputs, b.outputs, strict=True)),
         args=_arg(a.args, b.args, t),
         kwargs=tuple((key, _arg(x, y, t)) for (key, x), (_, y) in zip(a.kwargs, b.kwargs, strict=True)),
-        flops_fwd=int(round(a.flops_fwd + (b.flops_fwd - a.flops_fwd) * t)),
-        flops_bwd=int(round(a.flops_bwd + (b.flops_bwd - a.flops_bwd) * t)),
-        bytes_moved=int(round(a.bytes_moved + (b.bytes_moved - a.bytes_moved) * t)),
+        flops_fwd=round(a.flops_fwd + (b.flops_fwd - a.flops_fwd) * t),
+        flops_bwd=round(a.flops_bwd + (b.flops_bwd - a.flops_bwd) * t),
+        bytes_moved=round(a.bytes_moved + (b.bytes_moved - a.bytes_moved) * t),
     )

@@ -403,7 +403,9 @@ def _chosen(tables: _Tables, first: int, last: int, j: int, in_flight: int) -> S
     o = int(np.argmin(times))
     if tables.labels is not None:
         return tables.labels[first, last, j][o]
-    return StageOption(time_s=float(times[o]), state_bytes=float(state[o]), activation_bytes=float(activation[o]), label=o)
+    return StageOption(
+        time_s=float(times[o]), state_bytes=float(state[o]), activation_bytes=float(activation[o]), label=o
+    )
 
 
 def _plan(tables: _Tables, run: _Run, tried: int, dp_s: float) -> StagePlan:

@@ -15,6 +15,7 @@ priced exactly like the auto plan (:func:`planner.pipeline_plan.price_stages`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ class Candidate:
 
 def _equal_spans(num_layers: int, count: int) -> list[tuple[int, int]]:
     bounds = np.linspace(0, num_layers, count + 1).round().astype(int)
-    return [(int(a), int(b) - 1) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [(int(a), int(b) - 1) for a, b in itertools.pairwise(bounds)]
 
 
 def approximate_step_s(setting: PipelineChoice, setup: CostSetup, specs: list[StageSpec]) -> float:
@@ -61,12 +62,16 @@ def approximate_step_s(setting: PipelineChoice, setup: CostSetup, specs: list[St
     return math.fsum(times) + (m - 1) * max(times)
 
 
-def _submesh_of(setup: CostSetup, size: int):  # noqa: ANN202
+def _submesh_of(setup: CostSetup, size: int):
     return next((submesh for submesh, _ in mesh_choices(setup) if submesh.size == size), None)
 
 
 def _slots(source: str, remat: str) -> list[int]:
-    return [w for w, (name, slot_remat) in enumerate(SLOTS) if name == source and remat in ("auto", ("off", "on")[slot_remat])]
+    return [
+        w
+        for w, (name, slot_remat) in enumerate(SLOTS)
+        if name == source and remat in ("auto", ("off", "on")[slot_remat])
+    ]
 
 
 def megatron_grid(setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto") -> list[Candidate]:
@@ -80,13 +85,17 @@ def megatron_grid(setting: PipelineChoice, setup: CostSetup, *, remat: str = "au
             submesh = _submesh_of(setup, t * d)
             if submesh is None:
                 continue
-            shape, source = ((d,), "data-parallel") if t == 1 else (((t,), "megatron") if d == 1 else ((d, t), "megatron"))
+            shape, source = (
+                ((d,), "data-parallel") if t == 1 else (((t,), "megatron") if d == 1 else ((d, t), "megatron"))
+            )
             for slot in _slots(source, remat):
                 specs = [StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot)
                          for a, b in _equal_spans(num_layers, p)]  # fmt: skip
                 step = approximate_step_s(setting, setup, specs)
                 method = "data-parallel" if (t, p) == (1, 1) else "megatron"
-                found.append(Candidate(method=method, degrees=(t, p, d), step_time_s=step, specs=tuple(specs), setting=setting))
+                found.append(
+                    Candidate(method=method, degrees=(t, p, d), step_time_s=step, specs=tuple(specs), setting=setting)
+                )
     return found
 
 
@@ -100,23 +109,30 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
             continue
         j, specs = meshes.index(submesh), []
         for s, (a, b) in enumerate(_equal_spans(num_layers, p)):
-            in_flight = setting.num_microbatches if setting.schedule == "gpipe" else min(p - s, setting.num_microbatches)
+            in_flight = (
+                setting.num_microbatches if setting.schedule == "gpipe" else min(p - s, setting.num_microbatches)
+            )
             memory = arrays.state_bytes[a, b, j] + arrays.activation_bytes[a, b, j] * in_flight
             times = np.where(memory <= setup.memory_budget_bytes, arrays.time_s[a, b, j], np.inf)
             shape, slot = setting.spans.labels[j][int(np.argmin(times))]
             specs.append(StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot))
         step = approximate_step_s(setting, setup, specs)
-        found.append(Candidate(method="uniform-pipeline", degrees=(0, p, 0), step_time_s=step, specs=tuple(specs), setting=setting))
+        found.append(
+            Candidate(
+                method="uniform-pipeline", degrees=(0, p, 0), step_time_s=step, specs=tuple(specs), setting=setting
+            )
+        )
     return found
 
 
-def best_handwritten(settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto") -> dict[str, Candidate]:
-    """The fastest fitting candidate of each hand-written method over every microbatch count."""
-    best: dict[str, Candidate] = {}
+def best_handwritten(
+    settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", keep: int = 3
+) -> dict[str, list[Candidate]]:
+    """Per hand-written method, its ``keep`` fastest fitting candidates over every microbatch count,
+    fastest first (the exact price of the first may not fit where the approximation did)."""
+    found: dict[str, list[Candidate]] = {}
     for setting in settings:
         for candidate in [*megatron_grid(setting, setup, remat=remat), *uniform_pipelines(setting, setup)]:
-            if not math.isfinite(candidate.step_time_s):
-                continue
-            if candidate.method not in best or candidate.step_time_s < best[candidate.method].step_time_s:
-                best[candidate.method] = candidate
-    return best
+            if math.isfinite(candidate.step_time_s):
+                found.setdefault(candidate.method, []).append(candidate)
+    return {method: sorted(items, key=lambda c: c.step_time_s)[:keep] for method, items in found.items()}

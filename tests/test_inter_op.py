@@ -1,0 +1,190 @@
+"""The two-level search on real models: DP against brute force, golden plans, auto against hand-written plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+
+from cost_models.cluster import load_cluster
+from cost_models.communication import axis_groups
+from planner.auto import auto_plan
+from planner.baselines.handwritten import megatron_grid
+from planner.capture import capture
+from planner.inter_op import (
+    LayerTables,
+    PipelineOptions,
+    boundary_table,
+    layering,
+    microbatch_counts,
+    option_arrays,
+    search_pipeline,
+)
+from planner.model_file import instantiate, load_model_file
+from planner.pipeline_plan import price_stages
+from planner.rebatch import MicrobatchGraphs
+from planner.stage_dp import solve_stages, submeshes
+from tests.conftest import EXAMPLES, captured
+from tests.test_intra_op import setup_for
+
+GIB = 2**30
+
+
+def graphs_for(name: str, batch_size: int, **model_args: object) -> MicrobatchGraphs:
+    model_file = load_model_file(EXAMPLES / f"{name}.py")
+    model, inputs = instantiate(model_file, batch_size=batch_size, model_args=dict(model_args))
+    full = captured(name, batch_size, "export", **model_args)
+    return MicrobatchGraphs(
+        full=full, batch_size=batch_size, capture_at=lambda b: capture(model, [x[:b] for x in inputs])
+    )
+
+
+def cluster_setup(name: str, nodes: int, per_node: int, memory_gib: float | None = None):
+    cluster = load_cluster(name, num_nodes=nodes, devices_per_node=per_node)
+    return setup_for(memory_gib, cluster=cluster)
+
+
+def brute_force_step(spans, boundary, *, num_layers, nodes, per_node, m, budget) -> float:
+    """Every contiguous split × every submesh per stage summing to all devices × the best fitting option."""
+    meshes, total, best = submeshes(nodes, per_node), nodes * per_node, math.inf
+    for count in range(1, min(num_layers, total) + 1):
+        for cuts in itertools.combinations(range(1, num_layers), count - 1):
+            bounds = list(zip((0, *cuts), (*cuts, num_layers), strict=True))
+            for assignment in itertools.product(range(len(meshes)), repeat=count):
+                if sum(meshes[j].size for j in assignment) != total:
+                    continue
+                times = []
+                for s, ((a, b), j) in enumerate(zip(bounds, assignment, strict=True)):
+                    flight = min(count - s, m)
+                    fits = spans.state_bytes[a, b - 1, j] + spans.activation_bytes[a, b - 1, j] * flight <= budget
+                    tau = min(
+                        (t for t, ok in zip(spans.time_s[a, b - 1, j], fits, strict=True) if ok), default=math.inf
+                    )
+                    after = boundary(b - 1, meshes[j], meshes[assignment[s + 1]]) if s < count - 1 else 0.0
+                    times.append(tau + after)
+                best = min(best, math.fsum(times) + (m - 1) * max(times))
+    return best
+
+
+@pytest.mark.parametrize(
+    ("cluster", "nodes", "per_node", "memory_gib", "m"),
+    [
+        ("dgx-a100", 1, 4, None, 2),
+        ("p3.16xlarge", 2, 2, 0.02, 4),
+        ("dgx-a100", 2, 4, 0.01, 2),
+        ("p3.16xlarge", 1, 8, 0.012, 8),
+    ],
+)
+def test_stage_dp_equals_brute_force_on_gpt(cluster: str, nodes: int, per_node: int, memory_gib, m: int) -> None:
+    graph = captured("gpt", 16, "export", size="tiny", layers=4)  # 6 layers: embedding, 4 blocks, head
+    setup = cluster_setup(cluster, nodes, per_node, memory_gib)
+    layers = layering(graph)
+    assert len(layers.layers) == 6
+    tables = LayerTables(setup, PipelineOptions())
+    spans = option_arrays(graph, layers, tables, m).arrays
+    boundary = boundary_table(graph, layers, setup)
+    kwargs = {"num_layers": 6, "num_nodes": nodes, "devices_per_node": per_node, "num_microbatches": m}
+    expected = brute_force_step(spans, boundary, num_layers=6, nodes=nodes, per_node=per_node, m=m,
+                                budget=setup.memory_budget_bytes)  # fmt: skip
+    assert math.isfinite(expected)
+    plan = solve_stages(**kwargs, costs=spans, memory_budget_bytes=setup.memory_budget_bytes, boundary_s=boundary)
+    assert plan.step_time_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_rebatched_graphs_equal_fresh_captures() -> None:
+    graphs = graphs_for("gpt", 16, size="tiny", layers=2)
+    graphs.at(2)  # the low capture
+    for size in (4, 8):
+        fresh = graphs._capture_at(size)
+        assert graphs.at(size).fingerprint() == fresh.fingerprint()
+        assert [n.flops_fwd for n in graphs.at(size).nodes] == [n.flops_fwd for n in fresh.nodes]
+
+
+def test_microbatch_counts() -> None:
+    assert microbatch_counts(12, None) == [1, 2, 4]
+    assert microbatch_counts(256, None) == [1, 2, 4, 8, 16, 32, 64]
+    assert microbatch_counts(12, 3) == [3]
+
+
+def test_layers_are_grouped_above_the_limit() -> None:
+    graph = captured("gpt", 4, "export", size="tiny", layers=6)
+    grouped = layering(graph, max_layers=4)
+    assert [len(names) for names in grouped.layers] == [3, 40, 40, 40, 2]
+    assert grouped.kinds == (0, 1, 1, 1, 4)
+
+
+def stage_groups_within_nodes(plan_stages, cluster) -> bool:
+    for stage in plan_stages:
+        for axis, size in enumerate(stage.mesh_shape):
+            sharded = any(spec[axis].startswith("S") for spec in stage.param_placements.values())
+            if size > 1 and sharded:
+                for group in axis_groups(stage.devices, stage.mesh_shape, axis):
+                    if len({cluster.node_of(rank) for rank in group}) > 1:
+                        return False
+    return True
+
+
+def test_golden_too_big_for_one_device_gets_stages_and_keeps_tensor_groups_in_nodes() -> None:
+    graphs = graphs_for("gpt", 16, size="tiny", layers=4, hidden=512, heads=8)
+    setup = cluster_setup("p3.16xlarge", 2, 4, memory_gib=0.12)  # the model state alone needs 0.2 GiB
+    state = graphs.at(16).num_params * 16
+    assert state > setup.memory_budget_bytes
+    result = auto_plan(graphs, graphs.at(16), setup, options=PipelineOptions())
+    stages = result.best.stages
+    assert len(stages) >= 2
+    assert result.best.estimate.memory_per_device_bytes <= setup.memory_budget_bytes
+    assert stage_groups_within_nodes(stages, setup.cluster)
+
+
+def test_golden_large_batch_stays_one_data_parallel_stage() -> None:
+    graphs = graphs_for("mlp", 65536, hidden=256, layers=2)
+    setup = cluster_setup("dgx-a100", 1, 8)
+    result = auto_plan(graphs, graphs.at(65536), setup, options=PipelineOptions())
+    (stage,) = result.best.stages
+    assert len(stage.devices) == 8
+    assert all(set(spec) == {"R"} for spec in stage.param_placements.values())
+
+
+@pytest.mark.parametrize(
+    ("cluster", "nodes", "per_node", "memory_gib"), [("dgx-a100", 1, 4, None), ("p3.16xlarge", 2, 2, 0.05)]
+)
+def test_auto_is_at_most_every_exactly_priced_megatron_point(cluster, nodes, per_node, memory_gib) -> None:
+    graphs = graphs_for("gpt", 16, size="tiny", layers=4)
+    setup = cluster_setup(cluster, nodes, per_node, memory_gib)
+    options = PipelineOptions()
+    result = auto_plan(graphs, graphs.at(16), setup, options=options)
+    tables = LayerTables(setup, options)
+    settings = search_pipeline(graphs, setup, tables, options=options)
+    priced = 0
+    for setting in settings:
+        for candidate in megatron_grid(setting, setup):
+            exact = price_stages(full_graph=graphs.at(16), graph=setting.graph, layers=setting.layers, tables=tables,
+                                 specs=list(candidate.specs), m=setting.num_microbatches, schedule=setting.schedule,
+                                 refine=False)  # fmt: skip
+            if exact is not None:
+                priced += 1
+                assert result.best.estimate.step_time_s <= exact.estimate.step_time_s * (1 + 1e-9), candidate.degrees
+    assert priced >= 4
+
+
+def test_schedule_and_remat_options_are_honoured() -> None:
+    graphs = graphs_for("gpt", 16, size="tiny", layers=4)
+    setup = cluster_setup("dgx-a100", 1, 4, memory_gib=0.03)
+    on = auto_plan(graphs, graphs.at(16), setup, options=PipelineOptions(remat="on", microbatches=4, schedule="gpipe"))
+    assert all(stage.remat for stage in on.best.stages)
+    assert on.best.num_microbatches == 4 and on.best.schedule in ("gpipe", "none")
+    off = auto_plan(graphs, graphs.at(16), setup, options=PipelineOptions(remat="off", max_stages=1))
+    assert not any(stage.remat for stage in off.best.stages) and len(off.best.stages) == 1
+
+
+def test_plan_api_writes_a_valid_multi_stage_plan() -> None:
+    from planner.api import plan_model_file
+    from planner.plan import Plan
+
+    cluster = dataclasses.replace(load_cluster("p3.16xlarge", num_nodes=2, devices_per_node=2))
+    result = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, model_args={"size": "tiny"})
+    assert Plan.from_json(result.to_json()) == result
+    assert result.search.ilp_solves > 0 and result.search.dp_s > 0
+    assert sum(len(stage.devices) for stage in result.stages) == 4
