@@ -2,9 +2,9 @@
 
 1. :func:`planner.inter_op.search_pipeline`: per microbatch count, layer options (intra-op
    problem per layer kind and mesh) and the stage DP.
-2. Candidates: the DP's plans of the :data:`DP_CANDIDATES` best microbatch counts, and the best
-   data-parallel, Megatron ``(t, p, d)`` and uniform-pipeline plans
-   (:mod:`planner.baselines.handwritten`), all on the same span options.
+2. Candidates: the DP's plans of the :data:`DP_CANDIDATES` best microbatch counts, and the three
+   best data-parallel, Megatron ``(t, p, d)`` and uniform-pipeline plans by the span options
+   (:mod:`planner.baselines.handwritten`), priced as written (no refinement).
 3. Each candidate is priced exactly on whole stages (:func:`planner.pipeline_plan.price_stages`);
    the fastest that fits is the plan. So the auto plan is never slower than a hand-written one
    under the same cost model, and its estimate is the exact price of what it returns.
