@@ -176,6 +176,7 @@ def plan(
         num_microbatches=chosen.num_microbatches,
         schedule=chosen.schedule,
         optimizer=setup.optimizer,
+        zero=zero,
         stages=chosen.stages,
         estimate=chosen.estimate,
         search=replace(stats, time_s=finished - started, capture_s=capture_s, cost_s=costed - captured),

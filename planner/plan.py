@@ -3,7 +3,7 @@
 JSON layout (``format_version`` 1; later versions only add fields)::
 
     {format_version, method, model: {file, args, fingerprint, tracer, num_params},
-     cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer,
+     cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer, zero,
      stages: [{index, nodes, devices, mesh_shape, node_shardings, param_placements, remat}],
      estimate: {step_time_s, per_stage_time_s, memory_per_device_bytes, bubble_fraction,
                 tflops_per_device, mfu, breakdown_s}, search: {time_s, capture_s, ...}, notes}
@@ -28,7 +28,7 @@ from planner.errors import AutoplanError
 from planner.graph import OpGraph, TensorMeta
 
 FORMAT_VERSION = 1
-SCHEDULES = ("none", "gpipe", "1f1b")
+SCHEDULES = ("none", "gpipe", "1f1b", "dataflow")  # dataflow: op placements, each op runs when its inputs arrive
 _PLACEMENT = re.compile(r"^(R|P|S\((\d+)\))$")
 
 
@@ -184,6 +184,7 @@ class Plan:
     estimate: Estimate
     search: SearchStats
     notes: tuple[str, ...] = ()
+    zero: bool = False  # optimizer state and gradients sharded over data-parallel axes
     format_version: int = FORMAT_VERSION
 
     @property
@@ -200,6 +201,7 @@ class Plan:
             "num_microbatches": self.num_microbatches,
             "schedule": self.schedule,
             "optimizer": self.optimizer,
+            "zero": self.zero,
             "stages": [stage.to_json() for stage in self.stages],
             "estimate": self.estimate.to_json(),
             "search": self.search.to_json(),
@@ -223,6 +225,7 @@ class Plan:
                 num_microbatches=int(data["num_microbatches"]),
                 schedule=str(data["schedule"]),
                 optimizer=str(data.get("optimizer", "adam-mixed")),
+                zero=bool(data.get("zero", False)),
                 stages=tuple(Stage.from_json(stage) for stage in data["stages"]),
                 estimate=Estimate.from_json(data["estimate"]),
                 search=SearchStats.from_json(data["search"]),
