@@ -6,14 +6,16 @@ compute model, optimizer), runs the chosen method and returns a validated :class
 device so that nothing is allocated. Methods are looked up in :data:`METHODS`; ``auto`` is the
 two-level search (:mod:`planner.auto`): pipeline stages on submeshes by DP, each operator's
 sharding by the intra-op problem, microbatches, schedule and recomputation; ``megatron`` and
-``uniform-pipeline`` are the best hand-written plans of those kinds under the same cost model.
+``uniform-pipeline`` are the best hand-written plans of those kinds under the same cost model;
+the placement baselines (:mod:`planner.placement_plan`) put every operator on one device.
+:func:`prepare` captures once and :func:`plan_prepared` runs a method on it (``plan compare``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,9 @@ import torch
 
 from cost_models.cluster import Cluster, load_cluster
 from cost_models.compute import ComputeModel, RooflineCompute
-from planner.auto import auto_plan
+from planner.auto import AutoResult, auto_plan
 from planner.baselines.data_parallel import data_parallel
+from planner.baselines.handwritten import check_degrees
 from planner.capture import capture
 from planner.errors import AutoplanError
 from planner.estimate import GIB, CostSetup
@@ -30,6 +33,7 @@ from planner.graph import OpGraph
 from planner.inter_op import PipelineOptions, Progress, allowed_slots, microbatch_counts
 from planner.model_file import instantiate, load_model_file
 from planner.pipeline_plan import PricedPipeline
+from planner.placement_plan import PLACEMENT_METHODS, run_placement
 from planner.plan import ModelRef, Plan, SearchStats, validate_plan
 from planner.rebatch import MicrobatchGraphs
 
@@ -37,33 +41,74 @@ METHODS: dict[str, str] = {
     "auto": "the best plan autoplan can search: pipeline stages by DP, per-operator sharding by ILP, "
     "microbatches, schedule and recomputation",
     "data-parallel": "every device holds the model and a 1/d slice of the batch",
-    "megatron": "the best Megatron (tensor, pipeline, data) grid point, priced like auto",
+    "megatron": "the best Megatron (tensor, pipeline, data) grid point, priced like auto (--degrees: one point)",
     "uniform-pipeline": "equal layers per stage on equal submeshes, each stage sharded by ILP",
+    **PLACEMENT_METHODS,
 }
+AUTO_FAMILY = ("auto", "megatron", "uniform-pipeline")
 COST_MODELS = ("roofline", "profiled")
 
 
-def _run_method(
-    name: str, graphs: MicrobatchGraphs, setup: CostSetup, *, batch_size: int, options: PipelineOptions,
-    progress: Progress | None,
-) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:  # fmt: skip
-    """The plan of method ``name``, its search statistics (capture filled in later) and notes."""
-    graph = graphs.at(batch_size)
+@dataclass(kw_only=True)
+class Prepared:
+    """A captured model with its cost setup, shared by every method run on it (``plan compare``)."""
+
+    graph: OpGraph
+    graphs: MicrobatchGraphs
+    setup: CostSetup
+    model: ModelRef
+    batch_size: int
+    options: PipelineOptions
+    microbatches: int | None
+    rl_budget_s: float
+    seed: int
+    capture_s: float
+    captured_before_s: float  # graphs.capture_s when prepared (already in capture_s)
+    cost_s: float
+    notes: tuple[str, ...]
+    progress: Progress | None = None
+    auto: tuple[AutoResult, float] | None = None  # the auto search and its seconds, run once
+
+
+def _auto(prepared: Prepared) -> tuple[AutoResult, float]:
+    if prepared.auto is None:
+        started = time.perf_counter()
+        result = auto_plan(prepared.graphs, prepared.graph, prepared.setup, options=prepared.options,
+                           progress=prepared.progress)  # fmt: skip
+        prepared.auto = (result, time.perf_counter() - started)
+    return prepared.auto
+
+
+def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:
+    """The plan of method ``name``, its search statistics (``time_s``: this method's search) and notes."""
+    graph, setup, batch_size = prepared.graph, prepared.setup, prepared.batch_size
     if name == "data-parallel":
+        started = time.perf_counter()
         stages, estimate = data_parallel(graph, setup, batch_size=batch_size)
         return (
             PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none"),
-            SearchStats(time_s=0.0),
+            SearchStats(time_s=time.perf_counter() - started),
             (),
         )
-    result = auto_plan(graphs, graph, setup, options=options, progress=progress)
+    if name in PLACEMENT_METHODS:
+        started = time.perf_counter()
+        chosen, notes = run_placement(name, prepared.graphs, setup, batch_size=batch_size,
+                                      microbatches=prepared.microbatches, rl_budget_s=prepared.rl_budget_s,
+                                      seed=prepared.seed, progress=prepared.progress)  # fmt: skip
+        return chosen, SearchStats(time_s=time.perf_counter() - started), notes
+    result, search_s = _auto(prepared)
     if name != "auto" and name not in result.priced:
-        raise AutoplanError(f"no {name} plan fits in {setup.memory_budget_bytes / GIB:.1f} GiB per device")
+        degrees = prepared.options.degrees
+        what = (
+            f"the megatron plan {','.join(map(str, degrees))}" if name == "megatron" and degrees else f"no {name} plan"
+        )
+        raise AutoplanError(f"{what} does not fit in {setup.memory_budget_bytes / GIB:.1f} GiB per device")
     chosen = result.best if name == "auto" else result.priced[name]
-    stats = SearchStats(time_s=0.0, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s,
+    stats = SearchStats(time_s=search_s, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s,
                         price_s=result.price_s)  # fmt: skip
     compared = ", ".join(f"{method} {p.estimate.step_time_s:.4g} s" for method, p in sorted(result.priced.items()))
-    notes = (f"compared under the same cost model: {compared}; chosen: {result.chosen_by if name == 'auto' else name}",)
+    chosen_by = result.chosen_by if name == "auto" else name
+    notes = (f"compared under the same cost model: {compared}; chosen: {chosen_by}",)
     return chosen, stats, notes
 
 
@@ -103,13 +148,12 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
     return ProfiledCompute(table=result.times, fallback=roofline)
 
 
-def plan(
+def prepare(
     model: torch.nn.Module,
     example_inputs: Sequence[Any],
     cluster: Cluster | str,
     *,
     batch_size: int,
-    method: str = "auto",
     tracer: str = "export",
     optimizer: str | None = None,
     cost_model: str = "roofline",
@@ -120,76 +164,103 @@ def plan(
     remat: str = "auto",
     zero: bool = False,
     ilp_time_limit_s: float = 30.0,
+    degrees: tuple[int, int, int] | None = None,
+    rl_budget_s: float = 30.0,
+    seed: int = 0,
     model_ref: dict[str, Any] | None = None,
     progress: Progress | None = None,
-) -> Plan:
-    """Find a parallel plan for training ``model`` on ``cluster`` with global ``batch_size``.
-
-    ``example_inputs`` are one step's inputs at ``batch_size``. The model may live on the
-    meta device. ``microbatches`` None searches the counts; ``max_stages`` None allows any.
-    ``progress(what, done, total)`` is called during the search. Raises :class:`AutoplanError`
-    for bad input or a model that does not fit.
-    """
-    if method not in METHODS:
-        raise AutoplanError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+) -> Prepared:
+    """Check the options, capture the model and build its cost setup (see :func:`plan`)."""
     if batch_size <= 0:
         raise AutoplanError(f"--batch-size must be a positive integer, got {batch_size}")
     if max_stages is not None and max_stages < 1:
         raise AutoplanError(f"--max-stages must be at least 1, got {max_stages}")
+    if rl_budget_s <= 0:
+        raise AutoplanError(f"--rl-budget-s must be positive, got {rl_budget_s:g}")
     pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
-                               zero=zero, ilp_time_limit_s=ilp_time_limit_s)  # fmt: skip
-    counts = microbatch_counts(batch_size, microbatches) if method != "data-parallel" else [1]
+                               zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees)  # fmt: skip
+    counts = microbatch_counts(batch_size, microbatches)
     allowed_slots(remat)
     if not 0 < memory_fraction <= 1:
         raise AutoplanError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
     cluster = _resolve_cluster(cluster)
+    check_degrees(degrees, cluster)
     started = time.perf_counter()
     graph = capture(model, example_inputs, tracer=tracer)
     graphs = MicrobatchGraphs(
         full=graph, batch_size=batch_size, smallest=batch_size // counts[-1],
         capture_at=lambda size: capture(model, slice_batch(example_inputs, batch_size, size), tracer=tracer),
     )  # fmt: skip
-    captured, captured_before = time.perf_counter(), graphs.capture_s
+    captured = time.perf_counter()
     setup = CostSetup(
         cluster=cluster,
         compute=make_compute_model(graph, cluster, cost_model=cost_model),
         optimizer=optimizer or default_optimizer(cluster),
         memory_fraction=memory_fraction,
     )
-    costed = time.perf_counter()
-    chosen, stats, method_notes = _run_method(method, graphs, setup, batch_size=batch_size, options=pipeline,
-                                              progress=progress)  # fmt: skip
-    finished = time.perf_counter()
-    capture_s = captured - started + graphs.capture_s - captured_before
     ref = dict(model_ref or {})
+    model_json = ModelRef(fingerprint=graph.fingerprint(), num_params=graph.num_params, file=ref.get("file"),
+                          args=ref.get("args", {}), tracer=tracer)  # fmt: skip
+    return Prepared(
+        graph=graph, graphs=graphs, setup=setup, model=model_json, batch_size=batch_size, options=pipeline,
+        microbatches=microbatches, rl_budget_s=rl_budget_s, seed=seed, capture_s=captured - started,
+        captured_before_s=graphs.capture_s,
+        cost_s=time.perf_counter() - captured, notes=(f"compute times: {cost_model}",), progress=progress,
+    )  # fmt: skip
+
+
+def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
+    """The validated plan of ``method`` on a prepared model; ``search.time_s`` is that method's search
+    (the auto-family methods share one search: each reports its seconds)."""
+    if method not in METHODS:
+        raise AutoplanError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    chosen, stats, method_notes = _run_method(method, prepared)
+    graphs = prepared.graphs
     result = Plan(
         method=method,
-        model=ModelRef(
-            fingerprint=graph.fingerprint(),
-            num_params=graph.num_params,
-            file=ref.get("file"),
-            args=ref.get("args", {}),
-            tracer=tracer,
-        ),
-        cluster=cluster,
-        batch_size=batch_size,
+        model=prepared.model,
+        cluster=prepared.setup.cluster,
+        batch_size=prepared.batch_size,
         num_microbatches=chosen.num_microbatches,
         schedule=chosen.schedule,
-        optimizer=setup.optimizer,
-        zero=zero,
+        optimizer=prepared.setup.optimizer,
+        zero=prepared.options.zero,
         stages=chosen.stages,
         estimate=chosen.estimate,
-        search=replace(stats, time_s=finished - started, capture_s=capture_s, cost_s=costed - captured),
-        notes=(*method_notes, *_notes(cost_model, graphs)),
+        search=replace(
+            stats,
+            time_s=stats.time_s + prepared.capture_s + prepared.cost_s,
+            capture_s=prepared.capture_s + graphs.capture_s - prepared.captured_before_s,
+            cost_s=prepared.cost_s,
+        ),
+        notes=(*method_notes, *prepared.notes, *_notes(graphs)),
     )
-    validate_plan(result, graph)
+    validate_plan(result, prepared.graph)
     return result
 
 
-def _notes(cost_model: str, graphs: MicrobatchGraphs) -> tuple[str, ...]:
+def plan(
+    model: torch.nn.Module, example_inputs: Sequence[Any], cluster: Cluster | str, *, batch_size: int,
+    method: str = "auto", **options: Any,
+) -> Plan:  # fmt: skip
+    """Find a parallel plan for training ``model`` on ``cluster`` with global ``batch_size``.
+
+    ``example_inputs`` are one step's inputs at ``batch_size``. The model may live on the
+    meta device. Options (keyword only): ``tracer``, ``optimizer``, ``cost_model``,
+    ``memory_fraction``, ``max_stages`` (None: any), ``microbatches`` (None: searched),
+    ``schedule``, ``remat``, ``zero``, ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for
+    ``megatron``), ``rl_budget_s`` and ``seed`` (``rl``), ``model_ref``, and
+    ``progress(what, done, total)``, called during the search. Raises :class:`AutoplanError`
+    for bad input or a model that does not fit.
+    """
+    if method not in METHODS:
+        raise AutoplanError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    return plan_prepared(prepare(model, example_inputs, cluster, batch_size=batch_size, **options), method)
+
+
+def _notes(graphs: MicrobatchGraphs) -> tuple[str, ...]:
     return (
-        f"compute times: {cost_model}; model captured {graphs.num_captures} time(s), other microbatch sizes "
-        "interpolated",
+        f"model captured {graphs.num_captures} time(s), other microbatch sizes interpolated",
         "gradient all-reduce is not overlapped with backward in the estimate",
     )
 
@@ -205,16 +276,24 @@ def slice_batch(example_inputs: Sequence[Any], batch_size: int, size: int) -> tu
     return tuple(sliced)
 
 
-def plan_model_file(
-    path: str | Path,
-    cluster: Cluster | str,
-    *,
-    batch_size: int,
-    model_args: dict[str, Any] | None = None,
+def prepare_model_file(
+    path: str | Path, cluster: Cluster | str, *, batch_size: int, model_args: dict[str, Any] | None = None,
     **options: Any,
-) -> Plan:
-    """:func:`plan` for a model file, built on the meta device."""
+) -> Prepared:  # fmt: skip
+    """:func:`prepare` for a model file, built on the meta device."""
     model_file = load_model_file(path)
     args = dict(model_args or {})
     model, inputs = instantiate(model_file, batch_size=batch_size, model_args=args)
-    return plan(model, inputs, cluster, batch_size=batch_size, model_ref={"file": str(path), "args": args}, **options)
+    return prepare(model, inputs, cluster, batch_size=batch_size, model_ref={"file": str(path), "args": args},
+                   **options)  # fmt: skip
+
+
+def plan_model_file(
+    path: str | Path, cluster: Cluster | str, *, batch_size: int, model_args: dict[str, Any] | None = None,
+    method: str = "auto", **options: Any,
+) -> Plan:  # fmt: skip
+    """:func:`plan` for a model file, built on the meta device."""
+    if method not in METHODS:
+        raise AutoplanError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    prepared = prepare_model_file(path, cluster, batch_size=batch_size, model_args=model_args, **options)
+    return plan_prepared(prepared, method)

@@ -1,7 +1,7 @@
 """The ``plan`` command.
 
 ``plan MODEL_FILE --cluster NAME|FILE --batch-size B ...`` plans a model; subcommands
-``profile`` and ``calibrate`` stand beside it (later: ``compare``, ``run``, ``compile``,
+``profile``, ``calibrate`` and ``compare`` stand beside it (later: ``run``, ``compile``,
 ``show``). Every user error is one line on stderr and exit code 2; no output file is written
 unless the whole command succeeded.
 """
@@ -19,7 +19,7 @@ from typing import NoReturn
 from planner.errors import AutoplanError
 from planner.plan import Plan
 
-SUBCOMMANDS = ("profile", "calibrate")
+SUBCOMMANDS = ("profile", "calibrate", "compare")
 EXIT_USAGE = 2
 
 
@@ -38,6 +38,7 @@ data parallelism, with an estimate of step time and memory per device.
   plan MODEL_FILE --cluster NAME|FILE --batch-size B [options]   plan a model (this form)
   plan profile MODEL_FILE --batch-size B [options]               per-node FLOPs, time, memory
   plan calibrate [--out FILE]                                    measure this machine
+  plan compare MODEL_FILE --cluster NAME|FILE --batch-size B     every method, judged by one simulator
 
 A model file defines build_model(**kwargs) -> nn.Module and example_inputs(batch_size) -> tuple
 of tensors (optionally loss_fn(output, inputs)); see examples/. Clusters: local-cpu,
@@ -72,18 +73,10 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, required: bool) -> N
     parser.add_argument("--devices-per-node", type=int, metavar="M", help="devices per node (overrides the cluster's)")
 
 
-def _plan_parser() -> argparse.ArgumentParser:
-    from planner.api import COST_MODELS, METHODS
+def add_search_options(parser: argparse.ArgumentParser) -> None:
+    """Options every method reads: costs, memory, pipeline search, Megatron degrees, RL budget."""
+    from planner.api import COST_MODELS
 
-    parser = UsageParser(
-        prog="plan",
-        description=_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_model_options(parser)
-    add_cluster_options(parser, required=True)
-    methods = "; ".join(f"{name}: {text}" for name, text in METHODS.items())
-    parser.add_argument("--method", default="auto", choices=tuple(METHODS), metavar="M", help=methods)
     parser.add_argument(
         "--optimizer", default=None, help="adam-mixed (16 B/param, default on GPUs), adam-fp32 (default on CPU), sgd"
     )
@@ -122,6 +115,61 @@ def _plan_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ilp-time-limit", type=float, default=30.0, metavar="S", help="seconds per ILP solve (default 30)"
     )
+    parser.add_argument(
+        "--degrees",
+        type=_degrees,
+        default=None,
+        metavar="T,P,D",
+        help="megatron: evaluate this one (tensor, pipeline, data) configuration instead of the grid",
+    )
+    parser.add_argument(
+        "--rl-budget-s", type=float, default=30.0, metavar="S", help="rl: seconds of training (default 30)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="rl: random seed (default 0)")
+
+
+def search_kwargs(options: argparse.Namespace) -> dict:
+    """The keyword options of :func:`planner.api.prepare` from parsed search options."""
+    return {
+        "tracer": options.tracer,
+        "optimizer": options.optimizer,
+        "cost_model": options.cost_model,
+        "memory_fraction": options.memory_fraction,
+        "max_stages": options.max_stages,
+        "microbatches": options.microbatches,
+        "schedule": options.schedule,
+        "remat": options.remat,
+        "zero": options.zero,
+        "ilp_time_limit_s": options.ilp_time_limit,
+        "degrees": options.degrees,
+        "rl_budget_s": options.rl_budget_s,
+        "seed": options.seed,
+    }
+
+
+def _degrees(text: str) -> tuple[int, int, int]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be three positive integers T,P,D (e.g. 2,4,2), got {text!r}")
+    return values  # type: ignore[return-value]
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    from planner.api import METHODS
+
+    parser = UsageParser(
+        prog="plan",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_options(parser)
+    add_cluster_options(parser, required=True)
+    methods = "; ".join(f"{name}: {text}" for name, text in METHODS.items())
+    parser.add_argument("--method", default="auto", choices=tuple(METHODS), metavar="M", help=methods)
+    add_search_options(parser)
     parser.add_argument("--explain", action="store_true", help="print each node's split, spec and seconds")
     parser.add_argument(
         "--out", default="plan.json", metavar="FILE", help="where to write the plan (default plan.json)"
@@ -167,6 +215,10 @@ def _run_subcommand(name: str, args: list[str]) -> int:
         from planner.cli_profile import run_profile
 
         return run_profile(args)
+    if name == "compare":
+        from planner.cli_compare import run_compare
+
+        return run_compare(args)
     from planner.cli_calibrate import run_calibrate
 
     return run_calibrate(args)
@@ -199,17 +251,8 @@ def _run_plan(options: argparse.Namespace) -> int:
             batch_size=options.batch_size,
             model_args=model_args,
             method=options.method,
-            tracer=options.tracer,
-            optimizer=options.optimizer,
-            cost_model=options.cost_model,
-            memory_fraction=options.memory_fraction,
-            max_stages=options.max_stages,
-            microbatches=options.microbatches,
-            schedule=options.schedule,
-            remat=options.remat,
-            zero=options.zero,
-            ilp_time_limit_s=options.ilp_time_limit,
             progress=progress,
+            **search_kwargs(options),
         )
     out = Path(options.out)
     save_plan(result, out)

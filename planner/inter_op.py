@@ -62,6 +62,7 @@ class PipelineOptions:
     remat: str = "auto"
     zero: bool = False
     ilp_time_limit_s: float = 30.0
+    degrees: tuple[int, int, int] | None = None  # megatron: evaluate this (tensor, pipeline, data) only
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,7 +37,7 @@ from planner.baselines.placement_problem import PlacementProblem, check_assignme
 from planner.estimate import CostSetup
 from planner.graph import OpGraph
 from planner.layers import boundary_bytes
-from planner.plan import Plan
+from planner.plan import Plan, Stage
 from planner.stage_work import NodeWork, stage_node_work
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "none")
@@ -81,8 +81,9 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
     graph = TaskGraph(num_devices=lowered.num_devices)
     fixed = lowered.schedule in PIPELINE_SCHEDULES
     stages = [
-        graph.add_resource(f"stage {s}", devices=devices, order="fixed" if fixed else "ready",
-                           base_memory_bytes=lowered.state_bytes[s])  # fmt: skip
+        graph.add_resource(
+            f"stage {s}", devices=devices, order="fixed" if fixed else "ready", base_memory_bytes=lowered.state_bytes[s]
+        )
         for s, devices in enumerate(lowered.stage_devices)
     ]
     links: dict[tuple[int, int], int] = {}
@@ -179,7 +180,9 @@ def lower_assignment(problem: PlacementProblem, assignment: Sequence[int]) -> Lo
     return Lowered(
         num_devices=problem.num_devices,
         stage_devices=tuple((d,) for d in devices),
-        state_bytes=tuple(math.fsum(problem.state_bytes[o] for o, a in enumerate(assignment) if a == d) for d in devices),
+        state_bytes=tuple(
+            math.fsum(problem.state_bytes[o] for o, a in enumerate(assignment) if a == d) for d in devices
+        ),
         step_s=tuple(
             math.fsum(problem.step_s[o] for o, a in enumerate(assignment) if a == d) / problem.device_speed[d]
             for d in devices
@@ -198,17 +201,26 @@ def simulate_assignment(problem: PlacementProblem, assignment: Sequence[int], *,
 
 def lower_plan(plan: Plan, graph: OpGraph, setup: CostSetup) -> Lowered:
     """``graph`` is the model at the plan's microbatch size (``batch_size / num_microbatches``)."""
-    m = plan.num_microbatches
-    stage_of = {name: stage.index for stage in plan.stages for name in stage.nodes}
+    return lower_stages(plan.stages, graph, setup, num_microbatches=plan.num_microbatches, schedule=plan.schedule,
+                        zero=plan.zero)  # fmt: skip
+
+
+def lower_stages(
+    plan_stages: Sequence[Stage], graph: OpGraph, setup: CostSetup, *, num_microbatches: int, schedule: str,
+    zero: bool = False,
+) -> Lowered:  # fmt: skip
+    """:func:`lower_plan` from a plan's parts (candidates that are not plans yet)."""
+    m = num_microbatches
+    stages = sorted(plan_stages, key=lambda s: s.index)
+    assert [stage.index for stage in stages] == list(range(len(stages))), "stages are numbered 0..S-1"
+    stage_of = {name: stage.index for stage in stages for name in stage.nodes}
     work: dict[str, NodeWork] = {}
-    for stage in plan.stages:
-        work.update(stage_node_work(stage, graph, setup, num_microbatches=m, zero=plan.zero))
+    for stage in stages:
+        work.update(stage_node_work(stage, graph, setup, num_microbatches=m, zero=zero))
     order = [stage_of[node.name] for node in graph.nodes]
     runs = _chunks_of(order)
-    remat = {stage.index: stage.remat for stage in plan.stages}
-    chunks = tuple(_chunk(graph, run, order[run[0]], work, remat=remat[order[run[0]]]) for run in runs)
-    pipeline = plan.schedule in PIPELINE_SCHEDULES and [c.stage for c in chunks] == list(range(len(plan.stages)))
-    stages = sorted(plan.stages, key=lambda s: s.index)
+    chunks = tuple(_chunk(graph, run, order[run[0]], work, remat=stages[order[run[0]]].remat) for run in runs)
+    pipeline = schedule in PIPELINE_SCHEDULES and [c.stage for c in chunks] == list(range(len(stages)))
     return Lowered(
         num_devices=setup.cluster.num_devices,
         stage_devices=tuple(stage.devices for stage in stages),
@@ -216,7 +228,7 @@ def lower_plan(plan: Plan, graph: OpGraph, setup: CostSetup) -> Lowered:
         step_s=tuple(math.fsum(work[n].step_s for n in stage.nodes) for stage in stages),
         chunks=chunks,
         edges=_pipeline_edges(graph, runs, setup) if pipeline else _dataflow_edges(graph, runs, setup),
-        schedule=plan.schedule if pipeline else "dataflow",
+        schedule=schedule if pipeline else "dataflow",
         num_microbatches=m,
         transfer_s=_stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
     )

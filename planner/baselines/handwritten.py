@@ -8,6 +8,9 @@
   equal submeshes, each stage with its best option (any mesh, any slot);
 * ``data-parallel``: ``(1, 1, D)`` of the grid.
 
+``--degrees T,P,D`` (:func:`check_degrees`) makes ``megatron`` that one configuration, as users
+check their own, still choosing its microbatch count and recomputation.
+
 Each is scored per microbatch count on the span options of :mod:`planner.inter_op`
 (:func:`approximate_step_s`: ``Σ t_s + (m − 1)·max t_s``, 1F1B memory), and the best is then
 priced exactly like the auto plan (:func:`planner.pipeline_plan.price_stages`).
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cost_models.cluster import Cluster
+from planner.errors import AutoplanError
 from planner.estimate import CostSetup
 from planner.inter_op import PipelineChoice, boundary_table, mesh_choices
 from planner.layer_costs import SLOTS
@@ -74,7 +79,27 @@ def _slots(source: str, remat: str) -> list[int]:
     ]
 
 
-def megatron_grid(setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto") -> list[Candidate]:
+def check_degrees(degrees: tuple[int, int, int] | None, cluster: Cluster) -> None:
+    """A clear error unless ``(t, p, d)`` is a Megatron configuration of ``cluster``."""
+    if degrees is None:
+        return
+    t, p, d = degrees
+    if min(degrees) < 1 or t * p * d != cluster.num_devices:
+        raise AutoplanError(
+            f"--degrees {t},{p},{d} uses {t * p * d} devices, the cluster has {cluster.num_devices}: "
+            "tensor × pipeline × data must equal the device count"
+        )
+    if cluster.devices_per_node % t:
+        raise AutoplanError(
+            f"--degrees {t},{p},{d}: tensor degree {t} must divide the {cluster.devices_per_node} devices per node "
+            "(tensor parallel groups stay inside a node)"
+        )
+
+
+def megatron_grid(
+    setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None
+) -> list[Candidate]:
+    """Every grid point (or only ``degrees``, labelled megatron even when it is data parallel)."""
     cluster, num_layers = setup.cluster, len(setting.layers.layers)
     found = []
     for t in (t for t in range(1, cluster.devices_per_node + 1) if cluster.devices_per_node % t == 0):
@@ -82,6 +107,8 @@ def megatron_grid(setting: PipelineChoice, setup: CostSetup, *, remat: str = "au
             if cluster.num_devices % (t * p):
                 continue
             d = cluster.num_devices // (t * p)
+            if degrees is not None and (t, p, d) != degrees:
+                continue
             submesh = _submesh_of(setup, t * d)
             if submesh is None:
                 continue
@@ -92,7 +119,7 @@ def megatron_grid(setting: PipelineChoice, setup: CostSetup, *, remat: str = "au
                 specs = [StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot)
                          for a, b in _equal_spans(num_layers, p)]  # fmt: skip
                 step = approximate_step_s(setting, setup, specs)
-                method = "data-parallel" if (t, p) == (1, 1) else "megatron"
+                method = "data-parallel" if (t, p) == (1, 1) and degrees is None else "megatron"
                 found.append(
                     Candidate(method=method, degrees=(t, p, d), step_time_s=step, specs=tuple(specs), setting=setting)
                 )
@@ -126,13 +153,18 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
 
 
 def best_handwritten(
-    settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", keep: int = 3
-) -> dict[str, list[Candidate]]:
+    settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", keep: int = 3,
+    degrees: tuple[int, int, int] | None = None,
+) -> dict[str, list[Candidate]]:  # fmt: skip
     """Per hand-written method, its ``keep`` fastest fitting candidates over every microbatch count,
-    fastest first (the exact price of the first may not fit where the approximation did)."""
+    fastest first (the exact price of the first may not fit where the approximation did). With
+    ``degrees`` the megatron candidates are that one configuration's."""
     found: dict[str, list[Candidate]] = {}
     for setting in settings:
-        for candidate in [*megatron_grid(setting, setup, remat=remat), *uniform_pipelines(setting, setup)]:
+        grid = megatron_grid(setting, setup, remat=remat, degrees=degrees)
+        if degrees is not None:  # the full grid still supplies the data-parallel candidates
+            grid += [c for c in megatron_grid(setting, setup, remat=remat) if c.method == "data-parallel"]
+        for candidate in [*grid, *uniform_pipelines(setting, setup)]:
             if math.isfinite(candidate.step_time_s):
                 found.setdefault(candidate.method, []).append(candidate)
     return {method: sorted(items, key=lambda c: c.step_time_s)[:keep] for method, items in found.items()}

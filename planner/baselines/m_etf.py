@@ -15,18 +15,19 @@ earliest start, ties to the larger upward rank (:func:`planner.baselines.critica
 then the lower op index, then the lower device index; the device is then busy until the
 op's finish. (Baechi's m-ETF: earliest start, memory as a hard limit.)
 
-Implementation (:func:`m_etf_placement`): every ready op keeps one heap entry, its best
-device (:func:`_best_entry`) stamped with that device's version. Placing an op on ``d`` only
-delays ``d`` and fills its memory, so every other device's start time for every op is
-unchanged and the entry of an op whose best device is not ``d`` stays exact; an entry for
-``d`` is a lower bound, recomputed when it reaches the top. The popped fresh entry is thus
-the exact minimum, in ``O(D)`` per recomputation instead of a scan of all ready pairs.
+Implementation (:func:`m_etf_placement`): each device keeps its ready ops in two heaps
+(:class:`_DeviceQueue`): those whose data is there by the time the device is free (start =
+free time, best by ``(-rank, op)``) and those still in flight (best by ``(arrival, -rank, op)``);
+ops placed elsewhere, or that no longer fit (a device's memory only fills), leave lazily. A step
+takes the least of the ``D`` queue tops, so it costs ``O(D)`` plus amortised heap work, about
+``O(N·D·log N)`` in all, where scanning every ready pair would be ``O(N²·D)`` on a wide graph.
 An op that fits on no device raises :class:`planner.errors.AutoplanError`.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.baselines.critical_path import upward_rank
@@ -35,34 +36,64 @@ from planner.baselines.placement_problem import PlacementProblem
 
 ALGORITHM = "m-ETF placement"
 
-# (start, -rank, op, device, version of device): heap order is the m-ETF choice with its tie-breaks.
-Entry = tuple[float, float, int, int, int]
+# (start, -rank, op, device): the order of m-ETF's choice with its tie-breaks.
+Choice = tuple[float, float, int, int]
+
+
+class _DeviceQueue:
+    """The ready ops of one device: arrived by its free time (by rank) and still in flight (by arrival)."""
+
+    def __init__(self) -> None:
+        self.arrived: list[tuple[float, int]] = []  # (-rank, op)
+        self.in_flight: list[tuple[float, float, int]] = []  # (arrival, -rank, op)
+
+    def push(self, arrival: float, rank: float, op: int) -> None:
+        heapq.heappush(self.in_flight, (arrival, -rank, op))
+
+    def best(self, free_at: float, usable: Callable[[int], bool]) -> tuple[float, float, int] | None:
+        """``(start, -rank, op)`` of the best usable op, dropping the unusable ones (placed, or too big now)."""
+        if not self.arrived and not self.in_flight:
+            return None
+        while self.in_flight and self.in_flight[0][0] <= free_at:
+            _, neg_rank, op = heapq.heappop(self.in_flight)
+            heapq.heappush(self.arrived, (neg_rank, op))
+        while self.arrived and not usable(self.arrived[0][1]):
+            heapq.heappop(self.arrived)
+        if self.arrived:
+            neg_rank, op = self.arrived[0]
+            return (free_at, neg_rank, op)
+        while self.in_flight and not usable(self.in_flight[0][2]):
+            heapq.heappop(self.in_flight)
+        return self.in_flight[0] if self.in_flight else None
 
 
 @dataclass
 class _Schedule:
-    """Devices (free time, bytes used, version bumped on every change) and placed ops (device, finish)."""
+    """Devices (free time, bytes used), placed ops (device, finish) and each op's memory."""
 
     problem: PlacementProblem
     free_at: list[float] = field(init=False)
     used: list[float] = field(init=False)
-    version: list[int] = field(init=False)
     device: list[int] = field(init=False)
     finish: list[float] = field(init=False)
+    memory: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.memory = [self.problem.memory_bytes(op) for op in range(self.problem.num_ops)]
         self.free_at = [0.0] * self.problem.num_devices
         self.used = [0.0] * self.problem.num_devices
-        self.version = [0] * self.problem.num_devices
         self.device = [-1] * self.problem.num_ops
         self.finish = [0.0] * self.problem.num_ops
+
+    def usable(self, device: int) -> Callable[[int], bool]:
+        room, placed_on, memory = self.problem.device_memory_bytes[device] - self.used[device], self.device, self.memory
+        return lambda op: placed_on[op] < 0 and memory[op] <= room
 
     def place(self, op: int, device: int, start: float) -> None:
         self.device[op] = device
         self.finish[op] = start + self.problem.time_s(op) / self.problem.device_speed[device]
         self.free_at[device] = self.finish[op]
-        self.used[device] += self.problem.memory_bytes(op)
-        self.version[device] += 1
+        self.used[device] += self.memory[op]
 
 
 def m_etf_placement(problem: PlacementProblem) -> tuple[int, ...]:
@@ -71,28 +102,39 @@ def m_etf_placement(problem: PlacementProblem) -> tuple[int, ...]:
     predecessors, successors = problem.predecessors(), problem.successors()
     waiting = [len(p) for p in predecessors]  # unplaced predecessors (edges) of each op
     schedule = _Schedule(problem)
-    arrival: dict[int, list[float]] = {}
-    heap: list[Entry] = []
+    queues = [_DeviceQueue() for _ in range(problem.num_devices)]
+    ready: set[int] = set()
 
     def make_ready(op: int) -> None:
-        arrival[op] = _arrival(problem, predecessors[op], schedule)
-        heapq.heappush(heap, _best_entry(problem, op, rank[op], arrival[op], schedule))
+        ready.add(op)
+        for d, at in enumerate(_arrival(problem, predecessors[op], schedule)):
+            queues[d].push(at, rank[op], op)
 
     for op in range(problem.num_ops):
         if not waiting[op]:
             make_ready(op)
-    while heap:
-        start, _, op, device, version = heapq.heappop(heap)
-        if version != schedule.version[device]:  # the device changed: the start is a lower bound
-            heapq.heappush(heap, _best_entry(problem, op, rank[op], arrival[op], schedule))
-            continue
+    while (choice := _earliest(queues, schedule)) is not None:
+        start, _, op, device = choice
         schedule.place(op, device, start)
-        del arrival[op]
+        ready.discard(op)
         for succ, _ in successors[op]:
             waiting[succ] -= 1
             if not waiting[succ]:
                 make_ready(succ)
+    if ready:  # ready ops that fit on no device (memory only fills, so they never will)
+        free = [cap - u for cap, u in zip(problem.device_memory_bytes, schedule.used, strict=True)]
+        raise no_device_error(problem, min(ready), free, algorithm=ALGORITHM)
     return tuple(schedule.device)
+
+
+def _earliest(queues: list[_DeviceQueue], schedule: _Schedule) -> Choice | None:
+    """The least ``(start, -rank, op, device)`` over the devices' best ops, or None when none is usable."""
+    best: Choice | None = None
+    for d, queue in enumerate(queues):
+        top = queue.best(schedule.free_at[d], schedule.usable(d))
+        if top is not None and (best is None or (*top, d) < best):
+            best = (*top, d)
+    return best
 
 
 def _arrival(problem: PlacementProblem, predecessors: list[tuple[int, float]], schedule: _Schedule) -> list[float]:
@@ -105,19 +147,3 @@ def _arrival(problem: PlacementProblem, predecessors: list[tuple[int, float]], s
             if at > arrival[d]:
                 arrival[d] = at
     return arrival
-
-
-def _best_entry(problem: PlacementProblem, op: int, rank: float, arrival: list[float], schedule: _Schedule) -> Entry:
-    """The heap entry of ``op`` on its device with room of earliest start (ties to the lower index)."""
-    need = problem.memory_bytes(op)
-    capacity, used, free_at = problem.device_memory_bytes, schedule.used, schedule.free_at
-    best: tuple[float, int] | None = None
-    for d in range(problem.num_devices):
-        if used[d] + need <= capacity[d]:
-            start = max(free_at[d], arrival[d])
-            if best is None or start < best[0]:
-                best = (start, d)
-    if best is None:
-        free = [cap - u for cap, u in zip(capacity, used, strict=True)]
-        raise no_device_error(problem, op, free, algorithm=ALGORITHM)
-    return (best[0], -rank, op, best[1], schedule.version[best[1]])
