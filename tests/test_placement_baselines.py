@@ -227,20 +227,20 @@ def random_problems(draw: st.DrawFn) -> PlacementProblem:
     return problem(times, edges, speeds=speeds, memory=[m * GB for m in memory], capacity=[c * GB for c in capacity])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(random_problems())
 def test_every_baseline_is_valid_on_random_dags(p: PlacementProblem) -> None:
     for placement in BASELINES:
         assert_valid(p, placement(p))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(random_problems())
 def test_m_etf_equals_the_naive_scan(p: PlacementProblem) -> None:
     assert m_etf_placement(p) == naive_m_etf(p)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(random_problems())
 def test_critical_path_length_is_the_source_rank(p: PlacementProblem) -> None:
     rank = upward_rank(p)

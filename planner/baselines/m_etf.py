@@ -17,17 +17,18 @@ op's finish. (Baechi's m-ETF: earliest start, memory as a hard limit.)
 
 Implementation (:func:`m_etf_placement`): each device keeps its ready ops in two heaps
 (:class:`_DeviceQueue`): those whose data is there by the time the device is free (start =
-free time, best by ``(-rank, op)``) and those still in flight (best by ``(arrival, -rank, op)``);
-ops placed elsewhere, or that no longer fit (a device's memory only fills), leave lazily. A step
-takes the least of the ``D`` queue tops, so it costs ``O(D)`` plus amortised heap work, about
-``O(N·D·log N)`` in all, where scanning every ready pair would be ``O(N²·D)`` on a wide graph.
+free time, best by ``(-rank, op)``) and those still in flight (best by ``(arrival, -rank, op)``),
+and caches its best entry. Placing an op on ``d`` only delays ``d`` and fills its memory, so
+only ``d``'s queue and the queues whose best was that op are recomputed; ops placed elsewhere,
+or that no longer fit (memory only fills), leave the heaps lazily. A step takes the least of
+the ``D`` cached entries: ``O(D)`` plus amortised heap work, about ``O(N·D·log N)`` in all,
+where scanning every ready pair would be ``O(N²·D)`` on a wide graph.
 An op that fits on no device raises :class:`planner.errors.AutoplanError`.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.baselines.critical_path import upward_rank
@@ -36,64 +37,77 @@ from planner.baselines.placement_problem import PlacementProblem
 
 ALGORITHM = "m-ETF placement"
 
-# (start, -rank, op, device): the order of m-ETF's choice with its tie-breaks.
-Choice = tuple[float, float, int, int]
-
-
-class _DeviceQueue:
-    """The ready ops of one device: arrived by its free time (by rank) and still in flight (by arrival)."""
-
-    def __init__(self) -> None:
-        self.arrived: list[tuple[float, int]] = []  # (-rank, op)
-        self.in_flight: list[tuple[float, float, int]] = []  # (arrival, -rank, op)
-
-    def push(self, arrival: float, rank: float, op: int) -> None:
-        heapq.heappush(self.in_flight, (arrival, -rank, op))
-
-    def best(self, free_at: float, usable: Callable[[int], bool]) -> tuple[float, float, int] | None:
-        """``(start, -rank, op)`` of the best usable op, dropping the unusable ones (placed, or too big now)."""
-        if not self.arrived and not self.in_flight:
-            return None
-        while self.in_flight and self.in_flight[0][0] <= free_at:
-            _, neg_rank, op = heapq.heappop(self.in_flight)
-            heapq.heappush(self.arrived, (neg_rank, op))
-        while self.arrived and not usable(self.arrived[0][1]):
-            heapq.heappop(self.arrived)
-        if self.arrived:
-            neg_rank, op = self.arrived[0]
-            return (free_at, neg_rank, op)
-        while self.in_flight and not usable(self.in_flight[0][2]):
-            heapq.heappop(self.in_flight)
-        return self.in_flight[0] if self.in_flight else None
+# (start, -rank, op): a device's choice in m-ETF's order; the device index breaks the last ties.
+Entry = tuple[float, float, int]
 
 
 @dataclass
 class _Schedule:
-    """Devices (free time, bytes used), placed ops (device, finish) and each op's memory."""
+    """Devices (free time, bytes free) and ops (device, finish, memory); ``device[op] < 0``: not placed."""
 
     problem: PlacementProblem
     free_at: list[float] = field(init=False)
-    used: list[float] = field(init=False)
+    room: list[float] = field(init=False)
     device: list[int] = field(init=False)
     finish: list[float] = field(init=False)
     memory: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.memory = [self.problem.memory_bytes(op) for op in range(self.problem.num_ops)]
         self.free_at = [0.0] * self.problem.num_devices
-        self.used = [0.0] * self.problem.num_devices
+        self.room = list(self.problem.device_memory_bytes)
         self.device = [-1] * self.problem.num_ops
         self.finish = [0.0] * self.problem.num_ops
-
-    def usable(self, device: int) -> Callable[[int], bool]:
-        room, placed_on, memory = self.problem.device_memory_bytes[device] - self.used[device], self.device, self.memory
-        return lambda op: placed_on[op] < 0 and memory[op] <= room
+        self.memory = [self.problem.memory_bytes(op) for op in range(self.problem.num_ops)]
 
     def place(self, op: int, device: int, start: float) -> None:
         self.device[op] = device
         self.finish[op] = start + self.problem.time_s(op) / self.problem.device_speed[device]
         self.free_at[device] = self.finish[op]
-        self.used[device] += self.memory[op]
+        self.room[device] -= self.memory[op]
+
+
+class _DeviceQueue:
+    """The ready ops of one device: arrived by its free time (by rank) and still in flight (by arrival)."""
+
+    def __init__(self, device: int, schedule: _Schedule) -> None:
+        self.device, self.schedule = device, schedule
+        self.arrived: list[tuple[float, int]] = []  # (-rank, op)
+        self.in_flight: list[tuple[float, float, int]] = []  # (arrival, -rank, op)
+        self.top: Entry | None = None
+        self.stale = False  # the device changed: recompute ``top`` before use
+
+    def push(self, arrival: float, neg_rank: float, op: int) -> None:
+        if self.schedule.memory[op] > self.schedule.room[self.device]:
+            return  # never fits here: the device's memory only fills
+        free_at = self.schedule.free_at[self.device]
+        if arrival <= free_at:
+            heapq.heappush(self.arrived, (neg_rank, op))
+            entry = (free_at, neg_rank, op)
+        else:
+            heapq.heappush(self.in_flight, (arrival, neg_rank, op))
+            entry = (arrival, neg_rank, op)
+        if not self.stale and (self.top is None or entry < self.top):
+            self.top = entry
+
+    def best(self) -> Entry | None:
+        """``(start, -rank, op)`` of the best usable op (recomputed only when something changed)."""
+        if self.stale or (self.top is not None and self.schedule.device[self.top[2]] >= 0):
+            self.top, self.stale = self._recompute(), False
+        return self.top
+
+    def _recompute(self) -> Entry | None:
+        free_at, room = self.schedule.free_at[self.device], self.schedule.room[self.device]
+        placed, memory = self.schedule.device, self.schedule.memory
+        while self.in_flight and self.in_flight[0][0] <= free_at:
+            _, neg_rank, op = heapq.heappop(self.in_flight)
+            heapq.heappush(self.arrived, (neg_rank, op))
+        while self.arrived and (placed[self.arrived[0][1]] >= 0 or memory[self.arrived[0][1]] > room):
+            heapq.heappop(self.arrived)
+        if self.arrived:
+            return (free_at, *self.arrived[0])
+        while self.in_flight and (placed[self.in_flight[0][2]] >= 0 or memory[self.in_flight[0][2]] > room):
+            heapq.heappop(self.in_flight)
+        return self.in_flight[0] if self.in_flight else None
 
 
 def m_etf_placement(problem: PlacementProblem) -> tuple[int, ...]:
@@ -102,38 +116,38 @@ def m_etf_placement(problem: PlacementProblem) -> tuple[int, ...]:
     predecessors, successors = problem.predecessors(), problem.successors()
     waiting = [len(p) for p in predecessors]  # unplaced predecessors (edges) of each op
     schedule = _Schedule(problem)
-    queues = [_DeviceQueue() for _ in range(problem.num_devices)]
+    queues = [_DeviceQueue(d, schedule) for d in range(problem.num_devices)]
     ready: set[int] = set()
 
     def make_ready(op: int) -> None:
         ready.add(op)
-        for d, at in enumerate(_arrival(problem, predecessors[op], schedule)):
-            queues[d].push(at, rank[op], op)
+        for queue, at in zip(queues, _arrival(problem, predecessors[op], schedule), strict=True):
+            queue.push(at, -rank[op], op)
 
     for op in range(problem.num_ops):
         if not waiting[op]:
             make_ready(op)
-    while (choice := _earliest(queues, schedule)) is not None:
-        start, _, op, device = choice
+    while (choice := _earliest(queues)) is not None:
+        (start, _, op), device = choice
         schedule.place(op, device, start)
+        queues[device].stale = True
         ready.discard(op)
         for succ, _ in successors[op]:
             waiting[succ] -= 1
             if not waiting[succ]:
                 make_ready(succ)
     if ready:  # ready ops that fit on no device (memory only fills, so they never will)
-        free = [cap - u for cap, u in zip(problem.device_memory_bytes, schedule.used, strict=True)]
-        raise no_device_error(problem, min(ready), free, algorithm=ALGORITHM)
+        raise no_device_error(problem, min(ready), schedule.room, algorithm=ALGORITHM)
     return tuple(schedule.device)
 
 
-def _earliest(queues: list[_DeviceQueue], schedule: _Schedule) -> Choice | None:
-    """The least ``(start, -rank, op, device)`` over the devices' best ops, or None when none is usable."""
-    best: Choice | None = None
+def _earliest(queues: list[_DeviceQueue]) -> tuple[Entry, int] | None:
+    """The least ``((start, -rank, op), device)`` over the devices' best ops, or None when none is usable."""
+    best: tuple[Entry, int] | None = None
     for d, queue in enumerate(queues):
-        top = queue.best(schedule.free_at[d], schedule.usable(d))
-        if top is not None and (best is None or (*top, d) < best):
-            best = (*top, d)
+        top = queue.best()
+        if top is not None and (best is None or top < best[0]):
+            best = (top, d)
     return best
 
 
