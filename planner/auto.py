@@ -111,7 +111,7 @@ def auto_plan(
             method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s
         ):
             priced[method], graph_of[method] = result, setting.graph
-    if "data-parallel" in priced or not options.degrees:
+    if options.remat != "on" and options.microbatches in (None, 1) and options.schedule != "gpipe":
         _add_pure_data_parallel(priced, graph_of, full_graph, setup, batch_size=graphs.batch_size)
     if not priced:
         failure = next((s.failure for s in reversed(settings) if s.failure), "")

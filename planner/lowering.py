@@ -12,8 +12,9 @@ ordered pair of stages, forward for the activation and backward for its gradient
 
 * **Pipelines** (``gpipe``, ``1f1b``, and one stage with ``none``): stage ``s`` sends everything
   live across its last node (:func:`planner.layers.boundary_bytes`) to ``s + 1``, over
-  ``min(|s|, |s + 1|)`` parallel device pairs on the link joining them
-  (``latency + bytes / pairs / bandwidth``). Each stage runs its tasks in the fixed order of the
+  ``min(|s|, |s + 1|)`` parallel device pairs on the link joining them, then regroups it inside
+  the receiver's node (``latency + bytes / pairs / bandwidth + all-gather``, as the planner's
+  boundary cost). Each stage runs its tasks in the fixed order of the
   schedule (:func:`pipeline_order`): GPipe all forwards then all backwards; 1F1B
   ``min(p − s − 1, m)`` warm-up forwards, then one forward one backward, then the backwards.
 * **Dataflow** (op placements): every crossing edge is its own transfer
@@ -28,10 +29,10 @@ op→device assignment of a placement problem without building a plan (the RL re
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from cost_models.communication import p2p_s
+from cost_models.communication import all_gather_s, p2p_s
 from cost_models.simulator import SimResult, TaskGraph, simulate
 from planner.baselines.placement_problem import PlacementProblem, check_assignment
 from planner.estimate import CostSetup
@@ -62,6 +63,7 @@ class Lowered:
     schedule: str  # gpipe, 1f1b, none or dataflow
     num_microbatches: int
     transfer_s: Callable[[int, int, float], float]  # (stage from, stage to, bytes) -> seconds
+    totals_s: Mapping[str, float] = field(default_factory=dict)  # per microbatch, summed over devices' stages
 
 
 def pipeline_order(schedule: str, *, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
@@ -231,6 +233,10 @@ def lower_stages(
         schedule=schedule if pipeline else "dataflow",
         num_microbatches=m,
         transfer_s=_stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
+        totals_s={
+            key: math.fsum(getattr(w, key) for w in work.values()) for key in ("compute_s", "comm_s", "reshard_s")
+        }
+        | {"step_s": math.fsum(work[n].step_s for n in stages[0].nodes)},
     )
 
 
@@ -273,8 +279,12 @@ def _stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipelin
         if num_bytes <= 0:
             return 0.0
         link = cluster.link_between([devices[a][0], devices[b][0]])
-        pairs = min(len(devices[a]), len(devices[b])) if pipeline else 1
-        return p2p_s(num_bytes / pairs, link=link)
+        if not pipeline:
+            return p2p_s(num_bytes, link=link)
+        pairs = min(len(devices[a]), len(devices[b]))
+        group = min(len(devices[b]), cluster.devices_per_node)
+        regroup = all_gather_s(num_bytes * group / len(devices[b]), num_devices=group, link=cluster.intra_node)
+        return p2p_s(num_bytes / pairs, link=link) + regroup
 
     return transfer_s
 

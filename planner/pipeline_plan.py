@@ -10,12 +10,14 @@ subgraph, identical layers collapsed) and its strategies are read off the layer 
   composition when it is faster and still fits with its in-flight microbatches; a plan of one
   stage that does not fit so is re-solved by the memory-constrained ILP, started from the
   composition (:func:`_refined_choice`), so one-stage plans are those of the intra-op ILP;
-* ``t_s`` = the stage problem's objective for the choice (inter-layer resharding included),
-  plus a third of its compute when it recomputes, plus the boundary to the next stage;
+* ``t_s`` = the stage problem's objective for the choice (inter-layer resharding included)
+  without its amortised gradient sync and optimizer update ``u_s`` (:func:`_step_s`), plus a third
+  of its compute when it recomputes, plus the boundary to the next stage;
 * memory = state + activations × in flight (``min(S − s, m)`` for 1F1B, ``m`` for GPipe;
   with recomputation the activations are the stage's layer inputs).
 
-Step time ``T = Σ t_s + (m − 1)·max t_s`` and bubble ``1 − m·Σ t_s / (S·T)`` (:func:`price_stages`).
+Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s`` (every stage syncs once, after its last
+backward, in parallel with the others) and bubble ``1 − m·Σ t_s / (S·T)`` (:func:`price_stages`).
 A candidate that no longer fits is dropped (None).
 """
 
@@ -59,7 +61,8 @@ class PricedPipeline:
 @dataclass(frozen=True, kw_only=True)
 class _PricedStage:
     result: IntraOpResult
-    time_s: float
+    time_s: float  # per microbatch, without the gradient sync and optimizer step
+    step_s: float  # gradient sync + optimizer update, once per step
     memory_bytes: float
     remat: bool
 
@@ -129,12 +132,22 @@ def _price_stage(
                                  exact_limit_s=limit)  # fmt: skip
     objective, _ = evaluate(problem.problem, choice)
     memory, compute = _memory(problem, choice, remat=remat, in_flight=in_flight)
-    time_s = objective + (compute / 3 if remat else 0.0)
+    step_s = _step_s(problem, choice)
+    time_s = objective - step_s / m + (compute / 3 if remat else 0.0)
     solution = StrategySolution(choice=choice, objective=objective, memory_bytes=memory, optimal=False,
                                 num_variables=0, num_constraints=0, build_s=0.0, solve_s=0.0, status="composed")  # fmt: skip
     result = IntraOpResult(stage=problem, choice=choice, objective_s=objective, memory_bytes=memory,
                            solution=solution, incumbent_objectives_s={}, build_s=0.0)  # fmt: skip
-    return _PricedStage(result=result, time_s=time_s, memory_bytes=memory, remat=remat)
+    return _PricedStage(result=result, time_s=time_s, step_s=step_s, memory_bytes=memory, remat=remat)
+
+
+def _step_s(problem: StageProblem, choice: tuple[int, ...]) -> float:
+    """Gradient sync and optimizer update of the stage's choice, once per step."""
+    total = 0.0
+    for node in problem.graph.nodes:
+        variable = problem.variables.index(problem.representative[node.name])
+        total += problem.costs[variable][choice[variable]].step_s
+    return total
 
 
 def price_stages(
@@ -160,7 +173,7 @@ def price_stages(
         priced.append(stage)
         times.append(stage.time_s + after)
     total, longest = math.fsum(times), max(times)
-    step = total + (m - 1) * longest
+    step = total + (m - 1) * longest + max(stage.step_s for stage in priced)
     stages = _plan_stages(priced, full_graph)
     return PricedPipeline(
         stages=stages,
@@ -196,10 +209,12 @@ def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], time
         breakdown = {
             "compute_s": sum(r.compute_s for r in rows), "comm_s": sum(r.comm_s for r in rows),
             "grad_sync_and_optimizer_s": sum(r.step_s for r in rows), "reshard_s": sum(r.reshard_s for r in rows),
-            "recompute_s": times[0] - priced[0].result.objective_s,
+            "recompute_s": times[0] + priced[0].step_s - priced[0].result.objective_s,
         }  # fmt: skip
     else:
-        breakdown = {"steady_s": m * longest, "fill_and_drain_s": math.fsum(times) - longest}
+        sync = max(stage.step_s for stage in priced)
+        breakdown = {"steady_s": m * longest, "fill_and_drain_s": math.fsum(times) - longest,
+                     "grad_sync_and_optimizer_s": sync}  # fmt: skip
     return Estimate(
         step_time_s=step,
         per_stage_time_s=tuple(times),

@@ -39,6 +39,9 @@ class NodeWork:
     state_bytes: float
     activation_bytes: float
     input_bytes: float = 0.0  # stage inputs this node reads (what recomputation keeps)
+    compute_s: float = 0.0  # the parts of fwd_s + bwd_s, for explanations
+    comm_s: float = 0.0
+    reshard_s: float = 0.0
 
 
 def stage_node_work(
@@ -74,6 +77,9 @@ def stage_node_work(
             state_bytes=cost.state_bytes,
             activation_bytes=cost.activation_bytes,
             input_bytes=_input_bytes(problem, node.name, strategy, first_reader),
+            compute_s=cost.compute_s,
+            comm_s=cost.comm_s,
+            reshard_s=reshard,
         )
     return work
 

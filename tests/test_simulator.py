@@ -84,7 +84,12 @@ def test_1f1b_order_warms_up_then_alternates() -> None:
     order = pipeline_order("1f1b", num_stages=4, stage=1, num_microbatches=4)
     assert order == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
     assert pipeline_order("1f1b", num_stages=4, stage=3, num_microbatches=2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
-    assert pipeline_order("gpipe", num_stages=2, stage=0, num_microbatches=2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert pipeline_order("gpipe", num_stages=2, stage=0, num_microbatches=2) == [
+        ("F", 0),
+        ("F", 1),
+        ("B", 0),
+        ("B", 1),
+    ]
 
 
 def test_ready_order_runs_by_priority_then_arrival() -> None:
