@@ -16,18 +16,26 @@ position, and ``log(1 + G·share)`` of time, memory, bytes sent and bytes receiv
     ℓ_g = W₃ tanh(W₂ tanh(W₁ x_g + c₁) + c₂) + c₃ + θ_g,     π(d | g) = softmax(ℓ_g)_d,
 
 where the MLP shares what it learns across groups (e.g. position → device, a pipeline) and the
-table ``θ`` (initialised to zero) lets the policy represent any placement. A placement
-``a = (a_1 … a_G)`` takes a device per group independently: ``log π(a) = Σ_g log π(a_g | g)``.
+table ``θ`` lets the policy represent any placement. ``θ`` and the output layer ``W₃, c₃`` start
+at zero, so the first placements are uniform; the table learns at rate 0.1 and the MLP at 0.002
+(:data:`LEARNING_RATE`, :data:`MLP_LEARNING_RATE`): Adam moves each of the MLP's ~1,500 weights
+by about its rate per step, all of which shift every group's logits at once, and a faster MLP
+collapsed the policy onto one device within a few iterations. A placement ``a = (a_1 … a_G)``
+takes a device per group independently: ``log π(a) = Σ_g log π(a_g | g)``.
 
-**Reward** (:func:`reward`, :func:`penalized_runtime`, :func:`overflow_ratio`). With ``R(a)`` the simulated step time
-(:func:`planner.lowering.simulate_assignment`) and ``T₁`` the time of the whole step on one
-speed-1 device without transfers (:func:`sequential_time_s`), ``r(a) = −√(R'(a) / T₁)``, which
-is O(1), where a placement that does not fit gets a large runtime instead:
+**Reward** (:func:`reward`, :func:`penalized_runtime`, :func:`overflow_ratio`). With ``R(a)`` the
+simulated step time (:func:`planner.lowering.simulate_assignment`) and ``T₁`` the time of the
+whole step on one speed-1 device without transfers (:func:`sequential_time_s`), the reward is
+``r(a) = −√(R'(a) / T₁)``: dividing by ``T₁`` makes it O(1) (about −1/√D for a good placement on
+``D`` devices) whatever the model, so one learning rate serves every problem. A placement that
+does not fit gets a large runtime instead:
 
     R'(a) = R(a)                                   if peak_d ≤ M_d for every device d,
     R'(a) = R(a) · 10 · (1 + max_d (peak_d − M_d) / M_d)   otherwise,
 
-``peak_d`` the simulated peak memory and ``M_d`` the capacity (``device_memory_bytes``).
+``peak_d`` the simulated peak memory and ``M_d`` the capacity (``device_memory_bytes``): at least
+ten times slower than it would be, and worse the further it overflows, so the gradient also
+points from a badly overfull placement towards a less full one.
 
 **REINFORCE** (:func:`_train_step`, Williams 1992). Each iteration samples ``S`` placements
 ``a_s ~ π`` and minimises
@@ -39,8 +47,10 @@ baseline ``b`` is a moving average of the rewards with decay 0.9 (Mirhoseini et 
 ``b ← mean r`` after the first iteration, then ``b ← 0.9·b + 0.1·mean r`` after each, the
 advantage of an iteration using ``b`` before its update (zero-mean on the first).
 
-**Search** (:func:`rl_placement`). Each iteration also simulates the policy's mode (the argmax
-device per group), which is not part of the gradient; simulated times are cached per group
+**Search** (:func:`rl_placement`). After its update each iteration also simulates the policy's
+mode (the argmax device per group; not part of the gradient, and after the update so that the
+arbitrary all-on-device-0 argmax of the uniform start is not judged), so the best seen tracks the
+mode; simulated times are cached per group
 placement (:class:`_Judge`). The search stops after ``max_iterations`` or once ``budget_s`` of
 wall time is spent (checked after each iteration) and returns the fastest placement that fits;
 when none was seen it raises :class:`planner.errors.AutoplanError`. The policy and the samples
@@ -50,6 +60,7 @@ global RNG is untouched.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -67,8 +78,8 @@ GIB = 2.0**30
 MAX_GROUPS = 256
 GROUPS_PER_DEVICE = 20
 HIDDEN = 32
-LEARNING_RATE = 0.05  # Adam, per-group table
-MLP_LEARNING_RATE = 0.005  # Adam, MLP: its weights move every group's logits at once
+LEARNING_RATE = 0.1  # Adam, per-group table
+MLP_LEARNING_RATE = 0.002  # Adam, MLP: its weights move every group's logits at once
 ENTROPY_WEIGHT = 0.01
 BASELINE_DECAY = 0.9
 PENALTY_FACTOR = 10.0
@@ -230,8 +241,9 @@ class GroupPolicy(nn.Module):
         sizes = [features.shape[1], HIDDEN, HIDDEN, num_devices]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
-        for fan_in, fan_out in zip(sizes, sizes[1:], strict=False):
-            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default, drawn from the local generator
+        for layer, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
+            # nn.Linear's default, drawn from the local generator; the output layer starts at 0 (π uniform)
+            bound = 1.0 / math.sqrt(fan_in) if layer < len(sizes) - 2 else 0.0
             self.weights.append(nn.Parameter(_uniform((fan_in, fan_out), bound, generator)))
             self.biases.append(nn.Parameter(_uniform((fan_out,), bound, generator)))
         self.table = nn.Parameter(torch.zeros(features.shape[0], num_devices))
@@ -274,12 +286,11 @@ class _Judge:
 
 def _train_step(policy: GroupPolicy, optimizer: torch.optim.Optimizer, judge: _Judge, generator: torch.Generator, *,
                 samples: int, baseline: float | None, curve: list[float]) -> float:  # fmt: skip
-    """One REINFORCE iteration: sample, judge (and judge the mode), step Adam; the updated baseline."""
+    """One REINFORCE iteration: sample, judge, step Adam, judge the new mode; the updated baseline."""
     log_probs = torch.log_softmax(policy(), dim=-1)  # (G, D)
     probs = log_probs.exp()
     placements = torch.multinomial(probs.detach(), samples, replacement=True, generator=generator).T  # (S, G)
     rewards = torch.tensor([judge.reward(tuple(p)) for p in placements.tolist()], dtype=torch.float64)
-    judge.reward(tuple(probs.argmax(dim=-1).tolist()))
     mean = float(rewards.mean())
     curve.append(mean)
     if baseline is None:
@@ -291,6 +302,8 @@ def _train_step(policy: GroupPolicy, optimizer: torch.optim.Optimizer, judge: _J
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+    with torch.no_grad():
+        judge.reward(tuple(policy().argmax(dim=-1).tolist()))  # the updated policy's mode
     return BASELINE_DECAY * baseline + (1 - BASELINE_DECAY) * mean
 
 
