@@ -115,9 +115,11 @@ def test_same_seed_same_result_and_the_global_rng_is_untouched() -> None:
     assert calls == [("rl", i, 0) for i in range(1, 16)]
 
 
-def test_stops_after_one_iteration_once_the_budget_is_spent() -> None:
+def test_stops_once_the_budget_is_spent_or_every_placement_was_tried() -> None:
     result = rl_placement(two_interleaved_chains(), budget_s=1e-9, seed=0)
     assert result.iterations == 1 and math.isfinite(result.step_time_s)
+    alone = rl_placement(problem_of(5, chain(5), devices=1, transfer=0.0), budget_s=1e9, seed=0)
+    assert alone.iterations == 1 and alone.assignment == (0,) * 5 and alone.step_time_s == pytest.approx(5 * 3 + 0.5)
 
 
 def test_no_placement_fits_is_one_clear_error() -> None:

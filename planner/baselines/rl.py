@@ -48,14 +48,14 @@ baseline ``b`` is a moving average of the rewards with decay 0.9 (Mirhoseini et 
 advantage of an iteration using ``b`` before its update (zero-mean on the first).
 
 **Search** (:func:`rl_placement`). After its update each iteration also simulates the policy's
-mode (the argmax device per group; not part of the gradient, and after the update so that the
-arbitrary all-on-device-0 argmax of the uniform start is not judged), so the best seen tracks the
-mode; simulated times are cached per group
-placement (:class:`_Judge`). The search stops after ``max_iterations`` or once ``budget_s`` of
-wall time is spent (checked after each iteration) and returns the fastest placement that fits;
-when none was seen it raises :class:`planner.errors.AutoplanError`. The policy and the samples
-use a local ``torch.Generator`` seeded with ``seed``, so results are reproducible and the
-global RNG is untouched.
+mode (the argmax device per group; not part of the gradient, and judged after the update so that
+the arbitrary all-on-device-0 argmax of the uniform start is not), so the best seen tracks the
+mode. Simulated times are cached per group placement (:class:`_Judge`). The search stops after
+``max_iterations``, once ``budget_s`` of wall time is spent (checked after each iteration) or
+once every placement has been simulated (one device, a tiny graph), and returns the fastest
+placement that fits; when none was seen it raises :class:`planner.errors.AutoplanError`. The
+policy and the samples use a local ``torch.Generator`` seeded with ``seed``, so results are
+reproducible and the global RNG is untouched.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def rl_placement(
     if not budget_s > 0:
         raise AutoplanError(f"{ALGORITHM}: the time budget must be positive, got {budget_s} s")
     start = time.perf_counter()
-    groups = group_ops(problem, num_groups(problem))
+    count = num_groups(problem)
+    groups = group_ops(problem, count)
     grouped = group_problem(problem, groups)
     judge = _Judge(problem=grouped, reference_s=sequential_time_s(problem))
     generator = torch.Generator().manual_seed(seed)
@@ -125,7 +126,8 @@ def rl_placement(
                                curve=curve)  # fmt: skip
         if progress is not None:
             progress("rl", len(curve), 0)
-        if len(curve) == max_iterations or time.perf_counter() - start >= budget_s:
+        exhausted = len(judge.cache) == problem.num_devices**count  # every placement simulated
+        if exhausted or len(curve) == max_iterations or time.perf_counter() - start >= budget_s:
             break
     if judge.best is None:
         raise _nothing_fits(problem, judge.num_simulations, time.perf_counter() - start)
