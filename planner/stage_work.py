@@ -20,7 +20,8 @@ A plan whose spec no strategy produces raises :class:`~planner.plan.PlanError` n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from planner.estimate import CostSetup
 from planner.graph import OpGraph, ValueKind
@@ -60,9 +61,7 @@ def stage_node_work(
         for value in node.inputs:
             first_reader.setdefault(value, node.name)
     for node in local.nodes:
-        variable = problem.variables.index(problem.representative[node.name])
-        best = _pick(problem, stage, node.name, variable, chosen, grad, num_microbatches)
-        strategy, cost = problem.strategies[variable][best], problem.costs[variable][best]
+        strategy, cost = _choose(problem, stage, node.name, chosen, grad, num_microbatches)
         chosen[node.name] = strategy
         reshard = _reshard_in(problem, node.name, strategy, chosen, grad)
         if node.output.is_floating and any(name in grad for name in node.inputs):
@@ -82,6 +81,40 @@ def stage_node_work(
             reshard_s=reshard,
         )
     return work
+
+
+def stage_strategies(
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int, zero: bool = False
+) -> dict[str, NodeStrategy]:
+    """Node name -> the strategy the plan's specs select on ``stage`` (what an executor must run)."""
+    mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
+                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    local = subgraph(graph, list(stage.nodes))
+    problem = build_stage_problem(local, setup, mesh, IntraOpOptions(num_microbatches=num_microbatches, zero=zero))
+    chosen: dict[str, NodeStrategy] = {}
+    grad = {p.name for p in local.params}
+    for node in local.nodes:
+        chosen[node.name] = _choose(problem, stage, node.name, chosen, grad, num_microbatches)[0]
+        if node.output.is_floating and any(name in grad for name in node.inputs):
+            grad.add(node.name)
+    return chosen
+
+
+def _choose(
+    problem: StageProblem, stage: Stage, name: str, chosen: Mapping[str, NodeStrategy], grad: set[str], m: int
+) -> tuple[NodeStrategy, Any]:
+    variable = problem.variables.index(problem.representative[name])
+    best = _pick(problem, stage, name, variable, chosen, grad, m)
+    return _own_strategy(problem, name, problem.strategies[variable][best]), problem.costs[variable][best]
+
+
+def _own_strategy(problem: StageProblem, name: str, strategy: NodeStrategy) -> NodeStrategy:
+    """A representative's strategy with the parameter names of ``name`` (identical layers share one)."""
+    rep = problem.representative[name]
+    if rep == name:
+        return strategy
+    own = dict(zip(problem.graph.node(rep).inputs, problem.graph.node(name).inputs, strict=True))
+    return replace(strategy, name=name, params=tuple((own.get(p, p), spec) for p, spec in strategy.params))
 
 
 def _pick(

@@ -1,0 +1,160 @@
+"""Pipeline stages from the plan -> torch.distributed.pipelining (GPipe or 1F1B).
+
+The captured graph (at the microbatch size ``B/m``) is split at the plan's stage boundaries
+(:func:`stage_segments`): stage ``s`` reads what earlier stages (or the data) made and it uses, and
+hands on every value a later stage reads — values skipping a stage pass through it. The last stage
+also computes the loss (``loss_fn(output, inputs)``, the model inputs it needs being passed along),
+so the schedule's loss function is the identity.
+
+Stages with ``k`` devices each form ``k`` pipeline groups: group ``i`` holds device ``i`` of every
+stage's mesh, and runs one ``PipelineStage`` per stage with ``ScheduleGPipe`` or ``Schedule1F1B`` and
+the plan's number of microbatches. Inside a stage every rank computes with DTensor on its mesh
+(:mod:`executors.stages`); a boundary value leaves a stage whole (replicated) on every rank, so rank
+``i`` of the next stage receives it from rank ``i`` of this one.
+
+Gradients: the schedule scales them by ``1/m`` (each microbatch loss is a mean), partial sums on
+data-parallel axes are all-reduced per stage, and a parameter read by several stages (tied
+embeddings) has its gradients summed over them (:func:`executors.stages.sync_shared_grads`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from executors.graph_module import Segment, flat_outputs, make_segment, model_tensors
+from executors.session import Workload
+from executors.stages import StagePart, build_meshes, build_stage, shared_params, sync_shared_grads
+from planner.errors import AutoplanError
+from planner.graph import OpGraph
+from planner.plan import Plan
+
+SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+
+
+def stage_segments(graph: OpGraph, plan: Plan, *, loss_inputs: tuple[str, ...]) -> list[Segment]:
+    """One segment per stage; the first takes every graph input, in order."""
+    stage_of = {name: stage.index for stage in plan.stages for name in stage.nodes}
+    segments = []
+    for position, stage in enumerate(plan.stages):
+        later = [value for node in graph.nodes if stage_of[node.name] > position for value in node.inputs
+                 if graph.value_kind(value).value in ("node", "input")
+                 and (value not in stage_of or stage_of[value] <= position)]  # fmt: skip
+        last = position == len(plan.stages) - 1
+        needed = list(graph.outputs) if last else [*later, *loss_inputs]
+        segment = make_segment(graph, stage.nodes, needed_after=needed)
+        if position == 0:
+            segment = Segment(**{**segment.__dict__, "inputs": tuple(v.name for v in graph.inputs)})
+        elif last:  # the loss reads model inputs the last stage's nodes may not
+            extra = tuple(name for name in loss_inputs if name not in segment.inputs)
+            segment = Segment(**{**segment.__dict__, "inputs": segment.inputs + extra})
+        segments.append(segment)
+    return segments
+
+
+def check_pipeline(plan: Plan) -> int:
+    """Every stage must have as many devices as the others (one pipeline group per mesh position)."""
+    sizes = {len(stage.devices) for stage in plan.stages}
+    if len(sizes) != 1:
+        raise AutoplanError(
+            f"stages of different sizes ({[len(s.devices) for s in plan.stages]} devices) are not supported by the "
+            "pipeline executor: plan with equal stage sizes (e.g. --method uniform-pipeline or megatron)"
+        )
+    if plan.schedule not in SCHEDULE_CLASSES:
+        raise AutoplanError(f"a pipeline plan needs schedule gpipe or 1f1b, this one says {plan.schedule!r}")
+    return sizes.pop()
+
+
+class PipelineRunner:
+    def __init__(self, *, plan: Plan, workload: Workload, model: nn.Module) -> None:
+        from torch.distributed import pipelining
+
+        width = check_pipeline(plan)
+        self.plan, self.workload = plan, workload
+        m = plan.num_microbatches
+        graph = workload.graph_at(plan.batch_size // m)
+        input_names = tuple(v.name for v in graph.inputs)
+        loss_inputs = input_names if workload.uses_inputs_in_loss else ()
+        segments = stage_segments(graph, plan, loss_inputs=loss_inputs)
+        meshes = build_meshes(plan, device_type=workload.device.split(":")[0])
+        groups = [dist.new_group([stage.devices[i] for stage in plan.stages]) for i in range(width)]
+        self.rank = dist.get_rank()
+        self.shared = shared_params(plan, segments)
+        self.param_metas = {name: p.detach() for name, p in model.named_parameters() if name in self.shared}
+        self.owned = {name for stage in plan.stages if self.rank in stage.devices for name in stage.param_placements}
+        self.part: StagePart | None = None
+        self.schedule = None
+        where = [(s, stage.devices.index(self.rank)) for s, stage in enumerate(plan.stages) if self.rank in stage.devices]
+        if not where:
+            return
+        index, position = where[0]
+        params, buffers = model_tensors(model)
+        last = index == len(plan.stages) - 1
+        loss = self._loss(segments[-1], graph) if last else None
+        self.part = build_stage(
+            plan=plan, stage=plan.stages[index], graph=graph, segment=segments[index], mesh=meshes[index],
+            model_params=params, model_buffers=buffers, device=workload.device, num_microbatches=m, loss=loss,
+            loss_inputs=tuple(segments[-1].inputs.index(name) for name in loss_inputs) if last else (),
+        )  # fmt: skip
+        stage = pipelining.PipelineStage(
+            self.part.module, index, len(plan.stages), torch.device(workload.device),
+            input_args=_examples(graph, segments[index].inputs, workload.device),
+            output_args=_examples(graph, segments[index].outputs, workload.device) if not last
+            else torch.zeros(1, device=workload.device),
+            group=groups[position],
+        )  # fmt: skip
+        schedule_class = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
+        self.schedule = schedule_class(stage, n_microbatches=m, loss_fn=lambda output, target: output.sum())
+        self.is_first, self.is_last = index == 0, last
+
+    def _loss(self, segment: Segment, graph: OpGraph):
+        loss_fn = self.workload.loss_fn
+
+        def loss(outputs: tuple[Any, ...], inputs: tuple[Any, ...]) -> torch.Tensor:
+            return loss_fn(flat_outputs(outputs), inputs).reshape(1)  # a [1] per microbatch: the schedule concatenates
+
+        return loss
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self.part.params.values()) if self.part else []
+
+    def step(self, inputs: tuple[Any, ...]) -> float:
+        loss = torch.zeros((), device=self.workload.device)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            target = torch.zeros(self.plan.batch_size, device=self.workload.device)
+            args = inputs if self.is_first else ()
+            kwargs = {"target": target, "losses": losses} if self.is_last else {}
+            self.schedule.step(*args, **kwargs)
+            if self.is_last:
+                loss = torch.cat([value.detach().reshape(1) for value in losses]).mean()
+            self.part.sync_grads()
+        sync_shared_grads(self.part, self.shared, is_reporter=self._reports(), device=self.workload.device,
+                          metas=self.param_metas)  # fmt: skip
+        last_stage = self.plan.stages[-1]
+        dist.broadcast(loss, src=last_stage.devices[0])
+        return float(loss)
+
+    def _reports(self) -> bool:
+        return self.part is not None and self.rank == self.part.stage.devices[0]
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        if self.part is None:
+            return {}
+        grads = self.part.full_grads(self.owned)
+        return grads if self._reports() else {}
+
+
+def _examples(graph: OpGraph, names: tuple[str, ...], device: str) -> tuple[torch.Tensor, ...]:
+    """Empty tensors with each boundary value's shape and dtype (no shape inference needed)."""
+    from planner.node_call import torch_dtype
+
+    metas = []
+    for name in names:
+        meta = graph.node(name).output if graph.has_node(name) else graph.value(name).meta
+        example = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=device)
+        metas.append(example.requires_grad_(example.is_floating_point()))
+    return tuple(metas)

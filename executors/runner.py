@@ -1,0 +1,94 @@
+"""The interface every executor offers the training loop, and the one-stage tensor-parallel runner.
+
+A :class:`Runner` holds this rank's share of the model. ``step(inputs)`` runs forward and backward
+over the plan's microbatches, synchronises gradients as the plan says and returns the step's loss
+(the same number on every rank); ``gradients()`` is a collective that returns the whole gradient
+of every parameter this rank reports (each parameter is reported by exactly one rank), for parity
+checks. :func:`make_runner` picks the executor a plan needs:
+
+* ``dataflow`` placements -> :class:`executors.placement.PlacementRunner`;
+* several stages -> :class:`executors.pipeline.PipelineRunner` (tensor parallel inside stages);
+* one stage whose parameters are all replicated -> :class:`executors.data_parallel.DataParallelRunner`
+  (DDP, or FSDP when the plan shards optimizer state);
+* one stage otherwise -> :class:`TensorParallelRunner`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from executors.graph_module import flat_outputs, make_segment, model_tensors
+from executors.session import Workload, split_batch
+from executors.stages import build_meshes, build_stage
+from planner.plan import Plan
+
+
+class Runner(Protocol):
+    def parameters(self) -> list[nn.Parameter]: ...
+
+    def step(self, inputs: tuple[Any, ...]) -> float: ...
+
+    def gradients(self) -> dict[str, torch.Tensor]: ...
+
+
+def is_pure_data_parallel(plan: Plan) -> bool:
+    stage = plan.stages[0]
+    return len(plan.stages) == 1 and all(set(spec) == {"R"} for spec in stage.param_placements.values())
+
+
+def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
+    if plan.schedule == "dataflow":
+        from executors.placement import PlacementRunner
+
+        return PlacementRunner(plan=plan, workload=workload, model=model)
+    if len(plan.stages) > 1:
+        from executors.pipeline import PipelineRunner
+
+        return PipelineRunner(plan=plan, workload=workload, model=model)
+    if is_pure_data_parallel(plan) and len(plan.stages[0].devices) > 1:
+        from executors.data_parallel import DataParallelRunner
+
+        return DataParallelRunner(plan=plan, workload=workload, model=model)
+    return TensorParallelRunner(plan=plan, workload=workload, model=model)
+
+
+class TensorParallelRunner:
+    """One stage on its mesh; microbatches accumulate gradients one after another."""
+
+    def __init__(self, *, plan: Plan, workload: Workload, model: nn.Module) -> None:
+        self.plan, self.workload = plan, workload
+        self.num_microbatches = plan.num_microbatches
+        graph = workload.graph_at(plan.batch_size // self.num_microbatches)
+        stage = plan.stages[0]
+        segment = make_segment(graph, stage.nodes, needed_after=graph.outputs)
+        segment = type(segment)(**{**segment.__dict__, "inputs": tuple(v.name for v in graph.inputs)})
+        mesh = build_meshes(plan, device_type=workload.device.split(":")[0])[0]
+        params, buffers = model_tensors(model)
+        self.part = build_stage(
+            plan=plan, stage=stage, graph=graph, segment=segment, mesh=mesh, model_params=params,
+            model_buffers=buffers, device=workload.device, num_microbatches=self.num_microbatches,
+        )  # fmt: skip
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self.part.params.values())
+
+    def step(self, inputs: tuple[Any, ...]) -> float:
+        total = torch.zeros((), device=self.workload.device)
+        pieces = split_batch(inputs, num_chunks=self.num_microbatches, batch_size=self.plan.batch_size)
+        for piece in pieces:
+            outputs = self.part.module(*piece)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            loss = self.workload.loss_fn(flat_outputs(outputs), piece) / self.num_microbatches
+            loss.backward()
+            total += loss.detach()
+        self.part.sync_grads()
+        return float(total)
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        import torch.distributed as dist
+
+        grads = self.part.full_grads(set(self.part.params))
+        return grads if dist.get_rank() == self.part.stage.devices[0] else {}

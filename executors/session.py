@@ -1,0 +1,132 @@
+"""What every rank sets up before it runs a plan: the process group, the model and its graphs.
+
+:func:`init_distributed` joins the process group that ``torchrun`` describes in the environment,
+with a timeout on every collective (so a dead peer turns into an error, not a hang).
+:func:`load_workload` rebuilds the model from the plan's model file with a fixed seed (every rank
+gets the same weights and the same batch), captures it on the meta device and checks the
+fingerprint against the plan's before any step; :meth:`Workload.graph_at` captures the graph at
+the batch size a stage will see (a microbatch, or a data-parallel rank's share), which must have
+the same nodes as the planned graph.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executors.graph_module import check_same_nodes
+from planner.capture import capture
+from planner.errors import AutoplanError
+from planner.graph import OpGraph
+from planner.model_file import ModelFile, instantiate, load_model_file
+from planner.plan import Plan
+
+BACKENDS = ("gloo", "nccl")
+
+
+def init_distributed(*, backend: str, timeout_s: float) -> tuple[int, int]:
+    """Join the job torchrun started; returns ``(rank, world_size)``."""
+    if backend not in BACKENDS:
+        raise AutoplanError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise AutoplanError("--backend nccl needs CUDA GPUs; use --backend gloo on CPU")
+    if "RANK" not in os.environ:
+        raise AutoplanError("no torchrun environment (RANK, WORLD_SIZE): start with `plan run` or torchrun")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def device_of(backend: str) -> str:
+    return f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+
+
+def default_loss(output: Any, inputs: Sequence[Any]) -> torch.Tensor:
+    """The loss when the model file defines none: the mean of the (first) output."""
+    first = output[0] if isinstance(output, tuple | list) else output
+    return first.float().mean()
+
+
+@dataclass(kw_only=True)
+class Workload:
+    """One rank's copy of the model, its inputs and the planned graph."""
+
+    plan: Plan
+    model_file: ModelFile
+    model_args: dict[str, Any]
+    seed: int
+    device: str
+    graph: OpGraph
+    loss_fn: Callable[[Any, Sequence[Any]], torch.Tensor]
+    uses_inputs_in_loss: bool
+    _graphs: dict[int, OpGraph] = field(default_factory=dict)
+
+    def build(self) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+        """The model with the seeded initial weights and one step's inputs, on this rank's device."""
+        torch.manual_seed(self.seed)
+        model, inputs = instantiate(
+            self.model_file, batch_size=self.plan.batch_size, model_args=self.model_args, on_meta=False
+        )
+        moved = tuple(x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        return model.to(self.device), moved
+
+    def graph_at(self, batch_size: int) -> OpGraph:
+        """The model's graph at ``batch_size`` rows, with the planned graph's node names."""
+        if batch_size == self.plan.batch_size:
+            return self.graph
+        if batch_size not in self._graphs:
+            graph = _capture(self, batch_size)
+            check_same_nodes(self.graph, graph, what=f"batch {batch_size}")
+            self._graphs[batch_size] = graph
+        return self._graphs[batch_size]
+
+
+def load_workload(plan: Plan, *, seed: int, device: str) -> Workload:
+    """Rebuild the plan's model and check it is the model the plan was made for."""
+    if plan.model.file is None:
+        raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
+    model_file = load_model_file(plan.model.file)
+    workload = Workload(
+        plan=plan, model_file=model_file, model_args=dict(plan.model.args), seed=seed, device=device,
+        graph=None,  # type: ignore[arg-type]
+        loss_fn=model_file.loss_fn or default_loss, uses_inputs_in_loss=model_file.loss_fn is not None,
+    )  # fmt: skip
+    workload.graph = _capture(workload, plan.batch_size)
+    found = workload.graph.fingerprint()
+    if found != plan.model.fingerprint:
+        raise AutoplanError(
+            f"model fingerprint mismatch: the plan was made for model {plan.model.fingerprint}, but "
+            f"{plan.model.file} with {dict(plan.model.args)} builds {found}; re-plan the model"
+        )
+    return workload
+
+
+def _capture(workload: Workload, batch_size: int) -> OpGraph:
+    model, inputs = instantiate(workload.model_file, batch_size=batch_size, model_args=workload.model_args)
+    graph = capture(model, inputs, tracer=workload.plan.model.tracer)
+    if len(graph.inputs) != len([x for x in inputs if isinstance(x, torch.Tensor)]):
+        raise AutoplanError(
+            f"the captured graph has {len(graph.inputs)} inputs but example_inputs gives {len(inputs)}: "
+            "every example input must be a tensor the model reads"
+        )
+    return graph
+
+
+def split_batch(inputs: Sequence[Any], *, num_chunks: int, batch_size: int) -> list[tuple[Any, ...]]:
+    """The inputs cut into ``num_chunks`` equal pieces along the batch (dim 0 of size ``batch_size``)."""
+    pieces: list[list[Any]] = [[] for _ in range(num_chunks)]
+    for value in inputs:
+        batched = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch_size
+        chunks = value.chunk(num_chunks) if batched else [value] * num_chunks
+        for piece, chunk in zip(pieces, chunks, strict=True):
+            piece.append(chunk)
+    return [tuple(piece) for piece in pieces]

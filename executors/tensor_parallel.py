@@ -1,0 +1,165 @@
+"""A stage's per-node shardings -> DTensor on the stage's device mesh (1-D or 2-D).
+
+Every value inside a tensor-parallel stage is a DTensor with the *global* shape the graph was
+captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :class:`StageSharding`
+
+* distributes each parameter exactly as the plan's ``param_placements`` say
+  (:meth:`StageSharding.distribute_params`; each rank keeps its own slice, no communication);
+* runs each node (:meth:`StageSharding.call_node`): its activation inputs are redistributed to the
+  specs of the strategy the plan chose for it (:func:`planner.stage_work.stage_strategies`), the
+  operator runs on DTensors, and the output is redistributed to the node's planned spec — a
+  contraction split leaves a partial sum, which this turns into the planned ``R`` or ``S(d)`` (the
+  all-reduce the cost model charges as the node's own collective);
+* runs operators that DTensor has no sharding rule for (CPU flash attention, say) on the local
+  shards — valid because a strategy is by construction local compute between its input and output
+  specs — and wraps tensors made from no DTensor (``arange``, ``zeros``) as replicated;
+* enters stage inputs as replicated DTensors and leaves outputs as whole tensors
+  (:meth:`StageSharding.enter`, :meth:`StageSharding.leave`);
+* after backward, turns each parameter gradient (a partial sum on data-parallel axes) into the
+  parameter's placement (:meth:`StageSharding.sync_grads`): the gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.utils._pytree import tree_flatten, tree_map
+
+from executors.graph_module import call_node_plain
+from planner.graph import OpNode
+from planner.plan import parse_placement
+from planner.strategies import NodeStrategy
+
+
+def to_placements(spec: Sequence[str]) -> tuple[Placement, ...]:
+    """``("S(1)", "R")`` -> ``(Shard(1), Replicate())``."""
+    result: list[Placement] = []
+    for text in spec:
+        kind, dim = parse_placement(text)
+        result.append(Shard(dim) if kind == "S" else Partial() if kind == "P" else Replicate())
+    return tuple(result)
+
+
+def make_mesh(devices: Sequence[int], mesh_shape: Sequence[int], *, device_type: str) -> DeviceMesh:
+    """The stage's mesh; every rank must build every stage's mesh, in the same order."""
+    layout = torch.tensor(list(devices), dtype=torch.int64).reshape(tuple(mesh_shape))
+    return DeviceMesh(device_type, layout)
+
+
+class StageSharding:
+    """The DTensor side of one stage: its mesh, the planned strategies and output specs."""
+
+    def __init__(
+        self, *, mesh: DeviceMesh, strategies: Mapping[str, NodeStrategy], node_shardings: Mapping[str, Sequence[str]],
+        device: str = "cpu",
+    ) -> None:  # fmt: skip
+        self.mesh = mesh
+        self.strategies = dict(strategies)
+        self.outputs = {name: to_placements(spec) for name, spec in node_shardings.items()}
+        self.device = device
+        self.local_nodes: set[str] = set()  # nodes DTensor had no rule for, run on local shards
+        self._replicated = (Replicate(),) * mesh.ndim
+
+    def distribute_params(
+        self, params: Mapping[str, torch.Tensor], placements: Mapping[str, Sequence[str]]
+    ) -> dict[str, nn.Parameter]:
+        """Each parameter as a DTensor parameter with its planned placement (replicated if unnamed)."""
+        result = {}
+        for name, tensor in params.items():
+            spec = to_placements(placements[name]) if name in placements else self._replicated
+            local = distribute_tensor(tensor.detach(), self.mesh, spec, src_data_rank=None)
+            result[name] = nn.Parameter(local, requires_grad=tensor.requires_grad)
+        return result
+
+    def distribute_buffers(self, buffers: Mapping[str, torch.Tensor]) -> dict[str, DTensor]:
+        return {name: self.replicate(tensor) for name, tensor in buffers.items()}
+
+    def replicate(self, tensor: torch.Tensor) -> DTensor:
+        return DTensor.from_local(tensor, self.mesh, self._replicated, run_check=False)
+
+    def enter(self, value: Any) -> Any:
+        """A stage input (the whole tensor on every rank) as a replicated DTensor."""
+        return self.replicate(value) if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) else value
+
+    def leave(self, value: Any) -> Any:
+        """A stage output as the whole tensor on every rank (gradients come back whole too)."""
+        if not isinstance(value, DTensor):
+            return value
+        return value.redistribute(self.mesh, self._replicated).to_local()
+
+    def call_node(self, node: OpNode, tensors: list[Any]) -> Any:
+        strategy = self.strategies.get(node.name)
+        wanted = strategy.inputs if strategy is not None else (None,) * len(tensors)
+        inputs = [self._arrive(tensor, spec) for tensor, spec in zip(tensors, wanted, strict=True)]
+        if node.name in self.local_nodes:
+            result = self._call_local(node, inputs)
+        else:
+            try:
+                result = call_node_plain(node, inputs, device=self.device)
+            except NotImplementedError as error:
+                if "sharding strategy" not in str(error):
+                    raise
+                self.local_nodes.add(node.name)
+                result = self._call_local(node, inputs)
+        return self._as_planned(node, result)
+
+    def _arrive(self, tensor: Any, spec: Any) -> Any:
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        tensor = self.enter(tensor)
+        if spec is None:
+            return tensor
+        placements = to_placements(spec.placements)
+        return tensor if tuple(tensor.placements) == placements else tensor.redistribute(self.mesh, placements)
+
+    def _call_local(self, node: OpNode, inputs: list[Any]) -> Any:
+        """Run on local shards; the output takes the node's planned spec (strategies are local compute)."""
+        local = [tensor.to_local() if isinstance(tensor, DTensor) else tensor for tensor in inputs]
+        result = call_node_plain(node, local, device=self.device)
+        placements = self.outputs.get(node.name, self._replicated)
+        shapes = iter(node.outputs)
+
+        def wrap(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            meta = next(shapes)
+            return DTensor.from_local(value, self.mesh, placements, run_check=False, shape=torch.Size(meta.shape),
+                                      stride=_contiguous_stride(meta.shape))  # fmt: skip
+
+        return tree_map(wrap, result)
+
+    def _as_planned(self, node: OpNode, result: Any) -> Any:
+        flat, _ = tree_flatten(result)
+        tensors = [value for value in flat if isinstance(value, torch.Tensor)]
+        if len(tensors) != 1:  # several outputs: the getitem nodes that read them take their specs
+            return tree_map(self.enter, result)
+        value = self.enter(result)
+        planned = self.outputs.get(node.name)
+        if planned is None or tuple(value.placements) == planned:
+            return value
+        return value.redistribute(self.mesh, planned)
+
+    def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
+        """Bring every gradient to its parameter's placement (all-reduce of partial sums)."""
+        for param in params:
+            grad = param.grad
+            if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+                param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    stride, running = [], 1
+    for size in reversed(shape):
+        stride.append(running)
+        running *= size
+    return tuple(reversed(stride))
+
+
+def full_tensor(value: Any) -> torch.Tensor:
+    """The whole tensor (collective over the value's mesh when it is a DTensor)."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
