@@ -163,3 +163,12 @@ def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
 def full_tensor(value: Any) -> torch.Tensor:
     """The whole tensor (collective over the value's mesh when it is a DTensor)."""
     return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def observed_kind(op_name: str) -> str | None:
+    """CommDebugMode's functional collective -> the cost model's kind (None: not a collective we price)."""
+    for key, kind in (("all_reduce", "all_reduce"), ("all_gather", "all_gather"), ("all_to_all", "all_to_all"),
+                      ("reduce_scatter", "reduce_scatter")):  # fmt: skip
+        if key in op_name:
+            return kind
+    return None

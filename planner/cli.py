@@ -1,7 +1,7 @@
 """The ``plan`` command.
 
 ``plan MODEL_FILE --cluster NAME|FILE --batch-size B ...`` plans a model; subcommands
-``profile``, ``calibrate`` and ``compare`` stand beside it (later: ``run``, ``compile``,
+``profile``, ``calibrate``, ``compare``, ``run`` and ``compile`` stand beside it (later:
 ``show``). Every user error is one line on stderr and exit code 2; no output file is written
 unless the whole command succeeded.
 """
@@ -19,7 +19,7 @@ from typing import NoReturn
 from planner.errors import AutoplanError
 from planner.plan import Plan
 
-SUBCOMMANDS = ("profile", "calibrate", "compare")
+SUBCOMMANDS = ("profile", "calibrate", "compare", "run", "compile")
 EXIT_USAGE = 2
 
 
@@ -39,6 +39,8 @@ data parallelism, with an estimate of step time and memory per device.
   plan profile MODEL_FILE --batch-size B [options]               per-node FLOPs, time, memory
   plan calibrate [--out FILE]                                    measure this machine
   plan compare MODEL_FILE --cluster NAME|FILE --batch-size B     every method, judged by one simulator
+  plan run PLAN.json [--steps N] [--check-parity]                 train with the plan on this machine
+  plan compile PLAN.json --out DIR                                write DIR/train.py for torchrun
 
 A model file defines build_model(**kwargs) -> nn.Module and example_inputs(batch_size) -> tuple
 of tensors (optionally loss_fn(output, inputs)); see examples/. Clusters: local-cpu,
@@ -219,6 +221,10 @@ def _run_subcommand(name: str, args: list[str]) -> int:
         from planner.cli_compare import run_compare
 
         return run_compare(args)
+    if name in ("run", "compile"):
+        from planner.cli_run import run_compile, run_run
+
+        return run_run(args) if name == "run" else run_compile(args)
     from planner.cli_calibrate import run_calibrate
 
     return run_calibrate(args)

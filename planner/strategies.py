@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.graph import NodeKind, OpGraph, OpNode, TensorArg, ValueKind
 from planner.sharding import REPLICATE, ShardingSpec, StageMesh, shard
@@ -47,6 +47,7 @@ class NodeStrategy:
     comm_s: float = 0.0  # the node's own collectives, forward + backward, per microbatch
     grad_sync_s: float = 0.0  # all-reduce of parameter gradients, once per step
     grad_sync_axes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # per parameter: axes its gradient syncs over
+    collectives: tuple[tuple[str, int, str], ...] = ()  # (kind, axis, phase) of each own collective, per microbatch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,12 +118,15 @@ def _contraction_strategy(
         _spec_for(word, meta.shape, assignment) for word, meta in zip(letters.inputs, node.input_metas, strict=True)
     ]
     comm_s = 0.0
+    partial_axes = []
     for axis, letter in enumerate(assignment):
         if letter is not None and letter not in letters.output:
             comm_s += mesh.all_reduce_s(mesh.local_bytes(node.output, output), axis)  # partial sums
-    return _finish(
+            partial_axes.append(("all_reduce", axis, "forward"))
+    strategy = _finish(
         node, assignment, output, input_specs, comm_s, context, graph, contracted=set(assignment) - set(letters.output)
     )
+    return replace(strategy, collectives=(*partial_axes, *strategy.collectives))
 
 
 def _finish(
@@ -147,6 +151,7 @@ def _finish(
     params: dict[str, ShardingSpec] = {}
     sync_axes: dict[str, tuple[int, ...]] = {}
     grad_sync_s = 0.0
+    backward: list[tuple[str, int, str]] = []  # all-reduces of replicated inputs' gradients
     for name, meta, spec in zip(node.inputs, node.input_metas, input_specs, strict=True):
         kind = graph.value_kind(name)
         if spec is None:  # shape-only: a parameter read so is kept whole and gets no gradient sync
@@ -166,6 +171,7 @@ def _finish(
         inputs.append(spec)
         if name in context.grad_values:
             comm_s += sum(mesh.all_reduce_s(mesh.local_bytes(meta, spec), axis) for axis in replicated_on)
+            backward.extend(("all_reduce", axis, "backward") for axis in replicated_on)
     shards = math.prod(mesh.mesh_shape[axis] for axis, choice in enumerate(assignment) if choice is not None)
     return NodeStrategy(
         name=" ".join(str(choice) if choice is not None else "-" for choice in assignment),
@@ -176,6 +182,7 @@ def _finish(
         comm_s=comm_s,
         grad_sync_s=grad_sync_s,
         grad_sync_axes=tuple(sync_axes.items()),
+        collectives=tuple(backward),
     )
 
 

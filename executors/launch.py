@@ -1,0 +1,92 @@
+"""``plan run``: start one process per device of a plan with torch.distributed's launcher.
+
+:func:`launch` checks everything it can before starting anything (the plan file, the options, the
+model file and its fingerprint — one clear error, exit 2, nothing started), writes the training
+program with :func:`executors.program.write_program` into a temporary directory (so ``plan run``
+and a compiled ``train.py`` are the same code path) and runs it under torchrun's elastic agent
+(``torch.distributed.launcher.api.elastic_launch``) on this machine, ``--nproc-per-node`` = the
+plan's devices, no restarts. When a rank fails the agent stops every other rank (SIGTERM, then
+SIGKILL) and :func:`launch` prints one line naming the failing rank; ranks that hang are ended by
+the process-group timeout (``--timeout-s``), so no run waits forever and no process outlives it.
+
+For several machines, compile the program (``plan compile``) and start it with torchrun on each
+node (see the README).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from executors.program import RunOptions, check_options, write_program
+from planner.errors import AutoplanError
+from planner.plan import Plan, load_plan
+
+EXIT_USAGE = 2
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def preflight(plan: Plan) -> None:
+    """The model file builds the model the plan was made for (checked once here, again on every rank)."""
+    from executors.session import load_workload
+
+    load_workload(plan, seed=0, device="cpu")
+
+
+def program_args(options: RunOptions) -> list[str]:
+    args = ["--steps", str(options.steps), "--backend", options.backend, "--optimizer", options.optimizer,
+            "--lr", repr(options.lr), "--seed", str(options.seed), "--timeout-s", repr(options.timeout_s)]  # fmt: skip
+    return [*args, "--check-parity"] if options.check_parity else args
+
+
+def launch(plan_path: str | Path, options: RunOptions, *, nproc_per_node: int | None = None) -> int:
+    """Run the plan at ``plan_path``; returns the exit code (0 ok, 1 a rank failed or parity broke, 2 bad input)."""
+    check_options(options)
+    plan = load_plan(plan_path)
+    preflight(plan)
+    nproc = nproc_per_node or plan.cluster.num_devices
+    if nproc != plan.cluster.num_devices:
+        raise AutoplanError(f"the plan needs {plan.cluster.num_devices} processes; --nproc-per-node {nproc} differs")
+    with tempfile.TemporaryDirectory(prefix="autoplan-run-") as directory:
+        program = write_program(plan, Path(directory))
+        return _elastic_run(program, program_args(options), nproc=nproc)
+
+
+def _elastic_run(program: Path, args: Sequence[str], *, nproc: int) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"autoplan-{os.getpid()}", rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.5,
+        rdzv_configs={"rank": 0},
+    )  # fmt: skip
+    env_threads = os.environ.setdefault("OMP_NUM_THREADS", "1")
+    del env_threads
+    try:
+        elastic_launch(config, sys.executable)("-u", str(program), *args)
+    except ChildFailedError as error:
+        rank, failure = min(error.failures.items(), key=lambda item: item[1].timestamp)
+        sys.stderr.write(f"plan run: rank {rank} failed ({_exit_text(failure.exitcode)}); every rank was stopped\n")
+        codes = {f.exitcode for f in error.failures.values()}
+        return EXIT_USAGE if codes == {EXIT_USAGE} else 1
+    return 0
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,111 @@
+"""Multi-process parity: every executor against one process, by loss and every gradient.
+
+For each world size (2 and 4) the plans below are made here, then one torchrun job
+(``tests/parity_worker.py``) runs them all with gloo — the ranks pay their imports once — and
+checks, for three optimizer steps, the loss and every parameter gradient against the user's own
+module in one process (fp32, rtol 1e-4, atol 1e-5). A second job counts the collectives of
+tensor-parallel plans (``tests/collectives_worker.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cost_models.cluster import load_cluster
+from executors.launch import free_port
+from planner.api import plan_prepared, prepare_model_file
+from planner.plan import save_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+MODELS = {
+    "mlp": ("mlp.py", {}, 16),
+    "gpt": ("gpt.py", {}, 8),
+    "resnet": ("resnet.py", {"width": 8, "blocks": 1, "stages": 2, "image_size": 8}, 8),
+    "moe": ("moe.py", {"hidden": 32, "layers": 2, "experts": 4, "ffn": 32, "tokens": 8}, 8),
+}
+# (model, method, planner options) per world size; the key names the plan kind
+TP = {"degrees": (2, 1, 1)}
+GPIPE = {"degrees": (1, 2, 1), "schedule": "gpipe", "microbatches": 2}
+ONE_F_ONE_B = {"degrees": (1, 2, 1), "schedule": "1f1b", "microbatches": 4}
+CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
+    2: {
+        **{f"{m}-data-parallel": (m, "data-parallel", {}) for m in MODELS},
+        **{f"{m}-tp": (m, "megatron", TP) for m in MODELS},
+        **{f"{m}-auto": (m, "auto", {}) for m in MODELS},
+        **{f"{m}-hash": (m, "hash", {}) for m in MODELS},
+        **{f"{m}-critical-path": (m, "critical-path", {}) for m in MODELS},
+        **{f"{m}-gpipe": (m, "megatron", GPIPE) for m in ("mlp", "gpt", "resnet")},
+        **{f"{m}-1f1b": (m, "megatron", ONE_F_ONE_B) for m in ("mlp", "gpt", "moe")},
+        "mlp-fsdp": ("mlp", "data-parallel", {"zero": True}),
+    },
+    4: {
+        **{f"{m}-tp2d": (m, "megatron", {"degrees": (2, 1, 2)}) for m in MODELS},
+        **{f"{m}-auto": (m, "auto", {}) for m in MODELS},
+        **{f"{m}-hash": (m, "hash", {}) for m in MODELS},
+        **{f"{m}-critical-path": (m, "critical-path", {}) for m in MODELS},
+        "gpt-pp-tp-1f1b": ("gpt", "megatron", {"degrees": (2, 2, 1), "schedule": "1f1b", "microbatches": 2}),
+        "mlp-pp-tp-gpipe": ("mlp", "megatron", {"degrees": (2, 2, 1), "schedule": "gpipe", "microbatches": 2}),
+        "moe-data-parallel": ("moe", "data-parallel", {}),
+    },
+}
+COLLECTIVE_CASES = {2: ["mlp-tp"], 4: ["mlp-tp2d"]}
+
+
+def make_plans(world: int, directory: Path) -> dict[str, Path]:
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
+    paths = {}
+    for key, (model, method, options) in CASES[world].items():
+        file, args, batch = MODELS[model]
+        prepared = prepare_model_file(EXAMPLES / file, cluster, batch_size=batch, model_args=args, **options)
+        paths[key] = directory / f"{key}.json"
+        save_plan(plan_prepared(prepared, method), paths[key])
+    return paths
+
+
+def torchrun(world: int, worker: str, out: Path, plans: list[Path]) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+               "--master-port", str(free_port()), str(ROOT / "tests" / worker), str(out), *map(str, plans)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
+    results = {}
+    for world in CASES:
+        directory = tmp_path_factory.mktemp(f"world{world}")
+        plans = make_plans(world, directory)
+        done = torchrun(world, "parity_worker.py", directory / "parity.json", list(plans.values()))
+        parity = json.loads((directory / "parity.json").read_text()) if done.returncode == 0 else None
+        collective_plans = [plans[key] for key in COLLECTIVE_CASES[world]]
+        counted = torchrun(world, "collectives_worker.py", directory / "collectives.json", collective_plans)
+        collectives = json.loads((directory / "collectives.json").read_text()) if counted.returncode == 0 else None
+        results[world] = {"plans": plans, "parity": parity, "collectives": collectives,
+                          "log": done.stderr[-4000:], "collectives_log": counted.stderr[-4000:]}  # fmt: skip
+    return results
+
+
+@pytest.mark.parametrize("world,key", [(world, key) for world in CASES for key in CASES[world]])
+def test_parity_with_one_process(runs: dict, world: int, key: str) -> None:
+    run = runs[world]
+    assert run["parity"] is not None, f"the world-{world} job failed:\n{run['log']}"
+    steps = run["parity"][str(run["plans"][key])]
+    assert len(steps) == 3
+    for step in steps:
+        assert step["ok"], step["describe"]
+
+
+@pytest.mark.parametrize("world,key", [(world, key) for world in COLLECTIVE_CASES for key in COLLECTIVE_CASES[world]])
+def test_forward_collectives_are_the_charged_ones(runs: dict, world: int, key: str) -> None:
+    run = runs[world]
+    assert run["collectives"] is not None, f"the world-{world} collectives job failed:\n{run['collectives_log']}"
+    phases = run["collectives"][str(run["plans"][key])]
+    assert phases["forward"]["observed"] == phases["forward"]["charged"]
+    assert phases["forward"]["observed"], "a tensor-parallel plan communicates in forward"
