@@ -66,7 +66,9 @@ class DataParallelRunner:
     def step(self, inputs: tuple[Any, ...]) -> float:
         share = split_batch(inputs, num_chunks=self.num_replicas, batch_size=self.plan.batch_size)
         mine = share[self.devices.index(self.rank)]
-        pieces = split_batch(mine, num_chunks=self.num_microbatches, batch_size=self.plan.batch_size // self.num_replicas)
+        pieces = split_batch(
+            mine, num_chunks=self.num_microbatches, batch_size=self.plan.batch_size // self.num_replicas
+        )
         total = torch.zeros((), device=self.workload.device)
         for index, piece in enumerate(pieces):
             last = index == len(pieces) - 1

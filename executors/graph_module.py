@@ -130,7 +130,9 @@ def check_same_nodes(reference: OpGraph, other: OpGraph, *, what: str) -> None:
     names = [(n.name, n.target) for n in reference.nodes]
     others = [(n.name, n.target) for n in other.nodes]
     if names != others:
-        first = next((a, b) for a, b in zip(names, others, strict=False) if a != b) if len(names) == len(others) else None
+        first = (
+            next((a, b) for a, b in zip(names, others, strict=False) if a != b) if len(names) == len(others) else None
+        )
         raise AutoplanError(
             f"the model captured at {what} has different nodes from the planned capture "
             f"({len(others)} vs {len(names)} nodes{f', first difference {first}' if first else ''}); "

@@ -38,8 +38,11 @@ def free_port() -> int:
 
 def preflight(plan: Plan) -> None:
     """The model file builds the model the plan was made for (checked once here, again on every rank)."""
+    from executors.pipeline import check_pipeline
     from executors.session import load_workload
 
+    if len(plan.stages) > 1 and plan.schedule != "dataflow":
+        check_pipeline(plan)
     load_workload(plan, seed=0, device="cpu")
 
 

@@ -87,7 +87,9 @@ class PipelineRunner:
         self.owned = {name for stage in plan.stages if self.rank in stage.devices for name in stage.param_placements}
         self.part: StagePart | None = None
         self.schedule = None
-        where = [(s, stage.devices.index(self.rank)) for s, stage in enumerate(plan.stages) if self.rank in stage.devices]
+        where = [
+            (s, stage.devices.index(self.rank)) for s, stage in enumerate(plan.stages) if self.rank in stage.devices
+        ]
         if not where:
             return
         index, position = where[0]

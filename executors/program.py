@@ -70,7 +70,9 @@ def check_options(options: RunOptions) -> None:
         raise AutoplanError(f"--backend must be one of {', '.join(BACKENDS)}, got {options.backend!r}")
 
 
-def run_plan(plan: Plan, options: RunOptions, *, report: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+def run_plan(
+    plan: Plan, options: RunOptions, *, report: Callable[[StepResult], None] | None = None
+) -> list[StepResult]:
     """Train ``options.steps`` steps of ``plan`` on this rank (the process group must be up)."""
     world = dist.get_world_size()
     if world != plan.cluster.num_devices:
@@ -82,21 +84,24 @@ def run_plan(plan: Plan, options: RunOptions, *, report: Callable[[StepResult], 
     workload = load_workload(plan, seed=options.seed, device=device)
     model, inputs = workload.build()
     runner = make_runner(plan, workload, model)
-    optimizer = options.make_optimizer(list(dict.fromkeys(runner.parameters())))
+    params = list(dict.fromkeys(runner.parameters()))
+    optimizer = options.make_optimizer(params) if params else None  # a rank may hold no parameters
     reference = None
     if options.check_parity and dist.get_rank() == 0:
         ref_model, ref_inputs = workload.build()
         reference = Reference(ref_model, ref_inputs, loss_fn=workload.loss_fn, make_optimizer=options.make_optimizer)
     results = []
     for step in range(options.steps):
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
         _barrier(options.backend)
         started = time.perf_counter()
         loss = runner.step(inputs)
         forward_backward_s = time.perf_counter() - started
         parity = _check(runner, reference, loss) if options.check_parity else None
         started = time.perf_counter()
-        optimizer.step()
+        if optimizer is not None:
+            optimizer.step()
         if reference is not None:
             reference.update()
         result = StepResult(step=step, loss=loss, step_time_s=forward_backward_s + time.perf_counter() - started,

@@ -10,9 +10,11 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
   operator runs on DTensors, and the output is redistributed to the node's planned spec — a
   contraction split leaves a partial sum, which this turns into the planned ``R`` or ``S(d)`` (the
   all-reduce the cost model charges as the node's own collective);
-* runs operators that DTensor has no sharding rule for (CPU flash attention, say) on the local
-  shards — valid because a strategy is by construction local compute between its input and output
-  specs — and wraps tensors made from no DTensor (``arange``, ``zeros``) as replicated;
+* runs operators that DTensor has no sharding rule for without it: attention (CPU flash attention)
+  on the local shards — its batch or head split is local compute that its arguments do not name —
+  and anything else on whole (all-gathered) inputs, its output then sliced to the planned spec —
+  correct for any operator, at the price of communication the plan did not charge; tensors made
+  from no DTensor (``arange``, ``zeros``) are wrapped as replicated;
 * enters stage inputs as replicated DTensors and leaves outputs as whole tensors
   (:meth:`StageSharding.enter`, :meth:`StageSharding.leave`);
 * after backward, turns each parameter gradient (a partial sum on data-parallel axes) into the
@@ -31,9 +33,13 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.utils._pytree import tree_flatten, tree_map
 
 from executors.graph_module import call_node_plain
-from planner.graph import OpNode
+from planner.graph import NodeKind, OpNode
 from planner.plan import parse_placement
 from planner.strategies import NodeStrategy
+
+# DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D
+# meshes (torch 2.13); run it on local shards or whole tensors instead.
+AVOID_DTENSOR = frozenset({"group_norm"})
 
 
 def to_placements(spec: Sequence[str]) -> tuple[Placement, ...]:
@@ -96,6 +102,8 @@ class StageSharding:
         strategy = self.strategies.get(node.name)
         wanted = strategy.inputs if strategy is not None else (None,) * len(tensors)
         inputs = [self._arrive(tensor, spec) for tensor, spec in zip(tensors, wanted, strict=True)]
+        if node.op_name in AVOID_DTENSOR:
+            self.local_nodes.add(node.name)
         if node.name in self.local_nodes:
             result = self._call_local(node, inputs)
         else:
@@ -115,13 +123,20 @@ class StageSharding:
         if spec is None:
             return tensor
         placements = to_placements(spec.placements)
-        return tensor if tuple(tensor.placements) == placements else tensor.redistribute(self.mesh, placements)
+        if tuple(tensor.placements) != placements:
+            tensor = tensor.redistribute(self.mesh, placements)
+        return _GradAsPlanned.apply(tensor) if tensor.requires_grad else tensor
 
     def _call_local(self, node: OpNode, inputs: list[Any]) -> Any:
-        """Run on local shards; the output takes the node's planned spec (strategies are local compute)."""
+        """Run without DTensor. Attention splits batch or heads, which its arguments do not name, so it
+        runs on the local shards and its output takes the planned spec; any other operator (whose
+        arguments may name the split dim's size, like group norm's groups) runs on whole inputs."""
+        on_shards = node.kind == NodeKind.ATTENTION or self._batch_split_only(node, inputs)
+        if not on_shards:
+            inputs = [t.redistribute(self.mesh, self._replicated) if isinstance(t, DTensor) else t for t in inputs]
         local = [tensor.to_local() if isinstance(tensor, DTensor) else tensor for tensor in inputs]
         result = call_node_plain(node, local, device=self.device)
-        placements = self.outputs.get(node.name, self._replicated)
+        placements = self.outputs.get(node.name, self._replicated) if on_shards else self._replicated
         shapes = iter(node.outputs)
 
         def wrap(value: Any) -> Any:
@@ -132,6 +147,13 @@ class StageSharding:
                                       stride=_contiguous_stride(meta.shape))  # fmt: skip
 
         return tree_map(wrap, result)
+
+    def _batch_split_only(self, node: OpNode, inputs: list[Any]) -> bool:
+        """Every input and the planned output split at most dim 0 (the batch), and agree on it."""
+        specs = [tuple(t.placements) for t in inputs if isinstance(t, DTensor) and t.ndim > 0]
+        specs.append(self.outputs.get(node.name, self._replicated))
+        allowed = {Replicate(), Shard(0)}
+        return all(set(spec) <= allowed for spec in specs) and len(set(specs)) == 1
 
     def _as_planned(self, node: OpNode, result: Any) -> Any:
         flat, _ = tree_flatten(result)
@@ -150,6 +172,26 @@ class StageSharding:
             grad = param.grad
             if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
                 param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+class _GradAsPlanned(torch.autograd.Function):
+    """Identity forward; backward brings the gradient to the value's own placements right here.
+
+    The cost model charges a column-split contraction's replicated input one gradient all-reduce at
+    that input (Megatron's ``f``). DTensor would leave the partial gradient pending and resolve it
+    wherever a later backward operator needs it, with other collectives; this pins it to the edge.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: DTensor) -> DTensor:
+        ctx.mesh, ctx.placements = tensor.device_mesh, tuple(tensor.placements)
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        if isinstance(grad, DTensor) and tuple(grad.placements) != ctx.placements:
+            return grad.redistribute(ctx.mesh, ctx.placements)
+        return grad
 
 
 def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:

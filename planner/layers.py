@@ -4,8 +4,9 @@ A node's *layer key* is its module path up to the first numeric component (``blo
 ``blocks.3.attn.q``); nodes without one that sit between two nodes of the same layer join it.
 A layer's *structural hash* covers, for each of its nodes in order, the operator signature
 and where each input comes from: a node earlier in the same layer (by position), a
-parameter (by its name relative to the layer), or the k-th distinct value from outside.
-Consecutive layers with equal hashes form a run.
+parameter (by its name relative to the layer), or the k-th distinct value from outside — and
+whether that outside value needs a gradient (a first layer fed by the data communicates less in
+backward than the ones after it). Consecutive layers with equal hashes form a run.
 
 :func:`collapse_identical_layers` maps every node of a run onto the node at the same position
 in the run's first layer; planners then give all copies one decision, and a cost counted once
@@ -51,7 +52,17 @@ def segments(graph: OpGraph) -> list[tuple[str | None, list[OpNode]]]:
     return result
 
 
-def structural_hash(graph: OpGraph, key: str, nodes: list[OpNode]) -> str:
+def needs_grad(graph: OpGraph) -> set[str]:
+    """Parameters and the floating values computed from them."""
+    result = set(graph.param_names)
+    for node in graph.nodes:
+        if node.output.is_floating and any(name in result for name in node.inputs):
+            result.add(node.name)
+    return result
+
+
+def structural_hash(graph: OpGraph, key: str, nodes: list[OpNode], *, grad: set[str] | None = None) -> str:
+    grad = needs_grad(graph) if grad is None else grad
     position = {node.name: index for index, node in enumerate(nodes)}
     outside: dict[str, int] = {}
     digest = hashlib.sha256()
@@ -63,7 +74,7 @@ def structural_hash(graph: OpGraph, key: str, nodes: list[OpNode]) -> str:
             elif graph.value_kind(name) == ValueKind.PARAM and name.startswith(key + "."):
                 refs.append(f"P{name[len(key) :]}")
             else:
-                refs.append(f"X{outside.setdefault(name, len(outside))}")
+                refs.append(f"X{outside.setdefault(name, len(outside))}{'g' if name in grad else ''}")
         digest.update(f"{node.signature()}<{','.join(refs)}>;".encode())
     return digest.hexdigest()
 
@@ -89,8 +100,9 @@ def collapse_identical_layers(graph: OpGraph) -> CollapsedGraph:
     previous_hash: str | None = None
     first: list[OpNode] | None = None
     run_length = 0
+    grad = needs_grad(graph)
     for key, nodes in segments(graph):
-        current = structural_hash(graph, key, nodes) if key is not None else None
+        current = structural_hash(graph, key, nodes, grad=grad) if key is not None else None
         if current is not None and current == previous_hash and first is not None:
             for node, rep in zip(nodes, first, strict=True):
                 representative[node.name] = rep.name

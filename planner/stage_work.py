@@ -114,7 +114,11 @@ def _own_strategy(problem: StageProblem, name: str, strategy: NodeStrategy) -> N
     if rep == name:
         return strategy
     own = dict(zip(problem.graph.node(rep).inputs, problem.graph.node(name).inputs, strict=True))
-    return replace(strategy, name=name, params=tuple((own.get(p, p), spec) for p, spec in strategy.params))
+    return replace(
+        strategy,
+        params=tuple((own.get(p, p), spec) for p, spec in strategy.params),
+        grad_sync_axes=tuple((own.get(p, p), axes) for p, axes in strategy.grad_sync_axes),
+    )
 
 
 def _pick(

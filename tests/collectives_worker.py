@@ -41,8 +41,11 @@ def main() -> None:
         runner = make_runner(plan, workload, model)
         assert isinstance(runner, TensorParallelRunner) and plan.num_microbatches == 1
         phases = {}
-        with CommDebugMode() as phases["forward"]:
-            loss = workload.loss_fn(flat_outputs((runner.part.module(*inputs),)), inputs)
+        sharding = runner.part.sharding
+        with CommDebugMode() as phases["forward"]:  # the graph's nodes; gathering the output for the loss is not
+            outputs = runner.part.module.inner(*(sharding.enter(value) for value in inputs))
+        whole = tuple(sharding.leave(value) for value in outputs)
+        loss = workload.loss_fn(flat_outputs(whole), inputs)
         with CommDebugMode() as phases["backward"]:
             loss.backward()
         with CommDebugMode() as phases["sync"]:

@@ -4,7 +4,8 @@ For each world size (2 and 4) the plans below are made here, then one torchrun j
 (``tests/parity_worker.py``) runs them all with gloo — the ranks pay their imports once — and
 checks, for three optimizer steps, the loss and every parameter gradient against the user's own
 module in one process (fp32, rtol 1e-4, atol 1e-5). A second job counts the collectives of
-tensor-parallel plans (``tests/collectives_worker.py``).
+tensor-parallel plans per phase (``tests/collectives_worker.py``) against those the cost model
+charges (:func:`planner.collectives.charged_collectives`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
         "moe-data-parallel": ("moe", "data-parallel", {}),
     },
 }
-COLLECTIVE_CASES = {2: ["mlp-tp"], 4: ["mlp-tp2d"]}
+COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp"], 4: ["mlp-tp2d", "gpt-tp2d"]}
 
 
 def make_plans(world: int, directory: Path) -> dict[str, Path]:
@@ -102,10 +103,25 @@ def test_parity_with_one_process(runs: dict, world: int, key: str) -> None:
         assert step["ok"], step["describe"]
 
 
+def _on_gloo(counts: dict[str, int]) -> dict[str, int]:
+    """gloo has no all-to-all: DTensor falls back to an all-gather and a local chunk."""
+    result = dict(counts)
+    if "all_to_all" in result:
+        result["all_gather"] = result.get("all_gather", 0) + result.pop("all_to_all")
+    return result
+
+
 @pytest.mark.parametrize("world,key", [(world, key) for world in COLLECTIVE_CASES for key in COLLECTIVE_CASES[world]])
-def test_forward_collectives_are_the_charged_ones(runs: dict, world: int, key: str) -> None:
+def test_collectives_are_the_charged_ones(runs: dict, world: int, key: str) -> None:
+    """Forward and gradient sync: exactly the cost model's collectives. Backward: the same
+    all-reduces; GPT's head split (an all-to-all, all-gathered on gloo) adds one all-gather."""
     run = runs[world]
     assert run["collectives"] is not None, f"the world-{world} collectives job failed:\n{run['collectives_log']}"
     phases = run["collectives"][str(run["plans"][key])]
-    assert phases["forward"]["observed"] == phases["forward"]["charged"]
+    for phase in ("forward", "sync"):
+        assert phases[phase]["observed"] == _on_gloo(phases[phase]["charged"]), phase
+    backward = phases["backward"]
+    if key.startswith("mlp"):
+        assert backward["observed"] == backward["charged"]
+    assert backward["observed"].get("all_reduce", 0) == backward["charged"].get("all_reduce", 0)
     assert phases["forward"]["observed"], "a tensor-parallel plan communicates in forward"

@@ -1,45 +1,158 @@
 """Pure data parallelism: every device holds the whole model and a 1/d slice of the batch.
 
-One stage over all ``d`` devices on a 1-D mesh ``(d,)``; parameters replicated (``R``);
-every node that carries the batch is sharded on dim 0 (``S(0)``), the others replicated.
+One stage over all ``d`` devices on a 1-D mesh ``(d,)``; parameters replicated (``R``). The node
+specs follow the batch through the graph, so each is one that a sharding strategy of the node
+(:func:`planner.op_rules.enumerate_strategies`) actually produces:
+
+* graph inputs arrive split on dim 0 (each device loads its slice of the batch), ``S(0)``;
+* in topological order, every node that carries the batch (:func:`planner.estimate.batched_values`)
+  takes, among its strategies whose parameter specs are all ``R`` and whose specs for its
+  batch-carrying inputs equal what their producers output (no resharding), one with a split
+  output, then the fewest re-split inputs (below), the most compute shards, the fewest other
+  inputs to reshard and the least communication. The batch need not be dim 0: MoE's einsum
+  ``nd,edf->enf`` splits ``n`` and outputs ``S(1)``;
+* a batch-carrying node that no such strategy fits (an operator without a sharding rule, a
+  softmax over the batch dim, a dim that does not divide) takes the replicated strategy, ``R``,
+  and so does every node that does not carry the batch. When such a node's output keeps the
+  rank of a split batch-carrying input and the size of its split dims (``split`` of a fused QKV),
+  it has *lost* the split but still holds the batch there; so has an unsplit replicated node fed
+  by a lost value. Consumers may take a lost value split as it would have been (``R`` to a split
+  is a local slice), so one unruled operator does not replicate the rest of the model; a value
+  whose batch dim was reduced away (a mean over the batch) is not lost and is never re-split.
+
 The estimate is :func:`planner.estimate.data_parallel_estimate`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from planner.errors import AutoplanError
 from planner.estimate import CostSetup, batched_values, check_fits, data_parallel_estimate
-from planner.graph import OpGraph
+from planner.graph import OpGraph, OpNode
+from planner.intra_op import grad_values
+from planner.op_rules import enumerate_strategies
 from planner.plan import Estimate, Stage
+from planner.sharding import REPLICATE, ShardingSpec, StageMesh, shard
+from planner.strategies import NodeStrategy, StrategyContext, replicated_strategy
 
 
-def data_parallel_stage(graph: OpGraph, *, batch_size: int, devices: tuple[int, ...]) -> Stage:
+def data_parallel_stage(graph: OpGraph, setup: CostSetup, *, batch_size: int, devices: tuple[int, ...]) -> Stage:
+    """The one stage of the data-parallel plan of ``graph`` (at ``batch_size``) over ``devices``."""
     num_devices = len(devices)
+    _check_batch(batch_size, num_devices)
+    mesh = StageMesh(cluster=setup.cluster, devices=devices, mesh_shape=(num_devices,),
+                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    outputs = batch_specs(graph, setup, mesh)
+    return Stage(
+        index=0,
+        nodes=tuple(node.name for node in graph.nodes),
+        devices=devices,
+        mesh_shape=(num_devices,),
+        node_shardings={name: spec.placements for name, spec in outputs.items()},
+        param_placements={name: (REPLICATE,) for name in graph.param_names},
+    )
+
+
+def _check_batch(batch_size: int, num_devices: int) -> None:
     if batch_size % num_devices:
         larger = -(-batch_size // num_devices) * num_devices
         raise AutoplanError(
             f"batch size {batch_size} cannot be split evenly over {num_devices} data-parallel devices: "
             f"use a multiple of {num_devices} (e.g. --batch-size {larger}) or fewer devices"
         )
-    batched = batched_values(graph)
-    shardings = {}
-    for node in graph.nodes:
-        splittable = node.name in batched and node.output.shape and node.output.shape[0] % num_devices == 0
-        shardings[node.name] = ("S(0)",) if splittable else ("R",)
-    return Stage(
-        index=0,
-        nodes=tuple(node.name for node in graph.nodes),
-        devices=devices,
-        mesh_shape=(num_devices,),
-        node_shardings=shardings,
-        param_placements={name: ("R",) for name in graph.param_names},
+
+
+def batch_specs(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> dict[str, ShardingSpec]:
+    """Node name -> its output spec when the batch is split over every axis of ``mesh``."""
+    context = StrategyContext(
+        graph=graph,
+        mesh=mesh,
+        grad_values=grad_values(graph),
+        grad_itemsize=2 if setup.cluster.device.mixed_precision else 4,
     )
+    batched = batched_values(graph)
+    specs = {value.name: _input_spec(value.meta.shape, mesh) for value in graph.inputs}
+    lost: dict[str, ShardingSpec] = {}  # replicated values that lost their batch split -> that split
+    for node in graph.nodes:
+        strategy = _batch_strategy(node, context, specs, batched, lost) if node.name in batched else None
+        fallback = strategy is None
+        if strategy is None:
+            strategy = replicated_strategy(node, context)
+        specs[node.name] = strategy.output
+        whole = node.name in batched and _unsplit(strategy.output) and strategy.compute_shards == 1
+        if whole and (fallback or lost.keys() & set(node.inputs)):
+            split = _lost_split(node, specs, batched, lost, mesh)
+            if split is not None:
+                lost[node.name] = split
+    return {node.name: specs[node.name] for node in graph.nodes}
+
+
+def _input_spec(shape: tuple[int, ...], mesh: StageMesh) -> ShardingSpec:
+    """A graph input's slice of the batch (dim 0) on every axis, when it divides."""
+    spec = ShardingSpec(tuple(shard(0) for _ in mesh.mesh_shape))
+    return spec if shape and spec.fits(shape, mesh.mesh_shape) else ShardingSpec.replicated(mesh.num_axes)
+
+
+def _lost_split(
+    node: OpNode, specs: Mapping[str, ShardingSpec], batched: set[str], lost: Mapping[str, ShardingSpec],
+    mesh: StageMesh,
+) -> ShardingSpec | None:  # fmt: skip
+    """The split a replicated node's output would have: that of its first split batch-carrying
+    input of the same rank and the same size on the split dims, if any."""
+    shape = node.output.shape
+    for value, meta in zip(node.inputs, node.input_metas, strict=True):
+        spec = lost.get(value, specs.get(value))
+        if value not in batched or spec is None or _unsplit(spec) or len(meta.shape) != len(shape):
+            continue
+        dims = spec.shards_per_dim(mesh.mesh_shape)
+        if all(meta.shape[dim] == shape[dim] for dim in dims) and spec.fits(shape, mesh.mesh_shape):
+            return spec
+    return None
+
+
+def _batch_strategy(
+    node: OpNode, context: StrategyContext, specs: Mapping[str, ShardingSpec], batched: set[str],
+    lost: Mapping[str, ShardingSpec],
+) -> NodeStrategy | None:  # fmt: skip
+    """The best strategy that keeps the parameters replicated and the batch where it arrives, if any."""
+    replicated = ShardingSpec.replicated(context.mesh.num_axes)
+    ranked = []
+    for strategy in enumerate_strategies(node, context)[0]:
+        if all(spec == replicated for _, spec in strategy.params):
+            rank = _rank(node, strategy, specs, batched, lost)
+            if rank is not None:
+                ranked.append((rank, strategy))
+    return min(ranked, key=lambda row: row[0])[1] if ranked else None
+
+
+def _rank(
+    node: OpNode, strategy: NodeStrategy, specs: Mapping[str, ShardingSpec], batched: set[str],
+    lost: Mapping[str, ShardingSpec],
+) -> tuple[bool, int, int, int, float] | None:  # fmt: skip
+    """Sort key of ``strategy`` (smaller is better); None if it reshards a batch-carrying input
+    other than by splitting a lost one as it would have been."""
+    resplit = other = 0
+    for value, need in zip(node.inputs, strategy.inputs, strict=True):
+        if need is None or value not in specs or need == specs[value]:
+            continue
+        if lost.get(value) == need:
+            resplit += 1
+        elif value in batched:
+            return None
+        else:
+            other += 1
+    return (_unsplit(strategy.output), resplit, -strategy.compute_shards, other, strategy.comm_s)
+
+
+def _unsplit(spec: ShardingSpec) -> bool:
+    return all(placement == REPLICATE for placement in spec.placements)
 
 
 def data_parallel(graph: OpGraph, setup: CostSetup, *, batch_size: int) -> tuple[tuple[Stage, ...], Estimate]:
     """The data-parallel plan over every device of the cluster, or a clear error."""
     devices = tuple(range(setup.cluster.num_devices))
-    stage = data_parallel_stage(graph, batch_size=batch_size, devices=devices)
+    stage = data_parallel_stage(graph, setup, batch_size=batch_size, devices=devices)
     estimate = data_parallel_estimate(graph, setup, devices=devices)
     check_fits(estimate, setup, what=f"data parallel over {len(devices)} devices")
     return (stage,), estimate
