@@ -14,6 +14,7 @@ loss that averages over the batch (the model-file convention; pipelines assume i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ class DataParallelRunner:
             raise AutoplanError(f"batch {plan.batch_size} does not split into {shares} equal data-parallel shares")
         graph = workload.graph_at(plan.batch_size // shares)
         segment = make_segment(graph, stage.nodes, needed_after=graph.outputs)
-        segment = type(segment)(**{**segment.__dict__, "inputs": tuple(v.name for v in graph.inputs)})
+        segment = replace(segment, inputs=tuple(v.name for v in graph.inputs))  # the model's inputs, in order
         params, buffers = model_tensors(model)
         self.module = GraphModule(graph, segment, params=params, buffers=buffers, device=workload.device)
         self.group = dist.new_group(list(stage.devices))

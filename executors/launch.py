@@ -74,8 +74,7 @@ def _elastic_run(program: Path, args: Sequence[str], *, nproc: int) -> int:
         rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.5,
         rdzv_configs={"rank": 0},
     )  # fmt: skip
-    env_threads = os.environ.setdefault("OMP_NUM_THREADS", "1")
-    del env_threads
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it: one thread each unless told otherwise
     try:
         elastic_launch(config, sys.executable)("-u", str(program), *args)
     except ChildFailedError as error:

@@ -19,6 +19,7 @@ embeddings) has its gradients summed over them (:func:`executors.stages.sync_sha
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -47,10 +48,10 @@ def stage_segments(graph: OpGraph, plan: Plan, *, loss_inputs: tuple[str, ...]) 
         needed = list(graph.outputs) if last else [*later, *loss_inputs]
         segment = make_segment(graph, stage.nodes, needed_after=needed)
         if position == 0:
-            segment = Segment(**{**segment.__dict__, "inputs": tuple(v.name for v in graph.inputs)})
+            segment = replace(segment, inputs=tuple(v.name for v in graph.inputs))
         elif last:  # the loss reads model inputs the last stage's nodes may not
             extra = tuple(name for name in loss_inputs if name not in segment.inputs)
-            segment = Segment(**{**segment.__dict__, "inputs": segment.inputs + extra})
+            segment = replace(segment, inputs=segment.inputs + extra)
         segments.append(segment)
     return segments
 

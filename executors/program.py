@@ -27,7 +27,7 @@ from torch import nn
 
 from cost_models.atomic_file import write_text_atomic
 from executors.parity import ParityResult, Reference, compare, gather_gradients
-from executors.runner import make_runner
+from executors.runner import Runner, make_runner
 from executors.session import BACKENDS, device_of, init_distributed, load_workload
 from planner.errors import AutoplanError
 from planner.plan import Plan, load_plan, save_plan
@@ -118,7 +118,7 @@ def _barrier(backend: str) -> None:
     dist.barrier()
 
 
-def _check(runner, reference: Reference | None, loss: float) -> ParityResult | None:
+def _check(runner: Runner, reference: Reference | None, loss: float) -> ParityResult | None:
     grads = gather_gradients(runner.gradients())
     verdict: list[ParityResult | None] = [None]
     if reference is not None:

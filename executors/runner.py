@@ -15,6 +15,7 @@ checks. :func:`make_runner` picks the executor a plan needs:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -64,7 +65,7 @@ class TensorParallelRunner:
         graph = workload.graph_at(plan.batch_size // self.num_microbatches)
         stage = plan.stages[0]
         segment = make_segment(graph, stage.nodes, needed_after=graph.outputs)
-        segment = type(segment)(**{**segment.__dict__, "inputs": tuple(v.name for v in graph.inputs)})
+        segment = replace(segment, inputs=tuple(v.name for v in graph.inputs))  # the model's inputs, in order
         mesh = build_meshes(plan, device_type=workload.device.split(":")[0])[0]
         params, buffers = model_tensors(model)
         self.part = build_stage(
