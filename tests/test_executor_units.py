@@ -1,0 +1,111 @@
+"""Executor pieces that need no process group: segments, batch splits, parity verdicts, checks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.tensor import Replicate, Shard
+
+from cost_models.cluster import load_cluster
+from executors.graph_module import GraphModule, make_segment, model_tensors
+from executors.parity import compare
+from executors.pipeline import check_pipeline, stage_segments
+from executors.program import write_program
+from executors.session import split_batch
+from executors.stages import cost_setup
+from executors.tensor_parallel import to_placements
+from planner.api import plan_model_file
+from planner.capture import capture
+from planner.collectives import charged_collectives
+from planner.errors import AutoplanError
+from planner.model_file import instantiate, load_model_file
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = ROOT / "examples" / "mlp.py"
+
+
+def _mlp(batch: int = 4):
+    model_file = load_model_file(MLP)
+    torch.manual_seed(0)
+    model, inputs = instantiate(model_file, batch_size=batch, model_args={}, on_meta=False)
+    return model, inputs, capture(model, inputs)
+
+
+def test_graph_module_of_the_whole_graph_is_the_model() -> None:
+    model, inputs, graph = _mlp()
+    segment = make_segment(graph, [n.name for n in graph.nodes], needed_after=graph.outputs)
+    params, buffers = model_tensors(model)
+    module = GraphModule(graph, segment, params=params, buffers=buffers)
+    (output,) = module(*inputs)
+    torch.testing.assert_close(output, model(*inputs))
+    assert [name for name, _ in module.named_graph_parameters()] == list(params)
+
+
+def test_segments_hand_on_what_later_stages_read() -> None:
+    _, _, graph = _mlp()
+    names = [n.name for n in graph.nodes]
+    before = set(names[:5]) | {"x"}
+    later = [value for name in names[5:] for value in graph.node(name).inputs if value in before]
+    first = make_segment(graph, names[:5], needed_after=later)
+    assert first.inputs == ("x",)
+    assert set(first.outputs) == {value for value in later if value in set(names[:5])}
+    assert all(p.startswith("blocks.0.") or p.startswith("blocks.1.") for p in first.params)
+
+
+def test_split_batch_cuts_dim_0_only_where_it_is_the_batch() -> None:
+    x, scale = torch.arange(8.0).reshape(4, 2), torch.ones(3)
+    pieces = split_batch((x, scale), num_chunks=2, batch_size=4)
+    assert [p[0].shape[0] for p in pieces] == [2, 2]
+    assert all(p[1] is scale for p in pieces)
+
+
+def test_parity_verdict_names_the_worst_gradient() -> None:
+    reference = {"a": torch.ones(3), "b": torch.ones(2)}
+    good = compare(1.0, 1.0, {"a": torch.ones(3), "b": torch.ones(2) + 1e-7}, reference)
+    bad = compare(1.0, 1.0, {"a": torch.ones(3), "b": torch.ones(2) + 1e-2}, reference)
+    missing = compare(1.0, 1.0, {"a": torch.ones(3)}, reference)
+    assert good.ok and not bad.ok and not missing.ok
+    assert bad.worst == "b" and abs(bad.max_grad_diff - 1e-2) < 1e-6
+    assert "MISMATCH" in bad.describe() and "missing" in missing.describe()
+
+
+def test_placements_in_dtensor_words() -> None:
+    assert to_placements(("S(1)", "R")) == (Shard(1), Replicate())
+
+
+def test_pipeline_stages_must_have_equal_device_counts() -> None:
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    plan = plan_model_file(MLP, cluster, batch_size=16, method="megatron", degrees=(1, 2, 1), microbatches=2)
+    assert check_pipeline(plan) == 1
+    _, _, graph = _mlp(8)
+    segments = stage_segments(graph, plan, loss_inputs=("x",))
+    assert segments[0].inputs == ("x",) and "x" in segments[-1].inputs
+    assert set(segments[0].outputs) == set(segments[1].inputs) - {"x"} | ({"x"} & set(segments[0].outputs))
+    uneven = replace(plan, stages=(replace(plan.stages[0], devices=(0,)), replace(plan.stages[1], devices=(1, 2))))
+    with pytest.raises(AutoplanError, match="different sizes"):
+        check_pipeline(uneven)
+
+
+def test_charged_collectives_of_megatron_mlp() -> None:
+    """Row-parallel fc2 all-reduces forward, column-parallel fc1's input gradient backward (not the
+    first block's: the data needs no gradient); nothing replicated, nothing to sync."""
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    plan = plan_model_file(MLP, cluster, batch_size=16, method="megatron", degrees=(2, 1, 1))
+    graph = _mlp(16)[2]
+    charged = charged_collectives(plan.stages[0], graph, cost_setup(plan, graph), num_microbatches=1)
+    assert charged["forward"] == {"all_reduce": 4}
+    assert charged["backward"] == {"all_reduce": 3}
+    assert sum(charged["sync"].values()) == 0
+
+
+def test_compiled_program_names_its_launch(tmp_path: Path) -> None:
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    plan = plan_model_file(MLP, cluster, batch_size=16, method="data-parallel")
+    program = write_program(plan, tmp_path / "out")
+    text = program.read_text()
+    assert "torchrun --nproc-per-node 2" in text and "DDP" in text
+    assert (tmp_path / "out" / "plan.json").is_file()
+    compile(text, str(program), "exec")
