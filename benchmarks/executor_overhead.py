@@ -14,14 +14,17 @@ ranks with torchrun, and times two training loops in the same job, one step of e
   backward, ``SGD.step``. Pipeline: the model cut by hand into two modules at the plan's boundary
   (the first stage's last ``blocks`` index, read from the plan's parameter names), each rank its
   ``PipelineStage``, ``ScheduleGPipe``/``Schedule1F1B`` with the plan's microbatches and the
-  model's loss as the schedule's ``loss_fn``.
+  model's loss as the schedule's ``loss_fn`` (``return_outputs=False``: the loop needs no logits).
 
 Every timed step starts after a barrier; a step's time is the slowest rank's (all-reduce MAX),
 the table gives the median over the timed steps after warm-up and the ratio ours / hand-written
-(target ≤ 1.10). Planning and the fingerprint capture happen before the loop, outside the timing.
-The first step's loss of both loops is reported: the same number says they compute the same thing.
+(target ≤ 1.10). It also gives the step's CPU time (``time.thread_time`` of both ranks' main
+threads, summed): Python and kernel work without the waiting, a cross-check that other processes
+on a shared machine disturb less than wall time. Planning and the fingerprint capture happen
+before the loop, outside the timing. The first step's loss of both loops is reported: the same
+number says they compute the same thing.
 
-    python benchmarks/executor_overhead.py [--cases mlp-dp,...] [--warmup 3] [--steps 15] [--save]
+    python benchmarks/executor_overhead.py [--cases mlp-dp,...] [--warmup 3] [--steps 20] [--save]
 """
 
 from __future__ import annotations
@@ -119,13 +122,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps of each loop (default %(default)s)")
-    parser.add_argument("--steps", type=int, default=15, help="timed steps of each loop (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps of each loop (default %(default)s)")
     parser.add_argument("--save", action="store_true", help="write the table to benchmarks/results/")
     options = parser.parse_args()
     if options.rank_worker:
         rank_worker(options.rank_worker, options.plan, options.out, options.warmup, options.steps)
         return
-    results = []
+    results, load_before = [], os.getloadavg()[0]
     for case in options.cases.split(","):
         started = time.perf_counter()
         results.append(run_case(case, options.warmup, options.steps))
@@ -143,7 +146,9 @@ def main() -> None:
             "nn.Module, or the module cut by hand at the plan's stage boundary under torch.distributed.pipelining "
             f"with the same schedule and {MICROBATCHES} microbatches. *-dp* cases: method data-parallel; *-pp-* "
             "cases: method megatron with degrees (1, 2, 1). Ratio = ours / hand-written, target ≤ "
-            f"{TARGET:.2f}.\n\nModels: {models}."
+            f"{TARGET:.2f}. *CPU ms*: median of the step's CPU time on both ranks' main threads together "
+            "(`time.thread_time`; no waiting), less disturbed by other processes than wall time. Load average "
+            f"(1 min) before / after the run: {load_before:.1f} / {os.getloadavg()[0]:.1f}.\n\nModels: {models}."
         )
         command = "python benchmarks/executor_overhead.py " + " ".join(sys.argv[1:])
         save_table("executor_overhead", title="Executor overhead against hand-written torch.distributed",

@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from executors.graph_module import GraphModule, Segment
-from executors.tensor_parallel import StageSharding, make_mesh
+from executors.tensor_parallel import SingleDeviceSharding, StageSharding, make_mesh
 from planner.api import make_compute_model
 from planner.estimate import CostSetup
 from planner.graph import OpGraph
@@ -45,7 +45,7 @@ class ShardedStageModule(nn.Module):
     """Whole tensors in, whole tensors out; DTensors inside; optionally the loss at the end."""
 
     def __init__(
-        self, inner: GraphModule, sharding: StageSharding, *,
+        self, inner: GraphModule, sharding: StageSharding | SingleDeviceSharding, *,
         loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None,
         loss_inputs: tuple[int, ...] = (),
     ) -> None:  # fmt: skip
@@ -68,7 +68,7 @@ class StagePart:
     stage: Stage
     segment: Segment
     module: ShardedStageModule
-    sharding: StageSharding
+    sharding: StageSharding | SingleDeviceSharding
     params: dict[str, nn.Parameter]  # fully qualified name -> this rank's (DTensor) parameter
 
     def sync_grads(self) -> None:
@@ -102,7 +102,11 @@ def build_stage(
     strategies = stage_strategies(
         stage, graph, cost_setup(plan, graph), num_microbatches=num_microbatches, zero=plan.zero
     )
-    sharding = StageSharding(mesh=mesh, strategies=strategies, node_shardings=stage.node_shardings, device=device)
+    sharding: StageSharding | SingleDeviceSharding
+    if len(stage.devices) == 1:
+        sharding = SingleDeviceSharding(device=device)
+    else:
+        sharding = StageSharding(mesh=mesh, strategies=strategies, node_shardings=stage.node_shardings, device=device)
     specs = param_specs(stage, strategies, segment.params)
     params = sharding.distribute_params({name: model_params[name] for name in segment.params}, specs)
     buffers = sharding.distribute_buffers({name: model_buffers[name] for name in segment.buffers})

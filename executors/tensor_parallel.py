@@ -17,6 +17,9 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
   from no DTensor (``arange``, ``zeros``) are wrapped as replicated;
 * enters stage inputs as replicated DTensors and leaves outputs as whole tensors
   (:meth:`StageSharding.enter`, :meth:`StageSharding.leave`);
+* a one-device stage skips DTensor altogether (:class:`SingleDeviceSharding`: plain tensors, the
+  model's own parameters), which keeps pipelines of single-device stages as fast as hand-written
+  ones (``benchmarks/executor_overhead.py``);
 * after backward, turns each parameter gradient (a partial sum on data-parallel axes) into the
   parameter's placement (:meth:`StageSharding.sync_grads`): the gradient all-reduce.
 """
@@ -192,6 +195,34 @@ class _GradAsPlanned(torch.autograd.Function):
         if isinstance(grad, DTensor) and tuple(grad.placements) != ctx.placements:
             return grad.redistribute(ctx.mesh, ctx.placements)
         return grad
+
+
+class SingleDeviceSharding:
+    """A one-device stage: plain tensors, the model's own parameters, no DTensor on the hot path."""
+
+    def __init__(self, *, device: str = "cpu") -> None:
+        self.device = device
+
+    def distribute_params(
+        self, params: Mapping[str, torch.Tensor], placements: Mapping[str, Sequence[str]]
+    ) -> dict[str, nn.Parameter]:
+        return {name: tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor)
+                for name, tensor in params.items()}  # fmt: skip
+
+    def distribute_buffers(self, buffers: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(buffers)
+
+    def enter(self, value: Any) -> Any:
+        return value
+
+    def leave(self, value: Any) -> Any:
+        return value
+
+    def call_node(self, node: OpNode, tensors: list[Any]) -> Any:
+        return call_node_plain(node, tensors, device=self.device)
+
+    def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
+        return None
 
 
 def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
