@@ -56,17 +56,13 @@ def stage_segments(graph: OpGraph, plan: Plan, *, loss_inputs: tuple[str, ...]) 
     return segments
 
 
-def check_pipeline(plan: Plan) -> int:
-    """Every stage must have as many devices as the others (one pipeline group per mesh position)."""
-    sizes = {len(stage.devices) for stage in plan.stages}
-    if len(sizes) != 1:
-        raise AutoplanError(
-            f"stages of different sizes ({[len(s.devices) for s in plan.stages]} devices) are not supported by the "
-            "pipeline executor: plan with equal stage sizes (e.g. --method uniform-pipeline or megatron)"
-        )
+def check_pipeline(plan: Plan) -> int | None:
+    """The schedule must be a pipeline's; returns the devices per stage, or None when the stages
+    differ in size (run by :class:`executors.uneven_pipeline.UnevenPipelineRunner`)."""
     if plan.schedule not in SCHEDULE_CLASSES:
         raise AutoplanError(f"a pipeline plan needs schedule gpipe or 1f1b, this one says {plan.schedule!r}")
-    return sizes.pop()
+    sizes = {len(stage.devices) for stage in plan.stages}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 class PipelineRunner:
@@ -74,6 +70,7 @@ class PipelineRunner:
         from torch.distributed import pipelining
 
         width = check_pipeline(plan)
+        assert width is not None, "stages of different sizes run under UnevenPipelineRunner"
         self.plan, self.workload = plan, workload
         m = plan.num_microbatches
         graph = workload.graph_at(plan.batch_size // m)

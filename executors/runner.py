@@ -7,7 +7,8 @@ of every parameter this rank reports (each parameter is reported by exactly one 
 checks. :func:`make_runner` picks the executor a plan needs:
 
 * ``dataflow`` placements -> :class:`executors.placement.PlacementRunner`;
-* several stages -> :class:`executors.pipeline.PipelineRunner` (tensor parallel inside stages);
+* several stages -> :class:`executors.pipeline.PipelineRunner` (tensor parallel inside stages), or
+  :class:`executors.uneven_pipeline.UnevenPipelineRunner` when the stages differ in device count;
 * one stage whose parameters are all replicated -> :class:`executors.data_parallel.DataParallelRunner`
   (DDP, or FSDP when the plan shards optimizer state);
 * one stage otherwise -> :class:`TensorParallelRunner`.
@@ -46,8 +47,12 @@ def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
 
         return PlacementRunner(plan=plan, workload=workload, model=model)
     if len(plan.stages) > 1:
-        from executors.pipeline import PipelineRunner
+        from executors.pipeline import PipelineRunner, check_pipeline
 
+        if check_pipeline(plan) is None:
+            from executors.uneven_pipeline import UnevenPipelineRunner
+
+            return UnevenPipelineRunner(plan=plan, workload=workload, model=model)
         return PipelineRunner(plan=plan, workload=workload, model=model)
     if is_pure_data_parallel(plan) and len(plan.stages[0].devices) > 1:
         from executors.data_parallel import DataParallelRunner

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import pytest
 from cost_models.cluster import load_cluster
 from executors.launch import free_port
 from planner.api import plan_prepared, prepare_model_file
-from planner.plan import save_plan
+from planner.plan import Plan, save_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -56,6 +57,8 @@ CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
         "moe-data-parallel": ("moe", "data-parallel", {}),
     },
 }
+# pipelines whose stages differ in device count: (model, devices of stage 0, devices of stage 1)
+UNEVEN = {4: {"gpt-uneven-1-2": ("gpt", (0,), (1, 2)), "mlp-uneven-2-1": ("mlp", (0, 1), (2,))}}
 COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp"], 4: ["mlp-tp2d", "gpt-tp2d"]}
 
 
@@ -67,7 +70,31 @@ def make_plans(world: int, directory: Path) -> dict[str, Path]:
         prepared = prepare_model_file(EXAMPLES / file, cluster, batch_size=batch, model_args=args, **options)
         paths[key] = directory / f"{key}.json"
         save_plan(plan_prepared(prepared, method), paths[key])
+    for key, (model, first, second) in UNEVEN.get(world, {}).items():
+        paths[key] = directory / f"{key}.json"
+        save_plan(uneven_plan(model, world=world, devices=(first, second)), paths[key])
     return paths
+
+
+def uneven_plan(model: str, *, world: int, devices: tuple[tuple[int, ...], tuple[int, ...]]) -> Plan:
+    """A two-stage GPipe plan with stages of different sizes: the split of the (1, 2, 1) Megatron plan,
+    a two-device stage taking the (2, 1, 1) Megatron plan's specs for its nodes."""
+    file, args, batch = MODELS[model]
+    two = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    split = plan_prepared(prepare_model_file(EXAMPLES / file, two, batch_size=batch, model_args=args,
+                                             degrees=(1, 2, 1), schedule="gpipe", microbatches=2), "megatron")  # fmt: skip
+    tensor_parallel = plan_prepared(
+        prepare_model_file(EXAMPLES / file, two, batch_size=batch // 2, model_args=args, degrees=(2, 1, 1)), "megatron"
+    ).stages[0]
+    stages = []
+    for stage, on in zip(split.stages, devices, strict=True):
+        specs = tensor_parallel if len(on) == 2 else None
+        shardings = {n: specs.node_shardings[n] if specs else ("R",) for n in stage.nodes}
+        params = {p: specs.param_placements[p] if specs else ("R",) for p in stage.param_placements}
+        stages.append(replace(stage, devices=on, mesh_shape=(len(on),), node_shardings=shardings,
+                              param_placements=params, explanation=()))  # fmt: skip
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
+    return replace(split, cluster=cluster, stages=tuple(stages))
 
 
 def torchrun(world: int, worker: str, out: Path, plans: list[Path]) -> subprocess.CompletedProcess:
@@ -93,7 +120,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
     return results
 
 
-@pytest.mark.parametrize("world,key", [(world, key) for world in CASES for key in CASES[world]])
+@pytest.mark.parametrize(
+    "world,key", [(world, key) for world in CASES for key in [*CASES[world], *UNEVEN.get(world, {})]]
+)
 def test_parity_with_one_process(runs: dict, world: int, key: str) -> None:
     run = runs[world]
     assert run["parity"] is not None, f"the world-{world} job failed:\n{run['log']}"
