@@ -6,7 +6,8 @@ hands on every value a later stage reads — values skipping a stage pass throug
 also computes the loss (``loss_fn(output, inputs)``, the model inputs it needs being passed along),
 so the schedule's loss function is the identity.
 
-Stages with ``k`` devices each form ``k`` pipeline groups: group ``i`` holds device ``i`` of every
+Stages with ``k`` devices each (stages of different sizes run under
+:mod:`executors.uneven_pipeline`) form ``k`` pipeline groups: group ``i`` holds device ``i`` of every
 stage's mesh, and runs one ``PipelineStage`` per stage with ``ScheduleGPipe`` or ``Schedule1F1B`` and
 the plan's number of microbatches. Inside a stage every rank computes with DTensor on its mesh
 (:mod:`executors.stages`); a boundary value leaves a stage whole (replicated) on every rank, so rank
