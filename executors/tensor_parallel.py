@@ -70,6 +70,10 @@ class StageSharding:
         self.mesh = mesh
         self.strategies = dict(strategies)
         self.outputs = {name: to_placements(spec) for name, spec in node_shardings.items()}
+        self.input_placements = {  # parsed once: the hot path only compares placements
+            name: tuple(to_placements(spec.placements) if spec is not None else None for spec in strategy.inputs)
+            for name, strategy in self.strategies.items()
+        }
         self.device = device
         self.local_nodes: set[str] = set()  # nodes DTensor had no rule for, run on local shards
         self._replicated = (Replicate(),) * mesh.ndim
@@ -102,9 +106,8 @@ class StageSharding:
         return value.redistribute(self.mesh, self._replicated).to_local()
 
     def call_node(self, node: OpNode, tensors: list[Any]) -> Any:
-        strategy = self.strategies.get(node.name)
-        wanted = strategy.inputs if strategy is not None else (None,) * len(tensors)
-        inputs = [self._arrive(tensor, spec) for tensor, spec in zip(tensors, wanted, strict=True)]
+        wanted = self.input_placements.get(node.name) or (None,) * len(tensors)
+        inputs = [self._arrive(tensor, placements) for tensor, placements in zip(tensors, wanted, strict=True)]
         if node.op_name in AVOID_DTENSOR:
             self.local_nodes.add(node.name)
         if node.name in self.local_nodes:
@@ -119,13 +122,12 @@ class StageSharding:
                 result = self._call_local(node, inputs)
         return self._as_planned(node, result)
 
-    def _arrive(self, tensor: Any, spec: Any) -> Any:
+    def _arrive(self, tensor: Any, placements: tuple[Placement, ...] | None) -> Any:
         if not isinstance(tensor, torch.Tensor):
             return tensor
         tensor = self.enter(tensor)
-        if spec is None:
+        if placements is None:
             return tensor
-        placements = to_placements(spec.placements)
         if tuple(tensor.placements) != placements:
             tensor = tensor.redistribute(self.mesh, placements)
         return _GradAsPlanned.apply(tensor) if tensor.requires_grad else tensor
