@@ -1,9 +1,9 @@
 """The ``plan`` command.
 
 ``plan MODEL_FILE --cluster NAME|FILE --batch-size B ...`` plans a model; subcommands
-``profile``, ``calibrate``, ``compare``, ``run`` and ``compile`` stand beside it (later:
-``show``). Every user error is one line on stderr and exit code 2; no output file is written
-unless the whole command succeeded.
+``profile``, ``calibrate``, ``compare``, ``run``, ``compile`` and ``show`` stand beside it.
+Every user error is one line on stderr and exit code 2; no output file is written unless the
+whole command succeeded.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import NoReturn
 from planner.errors import AutoplanError
 from planner.plan import Plan
 
-SUBCOMMANDS = ("profile", "calibrate", "compare", "run", "compile")
+SUBCOMMANDS = ("profile", "calibrate", "compare", "run", "compile", "show")
 EXIT_USAGE = 2
 
 
@@ -41,6 +41,7 @@ data parallelism, with an estimate of step time and memory per device.
   plan compare MODEL_FILE --cluster NAME|FILE --batch-size B     every method, judged by one simulator
   plan run PLAN.json [--steps N] [--check-parity]                 train with the plan on this machine
   plan compile PLAN.json --out DIR                                write DIR/train.py for torchrun
+  plan show PLAN.json [--figure OUT.png] [--json]                 summary, simulated step, figure
 
 A model file defines build_model(**kwargs) -> nn.Module and example_inputs(batch_size) -> tuple
 of tensors (optionally loss_fn(output, inputs)); see examples/. Clusters: local-cpu,
@@ -225,6 +226,10 @@ def _run_subcommand(name: str, args: list[str]) -> int:
         from planner.cli_run import run_compile, run_run
 
         return run_run(args) if name == "run" else run_compile(args)
+    if name == "show":
+        from planner.cli_show import run_show
+
+        return run_show(args)
     from planner.cli_calibrate import run_calibrate
 
     return run_calibrate(args)
