@@ -19,6 +19,12 @@ Compute (:func:`fit_matmul`), from fp32 matmuls of ``f = 2·m³`` FLOPs::
     peak_flops        = max over sizes of f / t        (each t already a median of repeats)
     kernel_overhead_s = max(0, t₀ − f₀ / peak_flops)  (t₀, f₀: the smallest matmul)
 
+The per-operator overhead a training step pays on top of the roofline is the larger of that matmul
+intercept and the measured eager overhead of a tiny operator (``op_overhead`` samples: a chain of
+elementwise operators on a few elements, forward and backward through autograd, seconds per
+operator per pass) — on a CPU the framework's dispatch and autograd bookkeeping, not the kernel,
+sets the floor of every small operator (:func:`fit_calibration`).
+
 Memory (:func:`fit_memory_bandwidth`), from large copies and adds moving ``m`` bytes
 (read + write): ``memory_bandwidth = median of m / t``.
 
@@ -46,6 +52,7 @@ from planner.errors import AutoplanError
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "p2p")
 MEMORY_KINDS = ("memory_copy", "memory_add")
 MATMUL_KIND = "matmul"
+OP_OVERHEAD_KIND = "op_overhead"
 LINK_FIT = "all_reduce"  # the fit that becomes the cluster's links: collectives dominate training traffic
 CALIBRATED_NAME = "local-cpu-calibrated"
 
@@ -217,10 +224,14 @@ def fit_calibration(
         by_kind.setdefault(sample.kind, []).append(sample)
     links = {kind: fit_collective(kind, by_kind[kind]) for kind in COLLECTIVE_KINDS if kind in by_kind}
     memory = [(s.num_bytes, s.seconds) for kind in MEMORY_KINDS for s in by_kind.get(kind, [])]
+    matmul = fit_matmul([(s.flops, s.seconds) for s in by_kind.get(MATMUL_KIND, [])])
+    eager = [s.seconds for s in by_kind.get(OP_OVERHEAD_KIND, [])]
+    if eager:
+        matmul = replace(matmul, kernel_overhead_s=max(matmul.kernel_overhead_s, statistics.median(eager)))
     return CalibrationResult(
         samples=tuple(samples),
         links=links,
-        matmul=fit_matmul([(s.flops, s.seconds) for s in by_kind.get(MATMUL_KIND, [])]),
+        matmul=matmul,
         memory_bandwidth=fit_memory_bandwidth(memory),
         num_processes=num_processes,
         hostname=hostname,

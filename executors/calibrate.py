@@ -4,6 +4,7 @@
 
 * fp32 ``torch.mm`` of ``m×m`` matrices in this process, ``2·m³`` FLOPs each — :func:`_measure_matmul`;
 * large tensor copies (``2·s`` bytes moved) and adds (``3·s``) in this process — :func:`_measure_memory`;
+* the eager overhead of a tiny operator, forward and backward through autograd — :func:`_measure_op_overhead`;
 * between ``num_processes`` spawned gloo processes on 127.0.0.1 (:func:`_worker`, timed on rank 0):
   all-reduce of ``b`` bytes, all-gather into ``b`` bytes, and send/recv ping-pong between ranks 0
   and 1 whose one-way time is half the round trip — :func:`_measure_collectives`.
@@ -156,6 +157,7 @@ def _measure_local(*, quick: bool, repeats: int, report: Callable[[str], None]) 
     torch.set_num_threads(1)
     try:
         samples = _measure_matmul(QUICK_MATMUL_SIZES if quick else MATMUL_SIZES, repeats=repeats, report=report)
+        samples.append(_measure_op_overhead(repeats=repeats, report=report))
         return samples + _measure_memory(QUICK_MEMORY_BYTES if quick else MEMORY_BYTES, repeats=repeats, report=report)
     finally:
         torch.set_num_threads(threads)
@@ -175,6 +177,24 @@ def _matmul_sample(size: int, *, repeats: int) -> Sample:
     inner = _inner_iterations(flops, per_run=2e8)
     seconds = _timed(lambda: torch.mm(left, right, out=out), inner=inner, repeats=repeats)
     return Sample(kind="matmul", num_devices=1, num_bytes=3 * size * size * 4, seconds=seconds, flops=flops)
+
+
+OVERHEAD_CHAIN = 200  # tiny operators per timed run
+
+
+def _measure_op_overhead(*, repeats: int, report: Callable[[str], None]) -> Sample:
+    """Seconds per operator per pass of a chain of tiny elementwise operators through autograd."""
+    leaf = torch.ones(16, requires_grad=True)
+
+    def chain() -> None:
+        value = leaf
+        for _ in range(OVERHEAD_CHAIN):
+            value = value * 1.0001
+        value.sum().backward()
+
+    seconds = _timed(chain, inner=1, repeats=repeats) / (2 * OVERHEAD_CHAIN)
+    report(f"eager operator overhead: {seconds * 1e6:.1f} us per operator per pass")
+    return Sample(kind="op_overhead", num_devices=1, num_bytes=0, seconds=seconds)
 
 
 def _measure_memory(num_bytes: int, *, repeats: int, report: Callable[[str], None]) -> list[Sample]:

@@ -135,6 +135,20 @@ def test_matmul_and_memory_fits() -> None:
     assert fit_memory_bandwidth([(2e8, 0.02), (3e8, 0.03), (1e8, 0.05)]) == pytest.approx(1e10)
 
 
+def test_eager_operator_overhead_raises_the_kernel_overhead() -> None:
+    """A tiny operator costs the framework's dispatch and autograd, not just the matmul intercept."""
+    matmul = [Sample(kind="matmul", num_devices=1, num_bytes=12, seconds=1e-6 + 2 * m**3 / 5e10, flops=2.0 * m**3)
+              for m in (8, 1024)]  # fmt: skip
+    memory = [Sample(kind="memory_copy", num_devices=1, num_bytes=2**28, seconds=2**28 / 8e9)]
+    eager = [Sample(kind="op_overhead", num_devices=1, num_bytes=0, seconds=1.2e-5)]
+    common = {"num_processes": 1, "hostname": "h", "torch_version": "0", "date": "2024-01-01"}
+    without = fit_calibration(matmul + memory, **common)
+    with_eager = fit_calibration(matmul + memory + eager, **common)
+    assert without.matmul.kernel_overhead_s < 1.2e-5
+    assert with_eager.matmul.kernel_overhead_s == pytest.approx(1.2e-5)
+    assert with_eager.matmul.peak_flops == without.matmul.peak_flops
+
+
 def test_to_cluster_uses_measured_figures() -> None:
     result = _synthetic_result()
     base = preset("local-cpu")
@@ -195,7 +209,11 @@ def test_run_calibration_rejects_one_process() -> None:
 def test_quick_calibration_on_two_processes(tmp_path) -> None:
     messages: list[str] = []
     result = run_calibration(num_processes=2, quick=True, progress=messages.append)
-    assert {"matmul", "memory_copy", "all_reduce", "all_gather", "p2p"} <= {s.kind for s in result.samples}
+    assert {"matmul", "op_overhead", "memory_copy", "all_reduce", "all_gather", "p2p"} <= {
+        s.kind for s in result.samples
+    }
+    eager = [s.seconds for s in result.samples if s.kind == "op_overhead"]
+    assert result.matmul.kernel_overhead_s >= max(eager)
     assert all(s.seconds > 0 and math.isfinite(s.seconds) for s in result.samples)
     for link in result.links.values():
         assert link.latency_s >= 0 and math.isfinite(link.latency_s)
