@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from executors.graph_module import call_node_plain
+from executors.graph_module import call_node_plain, compile_node
 from planner.graph import NodeKind, OpNode
 from planner.plan import parse_placement
 from planner.strategies import NodeStrategy
@@ -76,6 +76,7 @@ class StageSharding:
         }
         self.device = device
         self.local_nodes: set[str] = set()  # nodes DTensor had no rule for, run on local shards
+        self._callers: dict[str, Any] = {}  # node name -> its compiled call
         self._replicated = (Replicate(),) * mesh.ndim
 
     def distribute_params(
@@ -114,7 +115,9 @@ class StageSharding:
             result = self._call_local(node, inputs)
         else:
             try:
-                result = call_node_plain(node, inputs, device=self.device)
+                if node.name not in self._callers:
+                    self._callers[node.name] = compile_node(node, device=self.device)
+                result = self._callers[node.name](inputs)
             except NotImplementedError as error:
                 if "sharding strategy" not in str(error):
                     raise
@@ -204,6 +207,7 @@ class SingleDeviceSharding:
 
     def __init__(self, *, device: str = "cpu") -> None:
         self.device = device
+        self._callers: dict[str, Any] = {}  # node name -> its compiled call
 
     def distribute_params(
         self, params: Mapping[str, torch.Tensor], placements: Mapping[str, Sequence[str]]
@@ -221,7 +225,9 @@ class SingleDeviceSharding:
         return value
 
     def call_node(self, node: OpNode, tensors: list[Any]) -> Any:
-        return call_node_plain(node, tensors, device=self.device)
+        if node.name not in self._callers:
+            self._callers[node.name] = compile_node(node, device=self.device)
+        return self._callers[node.name](tensors)
 
     def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
         return None
