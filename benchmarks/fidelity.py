@@ -172,10 +172,13 @@ def draw(rows: dict[str, dict], path: Path) -> None:
     axis.fill_between([0, limit], [0, 0.8 * limit], [0, 1.2 * limit], color="grey", alpha=0.15, label="±20%")
     axis.set(xlabel="measured step (ms)", ylabel="predicted step (ms)", title="Cost-model fidelity, this machine")
     axis.legend(loc="upper left")
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(temporary, dpi=120, bbox_inches="tight")
-    plt.close(figure)
-    os.replace(temporary, path)  # atomic: the old figure or the new one, never half
+    from cost_models.atomic_file import save_figure_atomic
+
+    figure.tight_layout()
+    try:
+        save_figure_atomic(figure, path)
+    finally:
+        plt.close(figure)
 
 
 def main() -> None:

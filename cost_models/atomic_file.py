@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from planner.errors import AutoplanError
 
@@ -21,5 +22,18 @@ def write_text_atomic(path: Path, text: str, *, what: str = "file") -> None:
         os.replace(temp_name, path)
     except OSError as error:
         raise AutoplanError(f"cannot write {what} {path}: {error.strerror or error}") from None
+    finally:
+        Path(temp_name).unlink(missing_ok=True)
+
+
+def save_figure_atomic(figure: Any, path: Path, *, dpi: int = 120) -> None:
+    """Save a matplotlib figure as PNG beside ``path``, then rename it over ``path``; closes nothing."""
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(handle)
+    try:
+        figure.savefig(temp_name, dpi=dpi)
+        os.replace(temp_name, path)
+    except OSError as error:
+        raise AutoplanError(f"cannot write figure {path}: {error.strerror or error}") from None
     finally:
         Path(temp_name).unlink(missing_ok=True)

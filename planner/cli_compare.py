@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from cost_models.atomic_file import save_figure_atomic
 from planner.errors import AutoplanError
 
 GIB = 1024**3
@@ -136,12 +135,7 @@ def draw_comparison(rows, path: Path, *, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.set_xlim(0, max(times, default=1) * 1.25)
     fig.tight_layout()
-    handle, temporary = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(handle)
     try:
-        fig.savefig(temporary, dpi=120)
-        os.replace(temporary, path)
+        save_figure_atomic(fig, path)
     finally:
         plt.close(fig)
-        if os.path.exists(temporary):
-            os.unlink(temporary)

@@ -17,15 +17,13 @@ The PNG is written beside its destination and renamed over it, so a failure leav
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cost_models.atomic_file import save_figure_atomic
 from cost_models.simulator import SimResult, Span
-from planner.errors import AutoplanError
 from planner.plan import Plan, Stage
 
 MAX_DEVICE_ROWS = 32  # more devices than this: one timeline row per stage
@@ -236,13 +234,4 @@ def _title(plan: Plan) -> str:
 
 
 def _save_png(fig, path: Path) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(handle)
-    try:
-        fig.savefig(temporary, dpi=DPI)
-        os.replace(temporary, path)
-    except OSError as error:
-        raise AutoplanError(f"cannot write figure {path}: {error.strerror or error}") from None
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    save_figure_atomic(fig, path, dpi=DPI)

@@ -1,0 +1,339 @@
+"""Plan quality: auto against every baseline on examples × clusters, beside the physical bound.
+
+Each case (an example model at a global batch on 8, 16 or 64 GPUs of p3.16xlarge, dgx-a100 or
+dgx-h100) runs in its own process: the model is prepared once and every method of
+:data:`planner.compare.COMPARE_METHODS` plans on it and is replayed by the one discrete-event
+simulator (:func:`planner.compare.compare`, what ``plan compare`` prints). Per method: the
+simulated step time, model-FLOPs utilisation (model FLOPs of a step ÷ (step × devices × peak)),
+simulated peak memory per device, and search seconds. Per case: the physical bound — the
+model's forward+backward FLOPs of one step ÷ (devices × the device's peak FLOP/s at the training
+dtype), no step can be faster — and auto's speedup over the best hand-written plan (the fastest
+of data-parallel, megatron and uniform-pipeline that fits, by simulated step). Below the table:
+the geometric mean of that speedup over every case where both exist.
+
+    python benchmarks/quality.py [--cases gpt-1.3b@a100x64,...] [--rl-budget-s 10] [--quick]
+                                 [--save]
+
+``--save`` writes ``benchmarks/results/quality-<date>.md`` and the figure
+``benchmarks/results/quality-<date>.png`` (auto vs best hand-written vs bound per case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from results_page import RESULTS, save_table  # noqa: E402
+
+from cost_models.atomic_file import save_figure_atomic  # noqa: E402
+
+CLUSTERS = {"p3": "p3.16xlarge", "a100": "dgx-a100", "h100": "dgx-h100"}
+DEVICES_PER_NODE = 8
+# example -> (model args, global batch) per model label; the batch is the same on every cluster and device count
+MODELS = {
+    "mlp": ("mlp", {"hidden": 4096, "layers": 8}, 1024),
+    "resnet": ("resnet", {"width": 64, "blocks": 2, "stages": 4, "image_size": 64}, 256),
+    "moe": ("moe", {"hidden": 1024, "experts": 8, "layers": 4, "tokens": 256}, 64),
+    "gpt-350m": ("gpt", {"size": "350m"}, 128),
+    "gpt-1.3b": ("gpt", {"size": "1.3b"}, 128),
+    "gpt-6.7b": ("gpt", {"size": "6.7b"}, 128),
+    "gpt-15b": ("gpt", {"size": "15b"}, 128),
+}
+# "model@clusterxGPUs"
+CASES = (
+    "mlp@a100x8",
+    "resnet@p3x8",
+    "moe@h100x8",
+    "gpt-350m@p3x8",
+    "gpt-1.3b@a100x8",
+    "gpt-1.3b@h100x8",
+    "gpt-350m@p3x16",
+    "gpt-1.3b@p3x16",
+    "gpt-1.3b@a100x16",
+    "gpt-6.7b@h100x16",
+    "gpt-350m@p3x64",
+    "gpt-1.3b@h100x64",
+    "gpt-6.7b@p3x64",
+    "gpt-6.7b@a100x64",
+    "gpt-15b@h100x64",
+)
+QUICK = ("mlp@a100x8", "gpt-350m@p3x8")
+HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
+PLACEMENT = ("hash", "critical-path", "multi-objective", "m-etf", "rl")
+GIB = 1024**3
+
+
+def parse_case(case: str) -> tuple[str, dict, int, str, int]:
+    """(example, model args, batch, cluster preset, number of nodes) of ``model@clusterxGPUs``."""
+    model, _, where = case.partition("@")
+    short, _, devices = where.partition("x")
+    if model not in MODELS or short not in CLUSTERS or not devices.isdigit() or int(devices) % DEVICES_PER_NODE:
+        raise SystemExit(f"quality.py: bad case {case!r}: use MODEL@CLUSTERxGPUS, MODEL in {', '.join(MODELS)}, "
+                         f"CLUSTER in {', '.join(CLUSTERS)}, GPUS a multiple of {DEVICES_PER_NODE}")  # fmt: skip
+    example, args, batch = MODELS[model]
+    return example, args, batch, CLUSTERS[short], int(devices) // DEVICES_PER_NODE
+
+
+def worker(case: str, rl_budget_s: float) -> dict:
+    from cost_models.cluster import load_cluster
+    from planner.api import prepare_model_file
+    from planner.compare import compare
+
+    example, args, batch, cluster_name, nodes = parse_case(case)
+    started = time.perf_counter()
+    cluster = load_cluster(cluster_name, num_nodes=nodes, devices_per_node=DEVICES_PER_NODE)
+    prepared = prepare_model_file(ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args,
+                                  rl_budget_s=rl_budget_s)  # fmt: skip
+
+    def progress(method: str) -> None:
+        print(f"  {case}: {method} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    rows = compare(prepared, progress=progress)
+    device = cluster.device
+    dtype = "bfloat16" if device.mixed_precision else "float32"  # the training dtype, as planner.estimate.mfu
+    model_flops = prepared.graph.flops_fwd + prepared.graph.flops_bwd
+    return {
+        "case": case,
+        "batch": batch,
+        "devices": cluster.num_devices,
+        "device": device.name,
+        "dtype": dtype,
+        "params": prepared.graph.num_params,
+        "model_flops": model_flops,
+        "bound_s": model_flops / (cluster.num_devices * device.peak(dtype)),
+        "total_s": time.perf_counter() - started,
+        "rows": [row.to_json() | {"plan": _plan_shape(row.plan)} for row in rows],
+    }
+
+
+def _plan_shape(plan) -> str:
+    if plan is None:
+        return ""
+    if plan.schedule == "dataflow":
+        return f"{len(plan.stages)} dev, m={plan.num_microbatches}"
+    meshes = sorted({"×".join(map(str, stage.mesh_shape)) for stage in plan.stages})
+    return f"{len(plan.stages)}×[{' '.join(meshes)}], m={plan.num_microbatches}"
+
+
+def run(case: str, rl_budget_s: float) -> dict:
+    """The worker's result in a fresh process, with its CPU seconds (the machine may be shared)."""
+    command = [sys.executable, __file__, "--worker", case, "--rl-budget-s", str(rl_budget_s)]
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, cwd=ROOT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return json.loads(result.stdout.strip().splitlines()[-1]) | {
+        "cpu_s": cpu_s,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def best_handwritten(result: dict) -> dict | None:
+    fitting = [r for r in result["rows"] if r["method"] in HANDWRITTEN and r["fits"] and r["step_time_s"]]
+    return min(fitting, key=lambda r: r["step_time_s"], default=None)
+
+
+def auto_row(result: dict) -> dict | None:
+    auto = next(r for r in result["rows"] if r["method"] == "auto")
+    return auto if auto["fits"] and auto["step_time_s"] else None
+
+
+def speedup(result: dict) -> float | None:
+    auto, best = auto_row(result), best_handwritten(result)
+    return best["step_time_s"] / auto["step_time_s"] if auto and best else None
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def _s(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds:.4g}"
+
+
+def summary_table(results: list[dict]) -> str:
+    header = ["case", "GPUs", "batch", "bound s", "auto step s", "auto plan", "auto MFU", "auto GiB/dev",
+              "auto search s", "best hand-written", "its step s", "its MFU", "**speedup**", "best placement",
+              "auto ≤ all", "case s (CPU s)"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * 4 + "---|" + "---:|" * 3 + "---|" + "---:|" * 3
+             + "---|---|---:|"]  # fmt: skip
+    for result in results:
+        auto, best, bound = auto_row(result), best_handwritten(result), result["bound_s"]
+        fitting = [r for r in result["rows"] if r["fits"] and r["step_time_s"] and r["method"] != "auto"]
+        placed = min((r for r in fitting if r["method"] in PLACEMENT), key=lambda r: r["step_time_s"], default=None)
+        ok = auto is not None and all(auto["step_time_s"] <= r["step_time_s"] * (1 + 1e-9) for r in fitting)
+        gain = speedup(result)
+        cells = [
+            result["case"], str(result["devices"]), str(result["batch"]), f"{bound:.4g}",
+            _s(auto and auto["step_time_s"]), auto["plan"] if auto else _no_plan(result, "auto"),
+            f"{bound / auto['step_time_s']:.0%}" if auto else "—",
+            f"{auto['memory_per_device_bytes'] / GIB:.2f}" if auto else "—",
+            f"{auto['search_time_s']:.1f}" if auto else "—",
+            best["method"] if best else "none fits", _s(best and best["step_time_s"]),
+            f"{bound / best['step_time_s']:.0%}" if best else "—",
+            f"**{gain:.3f}×**" if gain else "—",
+            f"{placed['method']} {placed['step_time_s'] / auto['step_time_s']:.2f}×" if placed and auto else "—",
+            "yes" if ok else "**no**", f"{result['wall_s']:.0f} ({result['cpu_s']:.0f})",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _no_plan(result: dict, method: str) -> str:
+    row = next(r for r in result["rows"] if r["method"] == method)
+    return "no plan" if row["step_time_s"] is None else "does not fit"
+
+
+def detail_table(results: list[dict]) -> str:
+    header = ["case", "method", "step s", "× auto", "× bound", "MFU", "GiB/dev", "fits", "search s", "plan"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * 5 + "---|---:|---|"]
+    for result in results:
+        auto, bound = auto_row(result), result["bound_s"]
+        for row in result["rows"]:
+            step = row["step_time_s"]
+            ran = step is not None
+            cells = [
+                result["case"], row["method"] if row["method"] != "auto" else "**auto**", _s(step),
+                f"{step / auto['step_time_s']:.2f}" if ran and auto else "—", f"{step / bound:.2f}" if ran else "—",
+                f"{bound / step:.1%}" if ran else "—",
+                f"{row['memory_per_device_bytes'] / GIB:.2f}" if ran else "—",
+                ("yes" if row["fits"] else "no ✗") if ran else "no plan", f"{row['search_time_s']:.1f}", row["plan"],
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def draw(results: list[dict], path: Path, *, title: str) -> None:
+    """Per case: auto's and the best hand-written plan's simulated step ÷ the physical bound, and the speedup."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
+
+    names = [r["case"] for r in results]
+    x = range(len(results))
+    auto = [(a["step_time_s"] / r["bound_s"]) if (a := auto_row(r)) else math.nan for r in results]
+    hand = [(b["step_time_s"] / r["bound_s"]) if (b := best_handwritten(r)) else math.nan for r in results]
+    gains = [speedup(r) or math.nan for r in results]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(results) + 2), 7.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
+    width = 0.38
+    top.bar([i - width / 2 for i in x], hand, width, color="#a0aec0", label="best hand-written (DP, Megatron, uniform)")
+    top.bar([i + width / 2 for i in x], auto, width, color="#2b6cb0", label="auto")
+    top.axhline(1.0, color="black", linewidth=1.2, label="physical bound (FLOPs ÷ devices × peak)")
+    top.set_yscale("log")
+    top.set_ylabel("simulated step ÷ physical bound")
+    top.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    top.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    top.tick_params(axis="y", which="minor", labelsize=7)
+    fig.suptitle(title, fontsize=10)
+    top.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
+    top.grid(axis="y", which="both", alpha=0.3)
+    bottom.bar(list(x), gains, color="#2f855a")
+    bottom.axhline(1.0, color="black", linewidth=1)
+    valid = [g for g in gains if not math.isnan(g)]
+    bottom.axhline(geomean(valid), color="#2f855a", linestyle="--", linewidth=1,
+                   label=f"geometric mean {geomean(valid):.3f}×")  # fmt: skip
+    bottom.set_ylabel("auto speedup over\nbest hand-written")
+    bottom.set_ylim(min([0.95, *valid]), max([1.05, *valid]) * 1.05)
+    bottom.legend(fontsize=8, loc="upper left")
+    bottom.set_xticks(list(x))
+    bottom.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
+    fig.tight_layout()
+    try:
+        save_figure_atomic(fig, path)
+    finally:
+        plt.close(fig)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated MODEL@CLUSTERxGPUS")
+    parser.add_argument("--rl-budget-s", type=float, default=10.0, help="RL baseline's training seconds per case")
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {', '.join(QUICK)} with RL for 2 s")
+    parser.add_argument("--save", action="store_true", help="write the tables and the figure to benchmarks/results/")
+    options = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    if options.worker:
+        print(json.dumps(worker(options.worker, options.rl_budget_s)))
+        return
+    cases = list(QUICK) if options.quick else options.cases.split(",")
+    rl_budget_s = 2.0 if options.quick else options.rl_budget_s
+    for case in cases:
+        parse_case(case)
+    started = time.perf_counter()
+    results = []
+    for number, case in enumerate(cases, 1):
+        print(f"[{number}/{len(cases)}] {case} ({time.perf_counter() - started:.0f} s so far)", file=sys.stderr,
+              flush=True)  # fmt: skip
+        results.append(run(case, rl_budget_s))
+        print(summary_table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    wall_s = time.perf_counter() - started
+    gains = [g for r in results if (g := speedup(r))]
+    summary = summary_table(results)
+    footer = (
+        f"Geometric-mean speedup of auto over the best hand-written plan: **{geomean(gains):.3f}×** over "
+        f"{len(gains)} case(s) (min {min(gains, default=math.nan):.3f}×, max {max(gains, default=math.nan):.3f}×). "
+        f"Wall time of the run: {wall_s:.0f} s."
+    )
+    print(summary + "\n\n" + footer)
+    if options.save:
+        _save(results, summary, footer, rl_budget_s)
+
+
+def _save(results: list[dict], summary: str, footer: str, rl_budget_s: float) -> None:
+    today = datetime.date.today().isoformat()
+    figure = RESULTS / f"quality-{today}.png"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    draw(results, figure, title="auto vs the best hand-written plan vs the physical bound (simulated)")
+    notes = "\n".join(
+        f"- {result['case']} {row['method']}: {row['note']}" for result in results for row in result["rows"]
+        if row["note"] and (row["method"] in ("auto", *HANDWRITTEN) or not row["fits"])
+    )  # fmt: skip
+    models = "; ".join(f"{name}: {example}.py {json.dumps(args)}, batch {batch}"
+                       for name, (example, args, batch) in MODELS.items())  # fmt: skip
+    description = (
+        "Every method plans the same prepared model (`planner.compare.compare`, what `plan compare` runs) and every "
+        "plan is replayed by the discrete-event simulator (`cost_models/simulator.py`): step times are simulated, "
+        "memory is the simulated peak of the fullest device. Roofline costs, adam-mixed (bf16 compute), 8 GPUs per "
+        f"node. Models (`--model-arg`s and global batch): {models}.\n\n"
+        "*bound s* is the physical bound: model forward+backward FLOPs of one step ÷ (GPUs × peak bf16 FLOP/s); no "
+        "plan can step faster. *MFU* = bound ÷ simulated step (model FLOPs only: recomputation is not counted). "
+        "*Best hand-written* is the fastest plan that fits among data-parallel, megatron (best (t, p, d) grid "
+        "point) and uniform-pipeline; *speedup* = its simulated step ÷ auto's. *Best placement* is the fastest "
+        "device-placement baseline (hash, critical-path, multi-objective, m-etf, rl) as a multiple of auto's step. "
+        "*auto ≤ all*: auto is at least as fast as every method whose plan fits. *auto search s* includes capture "
+        "and cost setup; megatron and uniform-pipeline come out of the same search and report the same seconds. "
+        f"RL trains for {rl_budget_s:g} s per case (every case, 64 GPUs included). *case s (CPU s)*: wall seconds of "
+        "the case's process (all methods) and its CPU seconds; this machine's 2 cores were shared with other jobs, "
+        "so wall (and search) seconds exceed what an idle machine takes.\n\n" + footer
+    )
+    tables = (
+        summary + "\n\n![auto vs best hand-written vs bound](" + figure.name + ")\n\n"
+        "## Every method, every case\n\n"
+        "*× auto*: simulated step ÷ auto's; *× bound*: ÷ the physical bound; ✗: the simulated peak exceeds the "
+        "device's memory (the step is shown but the plan is not counted); *plan*: stages×[meshes] and microbatches "
+        "(placement baselines: devices holding operators).\n\n" + detail_table(results)
+        + "\n\nNotes the comparison printed: every method with no plan or a plan that does not fit, and where the "
+        "estimate of auto or a hand-written plan differs from the simulation by more than 10%, why:\n\n" + (notes or "- none")
+    )  # fmt: skip
+    command = "python benchmarks/quality.py " + " ".join(sys.argv[1:])
+    save_table("quality", title="Plan quality: auto against every baseline", command=command,
+               description=description, table=tables)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
