@@ -1,30 +1,24 @@
 """Cost-model fidelity: each plan's predicted step time against the step measured when it runs.
 
-For world sizes 2 and 4 on this machine, with the cluster file ``plan calibrate`` writes (measured
-here first unless ``--cluster`` names one), every case below is planned, then run by our executors
-(``executors.runner.make_runner``, as ``plan run`` does) in one torchrun job per world size: three
-warm-up steps, then the median of ``--steps`` timed steps (a barrier before each; SGD). The
-prediction is the plan's estimate and the simulator's replay of the plan. Reported: per-plan
-error ``(predicted − measured) / measured``, the mean absolute percentage error and Spearman's
-rank correlation over all plans. Targets (issue 7): Spearman ≥ 0.9, error ≤ 20%.
+For world sizes 2 and 4 on this machine, each with the cluster file ``plan calibrate --processes N``
+writes (``benchmarks/results/cluster-local-N.json``; measured first when missing or with
+``--calibrate``), every case below is planned for the optimizer it runs with (SGD), then run by our
+executors (``executors.step_timing``, as ``plan run`` builds them) in one torchrun job per world
+size: three warm-up steps, then the median of ``--steps`` timed steps (a barrier before each, the
+slowest rank). The prediction is the plan's estimate and the simulator's replay of the plan.
+Reported: per-plan error ``(predicted − measured) / measured``, the mean absolute percentage
+error and Spearman's rank correlation over all plans. Targets (issue 7): Spearman ≥ 0.9, error ≤ 20%.
 
-With more processes than cores each process gets ``cores / processes`` of a core, so the
-calibrated device (one process alone) is scaled by that share (:func:`shared_cores`).
-
-    python benchmarks/fidelity.py [--cluster FILE] [--steps 10] [--save]
+    python benchmarks/fidelity.py [--calibrate] [--steps 10] [--only CASE ...] [--worlds 2 4] [--save]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,34 +41,26 @@ CASES = {
 }
 
 
-def shared_cores(cluster, *, processes: int, cores: int):
-    """The cluster as ``processes`` devices on ``cores`` cores: each device gets a share of a core."""
-    share = min(1.0, cores / processes)
-    device = cluster.device
-    scaled = replace(device, peak_flops={k: v * share for k, v in device.peak_flops.items()},
-                     memory_bandwidth=device.memory_bandwidth * share)  # fmt: skip
-    return replace(cluster, device=scaled)
-
-
 def _degrees(kind: str, world: int) -> tuple[int, int, int]:
     return (world, 1, 1) if kind == "tensor" else (1, 2, world // 2)
 
 
-def make_plans(cluster_file: Path, world: int, directory: Path) -> dict[str, dict]:
+def make_plans(cluster_file: Path, world: int, directory: Path, *, only: list[str] | None = None) -> dict[str, dict]:
     from cost_models.cluster import load_cluster
     from planner.api import plan_prepared, prepare_model_file
     from planner.lowering import simulate_plan
     from planner.plan import save_plan
 
-    cluster = shared_cores(load_cluster(str(cluster_file), num_nodes=1, devices_per_node=world),
-                           processes=world, cores=os.cpu_count() or 1)  # fmt: skip
+    cluster = load_cluster(str(cluster_file), num_nodes=1, devices_per_node=world)
     rows = {}
     for name, (example, args, batch, method, options) in CASES.items():
+        if only and name not in only:
+            continue
         options = dict(options)
         if "degrees" in options:
             options["degrees"] = _degrees(options["degrees"], world)
         prepared = prepare_model_file(ROOT / "examples" / f"{example}.py", cluster, batch_size=batch,
-                                      model_args=args, **options)  # fmt: skip
+                                      model_args=args, optimizer="sgd", **options)  # fmt: skip
         plan = plan_prepared(prepared, method)
         graph = prepared.graphs.at(batch // plan.num_microbatches)
         simulated = simulate_plan(plan, graph, prepared.setup).step_time_s
@@ -85,54 +71,10 @@ def make_plans(cluster_file: Path, world: int, directory: Path) -> dict[str, dic
     return rows
 
 
-def rank_worker(out: str, steps: int, plans: list[str]) -> None:
-    """Inside torchrun: time every plan; rank 0 writes {plan: median seconds}."""
-    import torch
-    import torch.distributed as dist
-
-    from executors.program import RunOptions
-    from executors.runner import make_runner
-    from executors.session import init_distributed, load_workload
-    from planner.plan import load_plan
-
-    init_distributed(backend="gloo", timeout_s=300)
-    measured = {}
-    for path in plans:
-        plan = load_plan(path)
-        workload = load_workload(plan, seed=0, device="cpu")
-        model, inputs = workload.build()
-        runner = make_runner(plan, workload, model)
-        params = list(dict.fromkeys(runner.parameters()))
-        optimizer = RunOptions().make_optimizer(params) if params else None
-        times = []
-        for step in range(3 + steps):
-            dist.barrier()
-            started = time.perf_counter()
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-            runner.step(inputs)
-            if optimizer is not None:
-                optimizer.step()
-            elapsed = torch.tensor(time.perf_counter() - started)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step ends when the slowest rank does
-            if step >= 3:
-                times.append(float(elapsed))
-        measured[path] = statistics.median(times)
-    if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(measured))
-    dist.destroy_process_group()
-
-
 def measure(world: int, plans: list[str], *, steps: int, directory: Path) -> dict[str, float]:
-    from executors.launch import free_port
+    from executors.step_timing import run_timing
 
-    out = directory / f"measured-w{world}.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
-               str(free_port()), __file__, "--rank-worker", str(out), str(steps), *plans]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if done.returncode:
-        sys.exit(f"world {world} failed:\n{done.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    return run_timing(plans, world=world, steps=steps, out=directory / f"measured-w{world}.json")
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -150,11 +92,16 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var if var else 0.0
 
 
-def calibrate(path: Path) -> Path:
+def cluster_file(world: int, *, recalibrate: bool) -> Path:
+    """``plan calibrate --processes world`` for this machine, measured now when missing or asked for."""
     from executors.calibrate import run_calibration, write_cluster_file
 
-    result = run_calibration(num_processes=2, progress=lambda message: print(message, file=sys.stderr))
-    return write_cluster_file(result, path)
+    path = RESULTS / f"cluster-local-{world}.json"
+    if recalibrate or not path.exists():
+        print(f"calibrating {world} processes -> {path}", file=sys.stderr)
+        result = run_calibration(num_processes=world, probe_steps=10, progress=lambda m: print(m, file=sys.stderr))
+        write_cluster_file(result, path)
+    return path
 
 
 def draw(rows: dict[str, dict], path: Path) -> None:
@@ -183,15 +130,17 @@ def draw(rows: dict[str, dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cluster", type=Path, help="cluster file from `plan calibrate` (default: measure now)")
+    parser.add_argument("--calibrate", action="store_true", help="re-measure the cluster files (plan calibrate)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per plan (after 3 warm-up steps)")
     parser.add_argument("--save", action="store_true", help="write the table and figure to benchmarks/results/")
+    parser.add_argument("--only", nargs="+", choices=sorted(CASES), help="run only these cases (default: all)")
+    parser.add_argument("--worlds", nargs="+", type=int, default=[2, 4], choices=[2, 4], help="world sizes to run")
     args = parser.parse_args()
-    cluster = args.cluster or calibrate(RESULTS / "cluster-local.json")
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as directory:
-        for world in (2, 4):
-            planned = make_plans(cluster, world, Path(directory))
+        for world in args.worlds:
+            cluster = cluster_file(world, recalibrate=args.calibrate)
+            planned = make_plans(cluster, world, Path(directory), only=args.only)
             print(f"world {world}: {len(planned)} plans, running...", file=sys.stderr)
             measured = measure(
                 world, [r["path"] for r in planned.values()], steps=args.steps, directory=Path(directory)
@@ -201,15 +150,15 @@ def main() -> None:
     table, summary = report(rows)
     print(table + "\n\n" + summary)
     if args.save:
-        command = f"python benchmarks/fidelity.py --cluster {cluster.relative_to(ROOT) if cluster.is_relative_to(ROOT) else cluster} --save"
+        command = "python benchmarks/fidelity.py --calibrate --save"
         save_table("fidelity", title="Cost-model fidelity: predicted against measured step time", command=command,
                    description=DESCRIPTION + "\n\n" + summary, table=table)  # fmt: skip
         draw(rows, RESULTS / f"fidelity-{time.strftime('%Y-%m-%d')}.png")
 
 
 DESCRIPTION = (
-    "Each plan made on the calibrated cluster (devices scaled to their share of the cores), run by the executors "
-    "with gloo: median of the timed steps after 3 warm-up steps, slowest rank. *estimate*: the plan's estimate; "
+    "Each plan made on the cluster file `plan calibrate --processes N` wrote for its world size N (compute measured "
+    "with all N processes running; executor overheads fitted on probe plans), run by the executors with gloo: median of the timed steps after 3 warm-up steps, slowest rank. *estimate*: the plan's estimate; "
     "*simulated*: the discrete-event replay of the plan; error = (estimate − measured) / measured."
 )
 
@@ -235,7 +184,4 @@ def report(rows: dict[str, dict]) -> tuple[str, str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--rank-worker":
-        rank_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
-    else:
-        main()
+    main()

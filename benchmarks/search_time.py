@@ -6,6 +6,8 @@ intra-op (layer tables), stage DP (with the hand-written grid), pricing, end to 
 number of layer problems; the plan (stages, microbatches, step time, MFU) and, beside it, the
 best data-parallel, Megatron ``(t, p, d)`` and uniform-pipeline plans under the same cost
 model. Target (issue 4): GPT 39b on 64 GPUs in at most 60 s end to end on this machine.
+With ``--save`` it also draws search seconds against model size, one line per cluster and GPU
+count (:func:`draw`); ``--draw-from FILE.md`` redraws that figure from a saved table.
 
     python benchmarks/search_time.py [--sizes 350m,39b] [--clusters dgx-a100] [--devices 8,64]
                                      [--batch-size 256] [--save]
@@ -24,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from results_page import save_table  # noqa: E402
+from results_page import RESULTS, save_table  # noqa: E402
 
 SIZES = ("350m", "1.3b", "6.7b", "39b")
 CLUSTERS = ("p3.16xlarge", "dgx-a100")
@@ -96,6 +98,48 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+PARAMS_B = {"350m": 0.35, "1.3b": 1.3, "6.7b": 6.7, "39b": 39.0}
+
+
+def draw(rows: list[dict], path: Path) -> None:
+    """End-to-end search seconds against GPT size (log scale), one line per cluster × GPU count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cost_models.atomic_file import save_figure_atomic
+
+    figure, axis = plt.subplots(figsize=(6.5, 4.5))
+    for cluster in dict.fromkeys(r["cluster"] for r in rows):
+        for devices in sorted({r["devices"] for r in rows if r["cluster"] == cluster}):
+            found = [r for r in rows if r["cluster"] == cluster and r["devices"] == devices and "error" not in r]
+            if found:
+                sizes = [PARAMS_B.get(r["size"], float("nan")) for r in found]
+                axis.plot(sizes, [r["total_s"] for r in found], marker="o", label=f"{cluster}, {devices} GPUs")
+    axis.axhline(60, color="grey", linestyle="--", label="target: 60 s")
+    axis.set(xscale="log", xlabel="GPT parameters (billions)", ylabel="auto search, end to end (s)",
+             title="Search time against model size (plans that fit)")  # fmt: skip
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    try:
+        save_figure_atomic(figure, path)
+    finally:
+        plt.close(figure)
+
+
+def rows_from_table(path: Path) -> list[dict]:
+    """The rows of a table this script saved: size, cluster, GPUs, total seconds (errors marked)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 8 or cells[0] not in PARAMS_B:
+            continue
+        row = {"size": cells[0], "cluster": cells[1], "devices": int(cells[2]), "total_s": float(cells[7].strip("*"))}
+        rows.append(row if cells[3] else {**row, "error": "does not fit"})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -103,8 +147,14 @@ def main() -> None:
     parser.add_argument("--clusters", default=",".join(CLUSTERS))
     parser.add_argument("--devices", default=",".join(map(str, DEVICES)))
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--save", action="store_true", help="write the table to benchmarks/results/")
+    parser.add_argument("--save", action="store_true", help="write the table and figure to benchmarks/results/")
+    parser.add_argument("--draw-from", type=Path, metavar="FILE.md", help="only redraw the figure of a saved table")
     options = parser.parse_args()
+    if options.draw_from:
+        figure = options.draw_from.with_suffix(".png")
+        draw(rows_from_table(options.draw_from), figure)
+        print(f"wrote {figure}")
+        return
     sys.path.insert(0, str(ROOT))
     if options.worker:
         size, cluster, devices = options.worker.split(",")
@@ -126,6 +176,7 @@ def main() -> None:
             "meta, two exports, search). Step times of the hand-written plans are exact prices under the same model."
         )
         save_table("search_time", title="Auto-plan search time", command=command, description=description, table=text)
+        draw(rows, RESULTS / f"search_time-{time.strftime('%Y-%m-%d')}.png")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ import numpy as np
 
 from cost_models.cluster import Cluster, Link, preset
 from cost_models.communication import all_gather_s, all_reduce_s, p2p_s
+from cost_models.runtime_fit import RuntimeFit, apply_runtime
 from planner.errors import AutoplanError
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "p2p")
@@ -173,6 +174,7 @@ class CalibrationResult:
     hostname: str
     torch_version: str
     date: str
+    runtime: RuntimeFit | None = None  # the executors' host overheads, fitted on probe plans
 
     def to_cluster(self, base: Cluster | None = None) -> Cluster:
         """``base`` (the ``local-cpu`` preset by default) with the measured figures."""
@@ -189,9 +191,9 @@ class CalibrationResult:
             kernel_overhead_s=self.matmul.kernel_overhead_s,
         )
         link = self.links[LINK_FIT]
-        return replace(
-            base, name=CALIBRATED_NAME, device=device, intra_node=link, inter_node=link, source="calibration"
-        )
+        cluster = replace(base, name=CALIBRATED_NAME, num_nodes=1, devices_per_node=self.num_processes, device=device,
+                          intra_node=link, inter_node=link, source="calibration")  # fmt: skip
+        return apply_runtime(cluster, self.runtime.values) if self.runtime is not None else cluster
 
     def to_json(self, base: Cluster | None = None) -> dict[str, Any]:
         """The cluster-file fields of :meth:`to_cluster` plus a ``calibration`` section."""
@@ -212,6 +214,8 @@ class CalibrationResult:
             },
             "samples": [sample.to_json() for sample in self.samples],
         }
+        if self.runtime is not None:
+            data["calibration"]["runtime"] = self.runtime.to_json()
         return data
 
 

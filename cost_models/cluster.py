@@ -37,12 +37,21 @@ class DeviceSpec:
     memory_efficiency: float = 0.8
     kernel_overhead_s: float = 5e-6
     mixed_precision: bool = True
+    # Host-side runtime overheads of our executors (0 on the presets; ``plan calibrate`` fits them, see
+    # cost_models/runtime_fit.py): per operator per pass on a multi-device stage (DTensor dispatch and
+    # redistribution checks), and per pipeline stage per microbatch (schedule actions, P2P bookkeeping).
+    sharded_op_overhead_s: float = 0.0
+    microbatch_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0  # once per training step (optimizer launch, zeroing, process sync)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; the training dtype (bf16 or fp32) when unknown."""
         if dtype in self.peak_flops:
             return self.peak_flops[dtype]
         return self.peak_flops["bfloat16" if self.mixed_precision else "float32"]
+
+
+RUNTIME_FIELDS = ("sharded_op_overhead_s", "microbatch_overhead_s", "step_overhead_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +111,9 @@ class Cluster:
                 "compute_efficiency": self.device.compute_efficiency,
                 "memory_efficiency": self.device.memory_efficiency,
                 "kernel_overhead_s": self.device.kernel_overhead_s,
+                "sharded_op_overhead_s": self.device.sharded_op_overhead_s,
+                "microbatch_overhead_s": self.device.microbatch_overhead_s,
+                "step_overhead_s": self.device.step_overhead_s,
                 "mixed_precision": self.device.mixed_precision,
             },
             "intra_node": {"bandwidth": self.intra_node.bandwidth, "latency_s": self.intra_node.latency_s},
@@ -258,6 +270,7 @@ def _parse_cluster(data: Any, *, source: str) -> Cluster:
             compute_efficiency=_number(device, "compute_efficiency", f"{where}: device", default=0.6),
             memory_efficiency=_number(device, "memory_efficiency", f"{where}: device", default=0.8),
             kernel_overhead_s=_number(device, "kernel_overhead_s", f"{where}: device", default=5e-6, allow_zero=True),
+            **{key: _number(device, key, f"{where}: device", default=0.0, allow_zero=True) for key in RUNTIME_FIELDS},
             mixed_precision=bool(device.get("mixed_precision", True)),
         ),
         intra_node=_link(data, "intra_node", where),

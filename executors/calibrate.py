@@ -2,10 +2,14 @@
 
 :func:`run_calibration` measures, with one thread per process (one process per device):
 
-* fp32 ``torch.mm`` of ``m×m`` matrices in this process, ``2·m³`` FLOPs each — :func:`_measure_matmul`;
-* large tensor copies (``2·s`` bytes moved) and adds (``3·s``) in this process — :func:`_measure_memory`;
-* the eager overhead of a tiny operator, forward and backward through autograd — :func:`_measure_op_overhead`;
-* between ``num_processes`` spawned gloo processes on 127.0.0.1 (:func:`_worker`, timed on rank 0):
+* in every one of ``num_processes`` spawned gloo processes on 127.0.0.1 at once (:func:`_worker`; rank 0's
+  figures are kept), so a device is what one process gets while all of them run — with more processes
+  than cores each gets its share:
+
+  * fp32 ``torch.mm`` of ``m×m`` matrices, ``2·m³`` FLOPs each — :func:`_measure_matmul`;
+  * large tensor copies (``2·s`` bytes moved) and adds (``3·s``) — :func:`_measure_memory`;
+  * the eager overhead of a tiny operator, forward and backward through autograd — :func:`_measure_op_overhead`;
+* then between the same processes (timed on rank 0):
   all-reduce of ``b`` bytes, all-gather into ``b`` bytes, and send/recv ping-pong between ranks 0
   and 1 whose one-way time is half the round trip — :func:`_measure_collectives`.
 
@@ -28,7 +32,7 @@ import statistics
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -63,6 +67,7 @@ class _WorkerPlan:
     port: int
     sizes_bytes: tuple[int, ...]
     repeats: int
+    quick: bool = False
 
 
 def run_calibration(
@@ -73,17 +78,18 @@ def run_calibration(
     quick: bool = False,
     progress: Callable[[str], None] | None = None,
     timeout_s: float = 300.0,
+    probe_steps: int = 0,
 ) -> CalibrationResult:
-    """Measure compute, memory and gloo collectives on this machine and fit them."""
+    """Measure compute, memory and gloo collectives on this machine and fit them; with ``probe_steps``
+    > 0 also run the runtime probes (:mod:`executors.calibrate_runtime`) and fit the host overheads."""
     sizes = tuple(sizes_bytes) if sizes_bytes is not None else (QUICK_SIZES_BYTES if quick else DEFAULT_SIZES_BYTES)
     repeats = repeats if repeats is not None else (QUICK_REPEATS if quick else DEFAULT_REPEATS)
     _check_options(num_processes=num_processes, sizes_bytes=sizes, repeats=repeats)
     report = progress if progress is not None else _ignore
     _report_load(report)
-    samples = _measure_local(quick=quick, repeats=repeats, report=report)
-    plan = _WorkerPlan(num_processes=num_processes, port=_free_port(), sizes_bytes=sizes, repeats=repeats)
-    report(f"collectives: {num_processes} gloo processes on {HOST}:{plan.port}, {len(sizes)} sizes")
-    samples += _run_workers(plan, report=report, timeout_s=timeout_s)
+    plan = _WorkerPlan(num_processes=num_processes, port=_free_port(), sizes_bytes=sizes, repeats=repeats, quick=quick)
+    report(f"{num_processes} gloo processes on {HOST}:{plan.port}: compute in every process at once, then collectives")
+    samples = _run_workers(plan, report=report, timeout_s=timeout_s)
     result = fit_calibration(
         samples,
         num_processes=num_processes,
@@ -93,6 +99,12 @@ def run_calibration(
     )
     for kind, link in result.links.items():
         report(f"fit {kind}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s")
+    if probe_steps > 0:
+        from executors.calibrate_runtime import fit_runtime_overheads
+
+        runtime = fit_runtime_overheads(result.to_cluster(), world=num_processes, steps=probe_steps, report=report)
+        result = replace(result, runtime=runtime)
+        report("fit runtime: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in runtime.values.items()))
     report(
         f"fit compute: {result.matmul.peak_flops / 1e9:.1f} GFLOP/s, "
         f"kernel overhead {result.matmul.kernel_overhead_s * 1e6:.1f} us, "
@@ -225,15 +237,15 @@ def _run_workers(plan: _WorkerPlan, *, report: Callable[[str], None], timeout_s:
     finally:
         _stop(processes)
     return [
-        Sample(kind=kind, num_devices=num_devices, num_bytes=num_bytes, seconds=seconds)
-        for kind, num_devices, num_bytes, seconds in rows
+        Sample(kind=kind, num_devices=num_devices, num_bytes=num_bytes, seconds=seconds, flops=flops)
+        for kind, num_devices, num_bytes, seconds, flops in rows
     ]
 
 
 def _collect(
     processes: list[Any], messages: Any, *, report: Callable[[str], None], deadline: float
-) -> list[tuple[str, int, int, float]]:
-    done: dict[int, list[tuple[str, int, int, float]]] = {}
+) -> list[tuple[str, int, int, float, float]]:
+    done: dict[int, list[tuple[str, int, int, float, float]]] = {}
     while len(done) < len(processes):
         if time.monotonic() > deadline:
             raise AutoplanError("calibration timed out waiting for its processes: retry with fewer sizes or repeats")
@@ -278,7 +290,10 @@ def _worker(rank: int, plan: _WorkerPlan, messages: Any) -> None:
             "gloo", rank=rank, world_size=plan.num_processes, timeout=timedelta(seconds=INIT_TIMEOUT_S)
         )
         try:
-            rows = _measure_collectives(rank, plan, messages)
+            dist.barrier()  # every process measures its compute at the same time: devices share the cores
+            local = _measure_local(quick=plan.quick, repeats=plan.repeats, report=_relay(rank, messages))
+            rows = [(s.kind, s.num_devices, s.num_bytes, s.seconds, s.flops) for s in local if rank == 0]
+            rows += _measure_collectives(rank, plan, messages)
         finally:
             dist.destroy_process_group()
         messages.put(("done", rank, rows))
@@ -287,7 +302,17 @@ def _worker(rank: int, plan: _WorkerPlan, messages: Any) -> None:
         messages.put(("error", rank, detail))
 
 
-def _measure_collectives(rank: int, plan: _WorkerPlan, messages: Any) -> list[tuple[str, int, int, float]]:
+def _relay(rank: int, messages: Any) -> Callable[[str], None]:
+    """Rank 0's progress lines go to the parent; the other ranks measure quietly."""
+
+    def report(message: str) -> None:
+        if rank == 0:
+            messages.put(("progress", rank, message))
+
+    return report
+
+
+def _measure_collectives(rank: int, plan: _WorkerPlan, messages: Any) -> list[tuple[str, int, int, float, float]]:
     warm = torch.ones(max(1, KIB // 4))
     for _ in range(GROUP_WARMUP):  # the first collectives after start-up run several times slower
         dist.barrier()
@@ -295,7 +320,7 @@ def _measure_collectives(rank: int, plan: _WorkerPlan, messages: Any) -> list[tu
     rows = []
     for size in plan.sizes_bytes:
         for kind, num_devices, num_bytes, seconds in _measure_size(rank, plan, size):
-            rows.append((kind, num_devices, num_bytes, seconds))
+            rows.append((kind, num_devices, num_bytes, seconds, 0.0))
             if rank == 0:
                 messages.put(("progress", rank, f"{kind} {_size_text(num_bytes)}: {seconds * 1e6:.1f} us"))
     return rows if rank == 0 else []

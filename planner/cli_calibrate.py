@@ -17,14 +17,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = UsageParser(
         prog="plan calibrate",
         description=(
-            "Measure this machine: fp32 matmul throughput and memory bandwidth of one process, and gloo all-reduce, "
-            "all-gather and point-to-point latency and bandwidth between local processes at several sizes. Writes a "
-            "cluster file for --cluster FILE. Run it on an idle machine: other load slows the measurements."
+            "Measure this machine as N local devices (one process each, all running at once): fp32 matmul "
+            "throughput and memory bandwidth of a process, gloo all-reduce, all-gather and point-to-point latency "
+            "and bandwidth between the processes at several sizes, and then the host overheads of our executors "
+            "(per operator, per sharded operator, per pipeline microbatch, per step, per message), fitted on small "
+            "probe plans run for real. Writes a cluster file for --cluster FILE. Calibrate with as many processes "
+            "as the plans will run on (--processes 4 for 4 local ranks). Run it on an idle machine."
         ),
     )
     parser.add_argument("--out", default="cluster.json", metavar="FILE", help="cluster file to write (.json or .toml)")
     parser.add_argument("--processes", type=int, default=2, metavar="N", help="local processes to measure between")
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about 10 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, repeats and probe steps")
+    parser.add_argument("--no-probes", action="store_true", help="skip the executor probes (keeps raw figures only)")
     return parser
 
 
@@ -37,7 +41,9 @@ def run_calibrate(argv: Sequence[str]) -> int:
     def progress(message: str) -> None:
         sys.stderr.write(f"{message}\n")
 
-    result = run_calibration(num_processes=options.processes, quick=options.quick, progress=progress)
+    probe_steps = 0 if options.no_probes else (3 if options.quick else 10)
+    result = run_calibration(num_processes=options.processes, quick=options.quick, progress=progress,
+                             probe_steps=probe_steps)  # fmt: skip
     path = write_cluster_file(result, options.out)
     cluster = result.to_cluster()
     print(

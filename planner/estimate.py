@@ -2,10 +2,11 @@
 
 A single-stage plan over ``d`` data-parallel devices (:func:`data_parallel_estimate`)::
 
-    step_time_s  = compute_s + grad_sync_s + optimizer_s
+    step_time_s  = compute_s + grad_sync_s + optimizer_s + step_overhead_s
     compute_s    = Σ_v  t_v(fwd + bwd) scaled by 1/d for batch-carrying nodes   (compute.py)
     grad_sync_s  = Σ_params bucketed all-reduce(gradient bytes, d devices, slowest link) (communication.py)
     optimizer_s  = num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth
+    step_overhead_s = the device's calibrated host work once per step (every plan pays it)
     memory_bytes = model state (memory.py, by optimizer) + saved activations / d
                    + the largest operator output / d (working memory of the biggest kernel)
 
@@ -93,7 +94,7 @@ def data_parallel_estimate(graph: OpGraph, setup: CostSetup, *, devices: tuple[i
         bucketed_all_reduce_s(p.meta.numel * per_param.grads, num_devices=num_devices, link=link) for p in graph.params
     )
     optimizer = optimizer_step_s(graph.num_params, setup)
-    step = compute + grad_sync + optimizer
+    step = compute + grad_sync + optimizer + setup.cluster.device.step_overhead_s
     memory = model_state_bytes(graph.num_params, optimizer=setup.optimizer) + activation_bytes(
         graph, setup, num_batch_shards=num_devices
     )

@@ -5,14 +5,17 @@ For every node v with strategies S_v (:func:`planner.op_rules.enumerate_strategi
 
     Σ_v  w_v · [ t_v(fwd+bwd) / shards_v(s)                 compute   — cost_models.compute
                + comm_v(s)                                   own collectives — NodeStrategy.comm_s
-               + (grad_sync_v(s) + optimizer_v(s)) / m ]     once per step, amortised over m microbatches
+               + h · passes_v                                 sharded dispatch — sharded_dispatch_s
+               + (grad_sync_v(s) + optimizer_v(s) + h · params_v) / m ]   once per step, over m microbatches
     + Σ_(u→v)  w_uv · reshard(out_u(s_u) → in_v(s_v))          edges — planner.sharding.reshard_s
 
 subject to  Σ_v w_v · mem_v(s) ≤ memory budget, where mem_v is the model state of v's
 parameters at their shard counts (16 B/param for mixed-precision Adam; with ``zero`` the
 optimizer state and gradients are also split over the axes the gradient syncs over) plus v's
 output if it is kept for backward, at its local size. ``optimizer_v`` is the memory-bound Adam
-update of v's local parameters (:func:`planner.estimate.optimizer_step_s`).
+update of v's local parameters (:func:`planner.estimate.optimizer_step_s`). ``h`` is the device's
+calibrated ``sharded_op_overhead_s`` on a mesh of more than one device (the executor runs such
+stages on DTensors), 0 on one device; ``passes_v`` is 2 when v has floating inputs, else 1.
 
 Identical layers (:func:`planner.layers.collapse_identical_layers`) share one variable per
 position: ``w_v`` counts the copies, so the ILP does not grow with the number of layers.
@@ -103,14 +106,21 @@ def _node_cost(
             numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=zero_shards, state_shards=zero_shards
         )
         local_params += numel / zero_shards
-    step_s = strategy.grad_sync_s + optimizer_step_s(local_params, setup)
+    dispatch_s = sharded_dispatch_s(setup, mesh=mesh)
+    step_s = strategy.grad_sync_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
+    passes = 2 if any(meta.is_floating for meta in node.input_metas) else 1
     return NodeCost(
-        compute_s=graph_time.total_s,
+        compute_s=graph_time.total_s + dispatch_s * passes,
         comm_s=strategy.comm_s,
         step_s=step_s,
         state_bytes=state,
         activation_bytes=activation,
     )
+
+
+def sharded_dispatch_s(setup: CostSetup, *, mesh: StageMesh) -> float:
+    """Host time of one operator call on sharded tensors: 0 on a one-device stage (plain tensors)."""
+    return 0.0 if len(mesh.devices) == 1 else setup.cluster.device.sharded_op_overhead_s
 
 
 def _param_numel(node: OpNode, name: str) -> int:

@@ -7,14 +7,15 @@ stage's resource (all of the stage's devices), with durations the sums of its no
 (:mod:`planner.stage_work`; recomputation adds the forward again to ``B`` and keeps only the
 stage inputs). ``F`` allocates the chunk's activations, ``B`` frees them; the stage's model
 state is its base memory. After a stage's last backward one ``step`` task does its gradient
-sync and optimizer update. Values crossing stages become transfer tasks on a link resource per
+sync and optimizer update plus the device's ``step_overhead_s``. Values crossing stages become transfer tasks on a link resource per
 ordered pair of stages, forward for the activation and backward for its gradient.
 
 * **Pipelines** (``gpipe``, ``1f1b``, and one stage with ``none``): stage ``s`` sends everything
   live across its last node (:func:`planner.layers.boundary_bytes`) to ``s + 1``, over
   ``min(|s|, |s + 1|)`` parallel device pairs on the link joining them, then regroups it inside
   the receiver's node (``latency + bytes / pairs / bandwidth + all-gather``, as the planner's
-  boundary cost). Each stage runs its tasks in the fixed order of the
+  boundary cost). With several stages each task also pays half the device's
+  ``microbatch_overhead_s`` (the schedule's host work). Each stage runs its tasks in the fixed order of the
   schedule (:func:`pipeline_order`): GPipe all forwards then all backwards; 1F1B
   ``min(p − s − 1, m)`` warm-up forwards, then one forward one backward, then the backwards.
 * **Dataflow** (op placements): every crossing edge is its own transfer
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cost_models.communication import all_gather_s, p2p_s
 from cost_models.simulator import SimResult, TaskGraph, simulate
@@ -187,6 +188,7 @@ def lower_assignment(problem: PlacementProblem, assignment: Sequence[int]) -> Lo
         ),
         step_s=tuple(
             math.fsum(problem.step_s[o] for o, a in enumerate(assignment) if a == d) / problem.device_speed[d]
+            + problem.step_overhead_s
             for d in devices
         ),
         chunks=tuple(chunks),
@@ -223,11 +225,16 @@ def lower_stages(
     runs = _chunks_of(order)
     chunks = tuple(_chunk(graph, run, order[run[0]], work, remat=stages[order[run[0]]].remat) for run in runs)
     pipeline = schedule in PIPELINE_SCHEDULES and [c.stage for c in chunks] == list(range(len(stages)))
+    if pipeline and len(stages) > 1:  # the schedule's host work per stage and microbatch, half per pass
+        half = setup.cluster.device.microbatch_overhead_s / 2
+        chunks = tuple(replace(c, fwd_s=c.fwd_s + half, bwd_s=c.bwd_s + half) for c in chunks)
     return Lowered(
         num_devices=setup.cluster.num_devices,
         stage_devices=tuple(stage.devices for stage in stages),
         state_bytes=tuple(math.fsum(work[n].state_bytes for n in stage.nodes) for stage in stages),
-        step_s=tuple(math.fsum(work[n].step_s for n in stage.nodes) for stage in stages),
+        step_s=tuple(
+            math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s for stage in stages
+        ),
         chunks=chunks,
         edges=_pipeline_edges(graph, runs, setup) if pipeline else _dataflow_edges(graph, runs, setup),
         schedule=schedule if pipeline else "dataflow",

@@ -12,11 +12,14 @@ subgraph, identical layers collapsed) and its strategies are read off the layer 
   composition (:func:`_refined_choice`), so one-stage plans are those of the intra-op ILP;
 * ``t_s`` = the stage problem's objective for the choice (inter-layer resharding included)
   without its amortised gradient sync and optimizer update ``u_s`` (:func:`_step_s`), plus a third
-  of its compute when it recomputes, plus the boundary to the next stage;
+  of its compute when it recomputes, plus the boundary to the next stage, plus the device's
+  calibrated ``microbatch_overhead_s`` when there are several stages (the pipeline schedule's
+  per-microbatch actions and P2P bookkeeping on the host);
 * memory = state + activations × in flight (``min(S − s, m)`` for 1F1B, ``m`` for GPipe;
   with recomputation the activations are the stage's layer inputs).
 
-Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s`` (every stage syncs once, after its last
+Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s + o`` (``o`` the device's calibrated
+``step_overhead_s``; every stage syncs once, after its last
 backward, in parallel with the others) and bubble ``1 − m·Σ t_s / (S·T)`` (:func:`price_stages`).
 A candidate that no longer fits is dropped (None).
 """
@@ -171,9 +174,9 @@ def price_stages(
             return None
         after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
         priced.append(stage)
-        times.append(stage.time_s + after)
+        times.append(stage.time_s + after + (cluster.device.microbatch_overhead_s if count > 1 else 0.0))
     total, longest = math.fsum(times), max(times)
-    step = total + (m - 1) * longest + max(stage.step_s for stage in priced)
+    step = total + (m - 1) * longest + max(stage.step_s for stage in priced) + cluster.device.step_overhead_s
     stages = _plan_stages(priced, full_graph)
     return PricedPipeline(
         stages=stages,

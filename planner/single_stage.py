@@ -65,7 +65,7 @@ def single_stage_plan(
     result, _ = solve_best_mesh(graph, setup, devices=devices, options=options)
     rows = explain_rows(result)
     stage = replace(stage_from_result(result), explanation=tuple(row.to_json() for row in rows))
-    step = result.objective_s * options.num_microbatches
+    step = result.objective_s * options.num_microbatches + setup.cluster.device.step_overhead_s
     estimate = Estimate(
         step_time_s=step,
         per_stage_time_s=(result.objective_s,),

@@ -47,6 +47,7 @@ class PlacementProblem:
     device_memory_bytes: tuple[float, ...]
     num_microbatches: int
     transfer_s: TransferFn
+    step_overhead_s: float = 0.0  # the device's host work once per step, on every device
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -155,6 +156,7 @@ def placement_problem(
         device_memory_bytes=(setup.memory_budget_bytes,) * len(devices),
         num_microbatches=num_microbatches,
         transfer_s=cluster_transfer(setup, devices),
+        step_overhead_s=setup.cluster.device.step_overhead_s,
     )
 
 

@@ -1,0 +1,98 @@
+"""Time training steps of saved plans with our executors, one torchrun job for many plans.
+
+Inside the job (:func:`time_plans`) every plan is built as ``plan run`` builds it
+(:func:`executors.runner.make_runner`, SGD) and stepped ``warmup + steps`` times; each step starts
+after a barrier and lasts until the slowest rank finishes it (max over ranks). The result per plan
+is the median of the timed steps. :func:`run_timing` launches the job and returns ``{plan path:
+seconds}``; ``plan calibrate`` uses it on its probes and ``benchmarks/fidelity.py`` on its cases.
+
+    python -m torch.distributed.run --nproc-per-node N -m executors.step_timing OUT STEPS PLAN...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from planner.errors import AutoplanError
+
+WARMUP_STEPS = 3
+
+
+def time_plans(paths: Sequence[str], *, steps: int, warmup: int = WARMUP_STEPS) -> dict[str, float]:
+    """Median step seconds of each plan, in an initialised process group (slowest rank per step)."""
+    import torch
+    import torch.distributed as dist
+
+    from executors.program import RunOptions
+    from executors.runner import make_runner
+    from executors.session import load_workload
+    from planner.plan import load_plan
+
+    measured = {}
+    for path in paths:
+        plan = load_plan(path)
+        workload = load_workload(plan, seed=0, device="cpu")
+        model, inputs = workload.build()
+        runner = make_runner(plan, workload, model)
+        params = list(dict.fromkeys(runner.parameters()))
+        optimizer = RunOptions().make_optimizer(params) if params else None
+        times = []
+        for step in range(warmup + steps):
+            dist.barrier()
+            started = time.perf_counter()
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            runner.step(inputs)
+            if optimizer is not None:
+                optimizer.step()
+            elapsed = torch.tensor(time.perf_counter() - started)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step ends when the slowest rank does
+            if step >= warmup:
+                times.append(float(elapsed))
+        measured[path] = statistics.median(times)
+    return measured
+
+
+def run_timing(
+    paths: Sequence[str], *, world: int, steps: int, out: Path, timeout_s: float = 1800.0
+) -> dict[str, float]:
+    """Launch one torchrun job of ``world`` processes (one thread each) timing every plan."""
+    from executors.launch import free_port
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
+               str(free_port()), "-m", "executors.step_timing", str(out), str(steps), *paths]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise AutoplanError(f"timing {len(paths)} plans on {world} processes took over {timeout_s:.0f} s") from None
+    if done.returncode:
+        lines = [line for line in done.stderr.splitlines() if "Error" in line] or done.stderr.splitlines()[-1:]
+        raise AutoplanError(f"timing plans on {world} processes failed: {lines[-1] if lines else 'no output'}")
+    return json.loads(out.read_text())
+
+
+def main(argv: Sequence[str]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from executors.session import init_distributed
+
+    out, steps, paths = argv[0], int(argv[1]), list(argv[2:])
+    torch.set_num_threads(1)
+    init_distributed(backend="gloo", timeout_s=300)
+    measured = time_plans(paths, steps=steps)
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(measured))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
