@@ -25,6 +25,11 @@ elementwise operators on a few elements, forward and backward through autograd, 
 operator per pass) — on a CPU the framework's dispatch and autograd bookkeeping, not the kernel,
 sets the floor of every small operator (:func:`fit_calibration`).
 
+Sharing (:func:`shared_slowdown`): rank 0 also times the ``ALONE_MATMUL_SIZE`` matmul alone, the
+others waiting; ``shared_slowdown = max(1, t_all / t_alone)``. Operator times profiled by one process
+alone (:class:`cost_models.compute.ProfiledCompute`) are multiplied by it: with more processes than
+cores, each gets its share.
+
 Memory (:func:`fit_memory_bandwidth`), from large copies and adds moving ``m`` bytes
 (read + write): ``memory_bandwidth = median of m / t``.
 
@@ -54,6 +59,8 @@ COLLECTIVE_KINDS = ("all_reduce", "all_gather", "p2p")
 MEMORY_KINDS = ("memory_copy", "memory_add")
 MATMUL_KIND = "matmul"
 OP_OVERHEAD_KIND = "op_overhead"
+MATMUL_ALONE_KIND = "matmul_alone"
+ALONE_MATMUL_SIZE = 512  # in every matmul size list of executors.calibrate, so it is also timed with all running
 LINK_FIT = "all_reduce"  # the fit that becomes the cluster's links: collectives dominate training traffic
 CALIBRATED_NAME = "local-cpu-calibrated"
 
@@ -175,6 +182,7 @@ class CalibrationResult:
     torch_version: str
     date: str
     runtime: RuntimeFit | None = None  # the executors' host overheads, fitted on probe plans
+    shared_slowdown: float = 1.0  # reference matmul with all processes running / alone (at least 1)
 
     def to_cluster(self, base: Cluster | None = None) -> Cluster:
         """``base`` (the ``local-cpu`` preset by default) with the measured figures."""
@@ -189,6 +197,7 @@ class CalibrationResult:
             compute_efficiency=1.0,
             memory_efficiency=1.0,
             kernel_overhead_s=self.matmul.kernel_overhead_s,
+            shared_slowdown=self.shared_slowdown,
         )
         link = self.links[LINK_FIT]
         cluster = replace(base, name=CALIBRATED_NAME, num_nodes=1, devices_per_node=self.num_processes, device=device,
@@ -211,12 +220,22 @@ class CalibrationResult:
                 "peak_flops": self.matmul.peak_flops,
                 "kernel_overhead_s": self.matmul.kernel_overhead_s,
                 "memory_bandwidth": self.memory_bandwidth,
+                "shared_slowdown": self.shared_slowdown,
             },
             "samples": [sample.to_json() for sample in self.samples],
         }
         if self.runtime is not None:
             data["calibration"]["runtime"] = self.runtime.to_json()
         return data
+
+
+def shared_slowdown(shared: Sequence[Sample], alone: Sequence[Sample]) -> float:
+    """Seconds of the reference matmul with every process running over seconds alone; 1 without both.
+
+    At least 1: sharing the machine cannot make a process faster, and a ratio below 1 is timer noise."""
+    by_flops = {sample.flops: sample.seconds for sample in shared}
+    ratios = [by_flops[sample.flops] / sample.seconds for sample in alone if sample.flops in by_flops]
+    return max(1.0, statistics.median(ratios)) if ratios else 1.0
 
 
 def fit_calibration(
@@ -233,6 +252,7 @@ def fit_calibration(
     if eager:
         matmul = replace(matmul, kernel_overhead_s=max(matmul.kernel_overhead_s, statistics.median(eager)))
     return CalibrationResult(
+        shared_slowdown=shared_slowdown(by_kind.get(MATMUL_KIND, []), by_kind.get(MATMUL_ALONE_KIND, [])),
         samples=tuple(samples),
         links=links,
         matmul=matmul,

@@ -43,6 +43,9 @@ class DeviceSpec:
     sharded_op_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
     step_overhead_s: float = 0.0  # once per training step (optimizer launch, zeroing, process sync)
+    # How much slower one process computes while all the cluster's processes run than alone (1 on the presets;
+    # ``plan calibrate`` measures it): operator times profiled by one process alone are multiplied by it.
+    shared_slowdown: float = 1.0
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; the training dtype (bf16 or fp32) when unknown."""
@@ -114,6 +117,7 @@ class Cluster:
                 "sharded_op_overhead_s": self.device.sharded_op_overhead_s,
                 "microbatch_overhead_s": self.device.microbatch_overhead_s,
                 "step_overhead_s": self.device.step_overhead_s,
+                "shared_slowdown": self.device.shared_slowdown,
                 "mixed_precision": self.device.mixed_precision,
             },
             "intra_node": {"bandwidth": self.intra_node.bandwidth, "latency_s": self.intra_node.latency_s},
@@ -271,6 +275,7 @@ def _parse_cluster(data: Any, *, source: str) -> Cluster:
             memory_efficiency=_number(device, "memory_efficiency", f"{where}: device", default=0.8),
             kernel_overhead_s=_number(device, "kernel_overhead_s", f"{where}: device", default=5e-6, allow_zero=True),
             **{key: _number(device, key, f"{where}: device", default=0.0, allow_zero=True) for key in RUNTIME_FIELDS},
+            shared_slowdown=_number(device, "shared_slowdown", f"{where}: device", default=1.0),
             mixed_precision=bool(device.get("mixed_precision", True)),
         ),
         intra_node=_link(data, "intra_node", where),

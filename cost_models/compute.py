@@ -13,7 +13,10 @@ no backward.
 
 Profiled tables (:class:`ProfiledCompute`): the measured median forward and backward times
 from :mod:`cost_models.profiler`, keyed by ``OpNode.signature()``; nodes not in the table fall
-back to the roofline. Both implement :class:`ComputeModel`.
+back to the roofline, or are measured when first asked for (``measure``, e.g. the graph at a
+microbatch size). A measured time is multiplied by the device's ``shared_slowdown`` (operators are
+profiled by one process alone; a device of a calibrated local cluster is one process among several
+sharing the cores). Both implement :class:`ComputeModel`.
 
 ``scale`` divides the work of a node (sharded or split over a smaller batch): compute time is
 the unsharded time times ``scale``, with the kernel overhead paid once (:meth:`NodeTime.scaled`).
@@ -21,8 +24,8 @@ the unsharded time times ``scale``, with the kernel overhead paid once (:meth:`N
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from cost_models.cluster import DeviceSpec
@@ -51,6 +54,10 @@ class NodeTime:
 
 
 class ComputeModel(Protocol):
+    # True when a node's time depends on its shapes beyond its work (measured tables): a node on 1/d of
+    # the batch is then priced on the graph at that batch, not as its time scaled by 1/d.
+    measures_shapes: bool
+
     def node_time(self, node: OpNode) -> NodeTime: ...
 
 
@@ -61,6 +68,7 @@ def has_backward(node: OpNode) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class RooflineCompute:
     device: DeviceSpec
+    measures_shapes = False  # the roofline of 1/d of a node's work is its time scaled by 1/d
 
     def _bytes(self, node: OpNode) -> float:
         if not self.device.mixed_precision or node.bytes_moved == 0:
@@ -92,17 +100,41 @@ class RooflineCompute:
 
 @dataclass(frozen=True, kw_only=True)
 class ProfiledCompute:
-    """Measured times by node signature, the roofline for anything not measured."""
+    """Measured times by node signature, the roofline for anything not measured.
+
+    ``measure``: called once for a signature missing from ``table`` (the graph at another microbatch
+    size); its answer is kept, None means "use the roofline". ``slowdown``: the device's
+    ``shared_slowdown``, applied to every measured time. ``overhead_s``: the fixed part of a measured
+    time that does not shrink when the node is sharded (the device's kernel overhead)."""
 
     table: Mapping[str, NodeTime]
     fallback: ComputeModel
+    measure: Callable[[OpNode], NodeTime | None] | None = None
+    slowdown: float = 1.0
+    overhead_s: float = 0.0
+    _measured: dict[str, NodeTime | None] = field(default_factory=dict, repr=False, compare=False)
+    measures_shapes = True
 
     def node_time(self, node: OpNode) -> NodeTime:
-        measured = self.table.get(node.signature())
-        return measured if measured is not None else self.fallback.node_time(node)
+        measured = self._lookup(node)
+        if measured is None:
+            return self.fallback.node_time(node)
+        fwd_s, bwd_s = measured.fwd_s * self.slowdown, measured.bwd_s * self.slowdown
+        fixed = min(self.overhead_s, *(t for t in (fwd_s, bwd_s) if t > 0)) if fwd_s > 0 or bwd_s > 0 else 0.0
+        return NodeTime(fwd_s=fwd_s, bwd_s=bwd_s, overhead_s=fixed)
+
+    def _lookup(self, node: OpNode) -> NodeTime | None:
+        signature = node.signature()
+        if signature in self.table:
+            return self.table[signature]
+        if self.measure is None or node.kind == NodeKind.VIEW:
+            return None
+        if signature not in self._measured:
+            self._measured[signature] = self.measure(node)
+        return self._measured[signature]
 
     def coverage(self, nodes: list[OpNode]) -> float:
         """Share of ``nodes`` whose time was measured rather than estimated."""
         if not nodes:
             return 1.0
-        return sum(node.signature() in self.table for node in nodes) / len(nodes)
+        return sum(self._lookup(node) is not None for node in nodes) / len(nodes)

@@ -242,6 +242,39 @@ def profiled_compute(
     return ProfiledCompute(table=result.times, fallback=RooflineCompute(device=device_spec))
 
 
+@dataclass(frozen=True, kw_only=True)
+class NodeMeasurer:
+    """``measurer(node)``: one node's time, measured on first sight (one thread) and cached on disk.
+
+    For :attr:`ProfiledCompute.measure`: the graphs at other microbatch sizes have nodes of other
+    signatures than the profiled full-batch graph. None when the node cannot be timed (roofline)."""
+
+    cache: ProfileCache | None
+    device: str = "cpu"
+    warmup: int = 2
+    repeats: int = 5
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def __call__(self, node: OpNode) -> NodeTime | None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            key = device_key(self.device)
+            if self.cache is not None and (cached := self.cache.get(key, node.signature())) is not None:
+                return cached
+            outcome = _measure_or_reason(
+                node, device=self.device, warmup=self.warmup, repeats=self.repeats, max_bytes=self.max_bytes
+            )
+            if not isinstance(outcome, NodeTime):
+                return None
+            if self.cache is not None:
+                self.cache.put(key, node.signature(), outcome)
+                self.cache.save()
+            return outcome
+        finally:
+            torch.set_num_threads(threads)
+
+
 def _check_options(*, device: str, warmup: int, repeats: int) -> None:
     if warmup < 0:
         raise AutoplanError(f"profiling warm-up runs must be 0 or more, got {warmup}")

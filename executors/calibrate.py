@@ -2,6 +2,8 @@
 
 :func:`run_calibration` measures, with one thread per process (one process per device):
 
+* in rank 0 alone while the others wait: the reference ``ALONE_MATMUL_SIZE`` matmul, so the fit can
+  tell how much slower a process computes when all of them run (``shared_slowdown``) — :func:`_alone_sample`;
 * in every one of ``num_processes`` spawned gloo processes on 127.0.0.1 at once (:func:`_worker`; rank 0's
   figures are kept), so a device is what one process gets while all of them run — with more processes
   than cores each gets its share:
@@ -41,7 +43,14 @@ import torch
 import torch.distributed as dist
 
 from cost_models.atomic_file import write_text_atomic
-from cost_models.calibration import CalibrationResult, Sample, fit_calibration, to_toml
+from cost_models.calibration import (
+    ALONE_MATMUL_SIZE,
+    MATMUL_ALONE_KIND,
+    CalibrationResult,
+    Sample,
+    fit_calibration,
+    to_toml,
+)
 from cost_models.cluster import Cluster
 from planner.errors import AutoplanError
 
@@ -191,6 +200,15 @@ def _matmul_sample(size: int, *, repeats: int) -> Sample:
     return Sample(kind="matmul", num_devices=1, num_bytes=3 * size * size * 4, seconds=seconds, flops=flops)
 
 
+def _alone_sample(*, repeats: int, report: Callable[[str], None]) -> Sample:
+    """The reference matmul timed while this process runs alone (kind ``matmul_alone``)."""
+    sample = replace(_matmul_sample(ALONE_MATMUL_SIZE, repeats=repeats), kind=MATMUL_ALONE_KIND)
+    report(
+        f"matmul {ALONE_MATMUL_SIZE}x{ALONE_MATMUL_SIZE} fp32 alone: {sample.flops / sample.seconds / 1e9:.1f} GFLOP/s"
+    )
+    return sample
+
+
 OVERHEAD_CHAIN = 200  # tiny operators per timed run
 
 
@@ -290,9 +308,11 @@ def _worker(rank: int, plan: _WorkerPlan, messages: Any) -> None:
             "gloo", rank=rank, world_size=plan.num_processes, timeout=timedelta(seconds=INIT_TIMEOUT_S)
         )
         try:
-            dist.barrier()  # every process measures its compute at the same time: devices share the cores
+            dist.barrier()  # rank 0 alone first (the others wait in the barrier), for the shared slowdown
+            alone = [_alone_sample(repeats=plan.repeats, report=_relay(rank, messages))] if rank == 0 else []
+            dist.barrier()  # then every process measures its compute at the same time: devices share the cores
             local = _measure_local(quick=plan.quick, repeats=plan.repeats, report=_relay(rank, messages))
-            rows = [(s.kind, s.num_devices, s.num_bytes, s.seconds, s.flops) for s in local if rank == 0]
+            rows = [(s.kind, s.num_devices, s.num_bytes, s.seconds, s.flops) for s in [*alone, *local] if rank == 0]
             rows += _measure_collectives(rank, plan, messages)
         finally:
             dist.destroy_process_group()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -74,9 +75,16 @@ def run_timing(
     except subprocess.TimeoutExpired:
         raise AutoplanError(f"timing {len(paths)} plans on {world} processes took over {timeout_s:.0f} s") from None
     if done.returncode:
-        lines = [line for line in done.stderr.splitlines() if "Error" in line] or done.stderr.splitlines()[-1:]
-        raise AutoplanError(f"timing plans on {world} processes failed: {lines[-1] if lines else 'no output'}")
+        raise AutoplanError(f"timing plans on {world} processes failed: {root_cause(done.stderr)}")
     return json.loads(out.read_text())
+
+
+def root_cause(stderr: str) -> str:
+    """The first worker's exception line (``[rank0]: ValueError: ...``), else the last error line."""
+    lines = stderr.splitlines()
+    raised = [line for line in lines if re.match(r"\[rank\d+\]: \w+(Error|Exception)\b", line)]
+    errors = [line for line in lines if "Error" in line] or lines[-1:]
+    return (raised or errors or ["no output"])[0 if raised else -1]
 
 
 def main(argv: Sequence[str]) -> None:

@@ -84,7 +84,7 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
     graph, setup, batch_size = prepared.graph, prepared.setup, prepared.batch_size
     if name == "data-parallel":
         started = time.perf_counter()
-        stages, estimate = data_parallel(graph, setup, batch_size=batch_size)
+        stages, estimate = data_parallel(graph, setup, batch_size=batch_size, graph_at=prepared.graphs.at)
         return (
             PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none"),
             SearchStats(time_s=time.perf_counter() - started),
@@ -124,7 +124,9 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
     """The roofline for ``cluster``'s device, or node times measured on this machine's CPU.
 
     Measuring runs one thread (one local device per core, as ``local-cpu`` assumes) and uses the
-    on-disk profile cache; nodes it cannot time fall back to the roofline.
+    on-disk profile cache; nodes of other graphs (other microbatch sizes) are measured when first
+    priced; nodes it cannot time fall back to the roofline. Measured times are multiplied by the
+    device's ``shared_slowdown`` (a calibrated cluster of more processes than cores).
     """
     roofline = RooflineCompute(device=cluster.device)
     if cost_model == "roofline":
@@ -137,15 +139,18 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
             "devices: use the roofline, or --cluster local-cpu / a file from `plan calibrate`"
         )
     from cost_models.compute import ProfiledCompute
-    from cost_models.profiler import ProfileCache, profile_graph
+    from cost_models.profiler import NodeMeasurer, ProfileCache, profile_graph
 
+    cache = ProfileCache(device="cpu")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result = profile_graph(graph, repeats=repeats, cache=ProfileCache(device="cpu"))
+        result = profile_graph(graph, repeats=repeats, cache=cache)
     finally:
         torch.set_num_threads(threads)
-    return ProfiledCompute(table=result.times, fallback=roofline)
+    device = cluster.device
+    return ProfiledCompute(table=result.times, fallback=roofline, measure=NodeMeasurer(cache=cache, repeats=repeats),
+                           slowdown=device.shared_slowdown, overhead_s=device.kernel_overhead_s)  # fmt: skip
 
 
 def prepare(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.baselines.data_parallel import data_parallel
@@ -36,11 +37,11 @@ LEADER_RATIO = 1.25  # candidates estimated within 25% of the best are simulated
 
 def _add_pure_data_parallel(
     priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], full_graph: OpGraph, setup: CostSetup, *,
-    batch_size: int,
+    batch_size: int, graph_at: Callable[[int], OpGraph],
 ) -> None:  # fmt: skip
     """``--method data-parallel`` (one step, no microbatches) competes too, when it fits."""
     try:
-        stages, estimate = data_parallel(full_graph, setup, batch_size=batch_size)
+        stages, estimate = data_parallel(full_graph, setup, batch_size=batch_size, graph_at=graph_at)
         check_fits(estimate, setup, what="data parallel")
     except AutoplanError:
         return
@@ -112,7 +113,7 @@ def auto_plan(
         ):
             priced[method], graph_of[method] = result, setting.graph
     if options.remat != "on" and options.microbatches in (None, 1) and options.schedule != "gpipe":
-        _add_pure_data_parallel(priced, graph_of, full_graph, setup, batch_size=graphs.batch_size)
+        _add_pure_data_parallel(priced, graph_of, full_graph, setup, batch_size=graphs.batch_size, graph_at=graphs.at)
     if not priced:
         failure = next((s.failure for s in reversed(settings) if s.failure), "")
         gib = setup.memory_budget_bytes / GIB

@@ -2,9 +2,12 @@
 
 A single-stage plan over ``d`` data-parallel devices (:func:`data_parallel_estimate`)::
 
-    step_time_s  = compute_s + grad_sync_s + optimizer_s + step_overhead_s
-    compute_s    = Σ_v  t_v(fwd + bwd) scaled by 1/d for batch-carrying nodes   (compute.py)
+    step_time_s  = compute_s + grad_sync_s + bucket_copy_s + optimizer_s + step_overhead_s
+    compute_s    = Σ_v  t_v(fwd + bwd) scaled by 1/d for batch-carrying nodes   (compute.py);
+                   with measured times, Σ_v t_v of the graph at the batch of one replica
     grad_sync_s  = Σ_params bucketed all-reduce(gradient bytes, d devices, slowest link) (communication.py)
+    bucket_copy_s = 4 · gradient bytes / memory bandwidth: DDP copies gradients into its buckets and
+                   back (``DDP_BUCKET_COPIES``; the executor runs pure data parallelism with DDP)
     optimizer_s  = num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth
     step_overhead_s = the device's calibrated host work once per step (every plan pays it)
     memory_bytes = model state (memory.py, by optimizer) + saved activations / d
@@ -29,6 +32,9 @@ from planner.graph import OpGraph
 from planner.plan import Estimate
 
 GIB = 1024**3
+# DDP (gradient_as_bucket_view=False, torch's default) copies each gradient into its bucket before the
+# all-reduce and back after it: two reads and two writes of every gradient byte.
+DDP_BUCKET_COPIES = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,16 +91,27 @@ def activation_bytes(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int)
     return (saved + largest) / num_batch_shards
 
 
-def data_parallel_estimate(graph: OpGraph, setup: CostSetup, *, devices: tuple[int, ...]) -> Estimate:
+def data_parallel_estimate(
+    graph: OpGraph, setup: CostSetup, *, devices: tuple[int, ...], replica_graph: OpGraph | None = None
+) -> Estimate:
+    """``replica_graph``: the graph at one replica's batch, priced as it is instead of ``graph``'s
+    batch-carrying nodes scaled by ``1/d`` (for compute models whose times depend on shapes)."""
     num_devices = len(devices)
     per_param = optimizer_bytes(setup.optimizer)
-    compute = compute_s(graph, setup, num_batch_shards=num_devices)
+    if replica_graph is not None:
+        compute = compute_s(replica_graph, setup, num_batch_shards=1)
+    else:
+        compute = compute_s(graph, setup, num_batch_shards=num_devices)
     link = setup.cluster.link_between(devices)
     grad_sync = sum(
         bucketed_all_reduce_s(p.meta.numel * per_param.grads, num_devices=num_devices, link=link) for p in graph.params
     )
     optimizer = optimizer_step_s(graph.num_params, setup)
-    step = compute + grad_sync + optimizer + setup.cluster.device.step_overhead_s
+    device = setup.cluster.device
+    grad_bytes = sum(p.meta.numel * per_param.grads for p in graph.params)
+    copies = DDP_BUCKET_COPIES if num_devices > 1 else 0  # one device runs without DDP
+    bucket_copy = copies * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
+    step = compute + grad_sync + bucket_copy + optimizer + device.step_overhead_s
     memory = model_state_bytes(graph.num_params, optimizer=setup.optimizer) + activation_bytes(
         graph, setup, num_batch_shards=num_devices
     )
@@ -105,7 +122,12 @@ def data_parallel_estimate(graph: OpGraph, setup: CostSetup, *, devices: tuple[i
         bubble_fraction=0.0,
         tflops_per_device=model_tflops_per_device(graph, step_time_s=step, num_devices=num_devices),
         mfu=mfu(graph, setup, step_time_s=step, num_devices=num_devices),
-        breakdown_s={"compute_s": compute, "grad_sync_s": grad_sync, "optimizer_s": optimizer},
+        breakdown_s={
+            "compute_s": compute,
+            "grad_sync_s": grad_sync,
+            "bucket_copy_s": bucket_copy,
+            "optimizer_s": optimizer,
+        },
     )
 
 

@@ -15,7 +15,10 @@ optimizer state and gradients are also split over the axes the gradient syncs ov
 output if it is kept for backward, at its local size. ``optimizer_v`` is the memory-bound Adam
 update of v's local parameters (:func:`planner.estimate.optimizer_step_s`). ``h`` is the device's
 calibrated ``sharded_op_overhead_s`` on a mesh of more than one device (the executor runs such
-stages on DTensors), 0 on one device; ``passes_v`` is 2 when v has floating inputs, else 1.
+stages on DTensors), 0 on one device and on a stage run as DDP (``IntraOpOptions.ddp``: a one-stage
+plan whose parameters are all replicated, priced by the simulator; DDP instead copies every gradient
+into its bucket and back, ``DDP_BUCKET_COPIES`` passes over the gradient bytes in ``step_v``);
+``passes_v`` is 2 when v has floating inputs, else 1.
 
 Identical layers (:func:`planner.layers.collapse_identical_layers`) share one variable per
 position: ``w_v`` counts the copies, so the ILP does not grow with the number of layers.
@@ -31,8 +34,8 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 
-from cost_models.memory import model_state_bytes, saved_values
-from planner.estimate import CostSetup, optimizer_step_s
+from cost_models.memory import model_state_bytes, optimizer_bytes, saved_values
+from planner.estimate import DDP_BUCKET_COPIES, CostSetup, optimizer_step_s
 from planner.graph import OpGraph, OpNode, ValueKind
 from planner.ilp import StrategyEdge, StrategyProblem, StrategySolution, evaluate, solve_strategy_ilp
 from planner.layers import collapse_identical_layers
@@ -47,6 +50,7 @@ class IntraOpOptions:
     zero: bool = False
     time_limit_s: float = 30.0
     gap: float = 0.0
+    ddp: bool = False  # the stage runs as DDP on plain tensors (pure data parallelism): no DTensor dispatch
 
 
 DEFAULT_OPTIONS = IntraOpOptions()
@@ -106,8 +110,12 @@ def _node_cost(
             numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=zero_shards, state_shards=zero_shards
         )
         local_params += numel / zero_shards
-    dispatch_s = sharded_dispatch_s(setup, mesh=mesh)
+    dispatch_s = 0.0 if options.ddp else sharded_dispatch_s(setup, mesh=mesh)
     step_s = strategy.grad_sync_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
+    if options.ddp:  # DDP copies each gradient into its bucket and back
+        device = setup.cluster.device
+        grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
+        step_s += DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
     passes = 2 if any(meta.is_floating for meta in node.input_metas) else 1
     return NodeCost(
         compute_s=graph_time.total_s + dispatch_s * passes,

@@ -7,8 +7,11 @@ stage's resource (all of the stage's devices), with durations the sums of its no
 (:mod:`planner.stage_work`; recomputation adds the forward again to ``B`` and keeps only the
 stage inputs). ``F`` allocates the chunk's activations, ``B`` frees them; the stage's model
 state is its base memory. After a stage's last backward one ``step`` task does its gradient
-sync and optimizer update plus the device's ``step_overhead_s``. Values crossing stages become transfer tasks on a link resource per
-ordered pair of stages, forward for the activation and backward for its gradient.
+sync and optimizer update plus the device's ``step_overhead_s``. Pure data parallelism
+(:func:`planner.stage_work.runs_as_ddp`) is priced as the executor runs it, DDP on plain tensors: no
+sharded-operator dispatch, and DDP's gradient bucket copies in the step. Values crossing stages become
+transfer tasks on a link resource per ordered pair of stages, forward for the activation and backward
+for its gradient.
 
 * **Pipelines** (``gpipe``, ``1f1b``, and one stage with ``none``): stage ``s`` sends everything
   live across its last node (:func:`planner.layers.boundary_bytes`) to ``s + 1``, over
@@ -40,7 +43,7 @@ from planner.estimate import CostSetup
 from planner.graph import OpGraph
 from planner.layers import boundary_bytes
 from planner.plan import Plan, Stage
-from planner.stage_work import NodeWork, stage_node_work
+from planner.stage_work import NodeWork, runs_as_ddp, stage_node_work
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "none")
 
@@ -219,8 +222,9 @@ def lower_stages(
     assert [stage.index for stage in stages] == list(range(len(stages))), "stages are numbered 0..S-1"
     stage_of = {name: stage.index for stage in stages for name in stage.nodes}
     work: dict[str, NodeWork] = {}
+    ddp = runs_as_ddp(stages, zero=zero)
     for stage in stages:
-        work.update(stage_node_work(stage, graph, setup, num_microbatches=m, zero=zero))
+        work.update(stage_node_work(stage, graph, setup, num_microbatches=m, zero=zero, ddp=ddp))
     order = [stage_of[node.name] for node in graph.nodes]
     runs = _chunks_of(order)
     chunks = tuple(_chunk(graph, run, order[run[0]], work, remat=stages[order[run[0]]].remat) for run in runs)

@@ -16,7 +16,9 @@ subgraph, identical layers collapsed) and its strategies are read off the layer 
   calibrated ``microbatch_overhead_s`` when there are several stages (the pipeline schedule's
   per-microbatch actions and P2P bookkeeping on the host);
 * memory = state + activations × in flight (``min(S − s, m)`` for 1F1B, ``m`` for GPipe;
-  with recomputation the activations are the stage's layer inputs).
+  with recomputation the activations are the stage's layer inputs). With fewer microbatches
+  than stages 1F1B has no steady state and its timeline is GPipe's, so the plan says ``gpipe``
+  (what torch's 1F1B schedule requires, and what the executor then runs).
 
 Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s + o`` (``o`` the device's calibrated
 ``step_overhead_s``; every stage syncs once, after its last
@@ -166,6 +168,8 @@ def price_stages(
                            devices_per_node=cluster.devices_per_node)  # fmt: skip
     boundary = boundary_table(graph, layers, setup)
     count, priced, times = len(specs), [], []
+    if schedule == "1f1b" and m < count:  # no steady state: the same timeline as GPipe, which is what runs
+        schedule = "gpipe"
     for s, spec in enumerate(specs):
         in_flight = m if schedule == "gpipe" else min(count - s, m)
         stage = _price_stage(graph, layers, tables, spec, devices=ranks[s], m=m, in_flight=in_flight,

@@ -265,6 +265,11 @@ def validate_plan(plan: Plan, graph: OpGraph) -> None:
         raise PlanError(f"schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}")
     if plan.batch_size <= 0 or plan.num_microbatches <= 0 or plan.batch_size % plan.num_microbatches:
         raise PlanError(f"batch size {plan.batch_size} cannot be split into {plan.num_microbatches} equal microbatches")
+    if plan.schedule == "1f1b" and plan.num_microbatches < len(plan.stages):
+        raise PlanError(
+            f"schedule 1f1b needs at least as many microbatches as stages ({len(plan.stages)}), got "
+            f"{plan.num_microbatches}: use gpipe, whose timeline is the same when microbatches are fewer"
+        )
     if plan.model.fingerprint != graph.fingerprint():
         raise PlanError(f"plan was made for model {plan.model.fingerprint}, this model is {graph.fingerprint()}")
     _check_devices(plan)

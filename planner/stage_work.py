@@ -45,14 +45,25 @@ class NodeWork:
     reshard_s: float = 0.0
 
 
+def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...], *, zero: bool) -> bool:
+    """Pure data parallelism, which the executor runs with DDP on plain tensors: one stage on several
+    devices, every parameter replicated, optimizer state not sharded (``zero`` runs FSDP)."""
+    return (
+        len(stages) == 1 and len(stages[0].devices) > 1 and not zero
+        and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
+    )  # fmt: skip
+
+
 def stage_node_work(
-    stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int, zero: bool = False
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int, zero: bool = False, ddp: bool = False
 ) -> dict[str, NodeWork]:
-    """Node name -> its work per microbatch on ``stage`` (``graph`` at the microbatch size)."""
+    """Node name -> its work per microbatch on ``stage`` (``graph`` at the microbatch size); ``ddp``: see
+    :func:`runs_as_ddp`."""
     mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
                      activation_itemsize=setup.activation_itemsize)  # fmt: skip
     local = subgraph(graph, list(stage.nodes))
-    problem = build_stage_problem(local, setup, mesh, IntraOpOptions(num_microbatches=num_microbatches, zero=zero))
+    options = IntraOpOptions(num_microbatches=num_microbatches, zero=zero, ddp=ddp)
+    problem = build_stage_problem(local, setup, mesh, options)
     chosen: dict[str, NodeStrategy] = {}
     work: dict[str, NodeWork] = {}
     grad = {p.name for p in local.params}

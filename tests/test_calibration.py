@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from cost_models.calibration import (
     fit_collective,
     fit_matmul,
     fit_memory_bandwidth,
+    shared_slowdown,
     to_toml,
 )
 from cost_models.cluster import Cluster, Link, load_cluster, preset
@@ -149,6 +151,21 @@ def test_eager_operator_overhead_raises_the_kernel_overhead() -> None:
     assert with_eager.matmul.peak_flops == without.matmul.peak_flops
 
 
+def test_shared_slowdown_is_the_reference_matmul_with_all_running_over_alone() -> None:
+    def matmul(kind: str, size: int, seconds: float) -> Sample:
+        return Sample(kind=kind, num_devices=1, num_bytes=12 * size * size, seconds=seconds, flops=2.0 * size**3)
+
+    shared = [matmul("matmul", 256, 0.5e-3), matmul("matmul", 512, 4.2e-3)]
+    assert shared_slowdown(shared, [matmul("matmul_alone", 512, 2.1e-3)]) == pytest.approx(2.0)
+    assert shared_slowdown(shared, [matmul("matmul_alone", 512, 5e-3)]) == 1.0  # noise cannot speed it up
+    assert shared_slowdown(shared, []) == 1.0
+    memory = [Sample(kind="memory_copy", num_devices=1, num_bytes=2**28, seconds=2**28 / 8e9)]
+    result = fit_calibration([*shared, matmul("matmul_alone", 512, 1.4e-3), *memory], num_processes=4, hostname="h",
+                             torch_version="0", date="2024-01-01")  # fmt: skip
+    assert result.shared_slowdown == pytest.approx(3.0)
+    assert replace(result, links={"all_reduce": TRUE_LINK}).to_cluster().device.shared_slowdown == pytest.approx(3.0)
+
+
 def test_to_cluster_uses_measured_figures() -> None:
     result = _synthetic_result()
     base = preset("local-cpu")
@@ -209,9 +226,10 @@ def test_run_calibration_rejects_one_process() -> None:
 def test_quick_calibration_on_two_processes(tmp_path) -> None:
     messages: list[str] = []
     result = run_calibration(num_processes=2, quick=True, progress=messages.append)
-    assert {"matmul", "op_overhead", "memory_copy", "all_reduce", "all_gather", "p2p"} <= {
+    assert {"matmul", "matmul_alone", "op_overhead", "memory_copy", "all_reduce", "all_gather", "p2p"} <= {
         s.kind for s in result.samples
     }
+    assert result.shared_slowdown >= 1.0 and math.isfinite(result.shared_slowdown)
     eager = [s.seconds for s in result.samples if s.kind == "op_overhead"]
     assert result.matmul.kernel_overhead_s >= max(eager)
     assert all(s.seconds > 0 and math.isfinite(s.seconds) for s in result.samples)

@@ -74,6 +74,10 @@ def test_data_parallel_estimate_hand_worked() -> None:
     breakdown = estimate.breakdown_s
     assert breakdown["grad_sync_s"] == pytest.approx(expected_sync)
     assert breakdown["compute_s"] == pytest.approx(compute_s(graph, setup, num_batch_shards=8))
+    memory_bandwidth = cluster.device.memory_bandwidth * cluster.device.memory_efficiency
+    assert breakdown["bucket_copy_s"] == pytest.approx(4 * 2 * graph.num_params / memory_bandwidth)  # bf16 grads
+    alone = data_parallel_estimate(graph, setup, devices=(0,))
+    assert alone.breakdown_s["bucket_copy_s"] == alone.breakdown_s["grad_sync_s"] == 0
     assert estimate.step_time_s == pytest.approx(sum(breakdown.values()))
     assert estimate.memory_per_device_bytes >= model_state_bytes(graph.num_params, optimizer="adam-mixed")
     total_flops = graph.flops_fwd + graph.flops_bwd
@@ -90,3 +94,29 @@ def test_more_devices_less_compute_more_sync() -> None:
     assert two_nodes.breakdown_s["compute_s"] < one_node.breakdown_s["compute_s"]
     assert two_nodes.breakdown_s["grad_sync_s"] > one_node.breakdown_s["grad_sync_s"]  # crosses the 25 Gbit/s link
     assert two_nodes.memory_per_device_bytes < one_node.memory_per_device_bytes
+
+
+def test_measured_times_price_data_parallel_on_one_replicas_batch() -> None:
+    """Measured tables are not linear in the batch: the replica's own graph is priced, not 1/d of each node."""
+    from cost_models.compute import ProfiledCompute
+    from planner.baselines.data_parallel import data_parallel
+
+    full, quarter = (captured("mlp", batch, "export", hidden=256, layers=2) for batch in (16, 4))
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=4)
+    roofline = RooflineCompute(device=cluster.device)
+    fixed = NodeTime(fwd_s=1e-3, bwd_s=2e-3)  # a per-node time that does not shrink with the batch
+    table = {node.signature(): fixed for graph in (full, quarter) for node in graph}
+    setup = CostSetup(cluster=cluster, compute=ProfiledCompute(table=table, fallback=roofline), optimizer="sgd")
+    asked: list[int] = []
+
+    def graph_at(batch: int):
+        asked.append(batch)
+        return quarter
+
+    _, estimate = data_parallel(full, setup, batch_size=16, graph_at=graph_at)
+    assert asked == [4]
+    assert estimate.breakdown_s["compute_s"] == pytest.approx(3e-3 * len(quarter.nodes))
+    rooflined = dataclasses.replace(setup, compute=roofline)
+    _, linear = data_parallel(full, rooflined, batch_size=16, graph_at=graph_at)
+    assert asked == [4]  # the roofline scales the full graph's times and needs no other graph
+    assert linear.breakdown_s["compute_s"] == pytest.approx(compute_s(full, rooflined, num_batch_shards=4))

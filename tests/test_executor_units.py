@@ -110,3 +110,12 @@ def test_compiled_program_names_its_launch(tmp_path: Path) -> None:
     assert "torchrun --nproc-per-node 2" in text and "DDP" in text
     assert (tmp_path / "out" / "plan.json").is_file()
     compile(text, str(program), "exec")
+
+
+def test_a_failed_timing_job_names_the_workers_exception() -> None:
+    from executors.step_timing import root_cause
+
+    stderr = '[rank0]:   File "x.py", line 3\n[rank0]: ValueError: too few microbatches\nChildFailedError: \n'
+    assert root_cause(stderr) == "[rank0]: ValueError: too few microbatches"
+    assert root_cause("RuntimeError: gloo\nChildFailedError: boom") == "ChildFailedError: boom"
+    assert root_cause("") == "no output"

@@ -188,3 +188,18 @@ def test_plan_api_writes_a_valid_multi_stage_plan() -> None:
     assert Plan.from_json(result.to_json()) == result
     assert result.search.ilp_solves > 0 and result.search.dp_s > 0
     assert sum(len(stage.devices) for stage in result.stages) == 4
+
+
+def test_one_f_one_b_with_fewer_microbatches_than_stages_is_planned_and_run_as_gpipe() -> None:
+    """torch's 1F1B needs microbatches ≥ stages; with fewer its timeline is GPipe's, so the plan says so."""
+    from planner.api import plan_model_file
+    from planner.plan import PlanError, validate_plan
+
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    plan = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=8, method="megatron", degrees=(1, 2, 1),
+                           microbatches=1, schedule="1f1b")  # fmt: skip
+    assert len(plan.stages) == 2 and plan.num_microbatches == 1 and plan.schedule == "gpipe"
+    graph = captured("mlp", 8, "export")
+    validate_plan(plan, graph)
+    with pytest.raises(PlanError, match="1f1b needs at least as many microbatches as stages"):
+        validate_plan(dataclasses.replace(plan, schedule="1f1b"), graph)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from cost_models.cluster import preset
-from cost_models.compute import RooflineCompute
+from cost_models.compute import NodeTime, ProfiledCompute, RooflineCompute
 from cost_models.profiler import (
+    NodeMeasurer,
     ProfileCache,
     default_cache_path,
     node_memory_bytes,
@@ -153,6 +154,38 @@ def test_profiled_compute_covers_the_graph_and_falls_back(gpt_graph: OpGraph) ->
     assert compute.coverage(nodes) == 1.0
     roofline = RooflineCompute(device=device_spec)
     assert compute.fallback.node_time(nodes[0]) == roofline.node_time(nodes[0])
+
+
+def test_nodes_of_other_batch_sizes_are_measured_once_and_cached(tmp_path: Path) -> None:
+    """The graph at a microbatch size has other signatures: measured when first priced, then kept."""
+    device_spec = preset("local-cpu").device
+    full, half = captured("mlp", 8, hidden=64, layers=2), captured("mlp", 4, hidden=64, layers=2)
+    calls: list[str] = []
+    measurer = NodeMeasurer(cache=ProfileCache(tmp_path / "cache.json"), **FAST)
+
+    def measure(node: OpNode):
+        calls.append(node.signature())
+        return measurer(node)
+
+    table = profile_graph(full, **FAST).times
+    compute = ProfiledCompute(table=table, fallback=RooflineCompute(device=device_spec), measure=measure)
+    nodes = [node for node in half if node.kind != NodeKind.VIEW]
+    assert compute.coverage(nodes) == 1.0
+    assert len(calls) == len({node.signature() for node in nodes}) > 0
+    assert all(_positive_finite(compute.node_time(node).fwd_s) for node in nodes)
+    assert len(calls) == len(set(calls))  # asked again: served from memory
+    assert len(json.loads((tmp_path / "cache.json").read_text())["entries"]) == 1
+
+
+def test_measured_times_take_the_shared_slowdown_and_keep_a_fixed_part() -> None:
+    node = next(iter(captured("mlp", 8, hidden=64, layers=2)))
+    table = {node.signature(): NodeTime(fwd_s=4e-5, bwd_s=8e-5)}
+    roofline = RooflineCompute(device=preset("local-cpu").device)
+    compute = ProfiledCompute(table=table, fallback=roofline, slowdown=2.0, overhead_s=1e-5)
+    time = compute.node_time(node)
+    assert (time.fwd_s, time.bwd_s, time.overhead_s) == pytest.approx((8e-5, 16e-5, 1e-5))
+    half = time.scaled(0.5)
+    assert (half.fwd_s, half.bwd_s) == pytest.approx((1e-5 + 3.5e-5, 1e-5 + 7.5e-5))
 
 
 def test_bad_options_are_user_errors(mlp_graph: OpGraph) -> None:

@@ -135,3 +135,25 @@ def test_every_probe_plans_on_two_and_four_devices() -> None:
                                           **options)  # fmt: skip
             plan = plan_prepared(prepared, method)
             assert plan.estimate.step_time_s > 0 and plan.cluster.num_devices == world
+
+
+def test_simulator_prices_pure_data_parallel_as_ddp() -> None:
+    """DDP runs on plain tensors (no sharded dispatch) and copies every gradient into its bucket and back."""
+    from planner.estimate import DDP_BUCKET_COPIES
+
+    base = _cluster()
+    more = apply_runtime(base, {"sharded_op_overhead_s": 1e-3})
+    simulated, steps = [], []
+    for cluster in (base, more):
+        prepared = prepare_model_file(EXAMPLES / "mlp.py", cluster, batch_size=8, model_args=MLP_ARGS)
+        plan = plan_prepared(prepared, "data-parallel")
+        steps.append(plan.estimate)
+        simulated.append(simulate_plan(plan, prepared.graphs.at(8), prepared.setup).step_time_s)
+    assert simulated[1] == pytest.approx(simulated[0])
+    device = base.device
+    copies = steps[0].breakdown_s["bucket_copy_s"]
+    grad_bytes = 4 * prepared.graph.num_params  # fp32 gradients on local-cpu
+    assert copies == pytest.approx(
+        DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
+    )
+    assert simulated[0] >= copies

@@ -25,7 +25,7 @@ The estimate is :func:`planner.estimate.data_parallel_estimate`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from planner.errors import AutoplanError
 from planner.estimate import CostSetup, batched_values, check_fits, data_parallel_estimate
@@ -149,10 +149,19 @@ def _unsplit(spec: ShardingSpec) -> bool:
     return all(placement == REPLICATE for placement in spec.placements)
 
 
-def data_parallel(graph: OpGraph, setup: CostSetup, *, batch_size: int) -> tuple[tuple[Stage, ...], Estimate]:
-    """The data-parallel plan over every device of the cluster, or a clear error."""
+def data_parallel(
+    graph: OpGraph, setup: CostSetup, *, batch_size: int, graph_at: Callable[[int], OpGraph] | None = None
+) -> tuple[tuple[Stage, ...], Estimate]:
+    """The data-parallel plan over every device of the cluster, or a clear error.
+
+    ``graph_at(b)``: the graph at batch ``b``; with a compute model that measures shapes the
+    estimate prices one replica's batch on it."""
     devices = tuple(range(setup.cluster.num_devices))
     stage = data_parallel_stage(graph, setup, batch_size=batch_size, devices=devices)
-    estimate = data_parallel_estimate(graph, setup, devices=devices)
+    per_replica, uneven = divmod(batch_size, len(devices))
+    replica = None
+    if graph_at is not None and setup.compute.measures_shapes and not uneven and len(devices) > 1:
+        replica = graph_at(per_replica)
+    estimate = data_parallel_estimate(graph, setup, devices=devices, replica_graph=replica)
     check_fits(estimate, setup, what=f"data parallel over {len(devices)} devices")
     return (stage,), estimate
