@@ -96,8 +96,8 @@ class PipelineRunner:
         last = index == len(plan.stages) - 1
         loss = self._loss(segments[-1], graph) if last else None
         self.part = build_stage(
-            plan=plan, stage=plan.stages[index], graph=graph, segment=segments[index], mesh=meshes[index],
-            model_params=params, model_buffers=buffers, device=workload.device, num_microbatches=m, loss=loss,
+            stage=plan.stages[index], graph=graph, segment=segments[index], mesh=meshes[index],
+            model_params=params, model_buffers=buffers, device=workload.device, loss=loss,
             loss_inputs=tuple(segments[-1].inputs.index(name) for name in loss_inputs) if last else (),
         )  # fmt: skip
         stage = pipelining.PipelineStage(

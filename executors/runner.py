@@ -74,8 +74,8 @@ class TensorParallelRunner:
         mesh = build_meshes(plan, device_type=workload.device.split(":")[0])[0]
         params, buffers = model_tensors(model)
         self.part = build_stage(
-            plan=plan, stage=stage, graph=graph, segment=segment, mesh=mesh, model_params=params,
-            model_buffers=buffers, device=workload.device, num_microbatches=self.num_microbatches,
+            stage=stage, graph=graph, segment=segment, mesh=mesh, model_params=params,
+            model_buffers=buffers, device=workload.device,
         )  # fmt: skip
 
     def parameters(self) -> list[nn.Parameter]:

@@ -24,21 +24,12 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from executors.graph_module import GraphModule, Segment
 from executors.tensor_parallel import SingleDeviceSharding, StageSharding, make_mesh
-from planner.api import make_compute_model
-from planner.estimate import CostSetup
 from planner.graph import OpGraph
 from planner.plan import Plan, Stage
-from planner.stage_work import stage_strategies
 
 
 def build_meshes(plan: Plan, *, device_type: str) -> list[DeviceMesh]:
     return [make_mesh(stage.devices, stage.mesh_shape, device_type=device_type) for stage in plan.stages]
-
-
-def cost_setup(plan: Plan, graph: OpGraph) -> CostSetup:
-    """The plan's cost setup with the analytical compute model (strategies only need specs)."""
-    compute = make_compute_model(graph, plan.cluster, cost_model="roofline")
-    return CostSetup(cluster=plan.cluster, compute=compute, optimizer=plan.optimizer)
 
 
 class ShardedStageModule(nn.Module):
@@ -84,30 +75,29 @@ class StagePart:
         return result
 
 
-def param_specs(stage: Stage, strategies: Mapping[str, Any], names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+def param_specs(stage: Stage, graph: OpGraph, names: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """Each parameter's placement on this stage: the plan's, or (for a parameter placed in another
-    stage, a tied weight) the one the strategy of its reader here wants."""
+    stage, a tied weight) the spec its first reader here reads it in."""
     specs = {name: tuple(stage.param_placements[name]) for name in names if name in stage.param_placements}
-    for strategy in strategies.values():
-        for name, spec in strategy.params:
-            specs.setdefault(name, spec.placements)
+    for node_name in stage.nodes:
+        for value, spec in zip(graph.node(node_name).inputs, stage.strategies[node_name].input_specs, strict=True):
+            if spec is not None:
+                specs.setdefault(value, tuple(spec))
     return {name: specs.get(name, ("R",) * len(stage.mesh_shape)) for name in names}
 
 
 def build_stage(
-    *, plan: Plan, stage: Stage, graph: OpGraph, segment: Segment, mesh: DeviceMesh, model_params: Mapping[str, Any],
-    model_buffers: Mapping[str, Any], device: str, num_microbatches: int,
+    *, stage: Stage, graph: OpGraph, segment: Segment, mesh: DeviceMesh, model_params: Mapping[str, Any],
+    model_buffers: Mapping[str, Any], device: str,
     loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None, loss_inputs: tuple[int, ...] = (),
 ) -> StagePart:  # fmt: skip
-    strategies = stage_strategies(
-        stage, graph, cost_setup(plan, graph), num_microbatches=num_microbatches, zero=plan.zero
-    )
+    """The part of ``stage`` this rank runs, every node as the plan's record of it says."""
     sharding: StageSharding | SingleDeviceSharding
     if len(stage.devices) == 1:
         sharding = SingleDeviceSharding(device=device)
     else:
-        sharding = StageSharding(mesh=mesh, strategies=strategies, node_shardings=stage.node_shardings, device=device)
-    specs = param_specs(stage, strategies, segment.params)
+        sharding = StageSharding(mesh=mesh, strategies=stage.strategies, graph=graph, device=device)
+    specs = param_specs(stage, graph, segment.params)
     params = sharding.distribute_params({name: model_params[name] for name in segment.params}, specs)
     buffers = sharding.distribute_buffers({name: model_buffers[name] for name in segment.buffers})
     inner = GraphModule(graph, segment, params=params, buffers=buffers, call_node=sharding.call_node, device=device)

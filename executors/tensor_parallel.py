@@ -5,11 +5,12 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
 
 * distributes each parameter exactly as the plan's ``param_placements`` say
   (:meth:`StageSharding.distribute_params`; each rank keeps its own slice, no communication);
-* runs each node (:meth:`StageSharding.call_node`): its activation inputs are redistributed to the
-  specs of the strategy the plan chose for it (:func:`planner.stage_work.stage_strategies`), the
-  operator runs on DTensors, and the output is redistributed to the node's planned spec — a
-  contraction split leaves a partial sum, which this turns into the planned ``R`` or ``S(d)`` (the
-  all-reduce the cost model charges as the node's own collective);
+* runs each node (:meth:`StageSharding.call_node`) as the plan's record of it says
+  (:class:`~planner.plan.NodeSharding`): its activation inputs are redistributed to the record's
+  ``input_specs``, a parameter held in another placement than its record names is redistributed
+  too (a tied weight), the operator runs on DTensors, and the output is redistributed to the
+  record's ``output_spec`` — a contraction split leaves a partial sum, which this turns into the
+  planned ``R`` or ``S(d)`` (the all-reduce the record lists as the node's own collective);
 * runs operators that DTensor has no sharding rule for without it: attention (CPU flash attention)
   on the local shards — its batch or head split is local compute that its arguments do not name —
   and anything else on whole (all-gathered) inputs, its output then sliced to the planned spec —
@@ -36,9 +37,8 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.utils._pytree import tree_flatten, tree_map
 
 from executors.graph_module import call_node_plain, compile_node
-from planner.graph import NodeKind, OpNode
-from planner.plan import parse_placement
-from planner.strategies import NodeStrategy
+from planner.graph import NodeKind, OpGraph, OpNode, ValueKind
+from planner.plan import NodeSharding, parse_placement
 
 # DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D
 # meshes (torch 2.13); run it on local shards or whole tensors instead.
@@ -61,18 +61,21 @@ def make_mesh(devices: Sequence[int], mesh_shape: Sequence[int], *, device_type:
 
 
 class StageSharding:
-    """The DTensor side of one stage: its mesh, the planned strategies and output specs."""
+    """The DTensor side of one stage: its mesh and the plan's record of every node."""
 
     def __init__(
-        self, *, mesh: DeviceMesh, strategies: Mapping[str, NodeStrategy], node_shardings: Mapping[str, Sequence[str]],
-        device: str = "cpu",
-    ) -> None:  # fmt: skip
+        self, *, mesh: DeviceMesh, strategies: Mapping[str, NodeSharding], graph: OpGraph, device: str = "cpu"
+    ) -> None:
         self.mesh = mesh
-        self.strategies = dict(strategies)
-        self.outputs = {name: to_placements(spec) for name, spec in node_shardings.items()}
+        self.outputs = {name: to_placements(record.output_spec) for name, record in strategies.items()}
         self.input_placements = {  # parsed once: the hot path only compares placements
-            name: tuple(to_placements(spec.placements) if spec is not None else None for spec in strategy.inputs)
-            for name, strategy in self.strategies.items()
+            name: tuple(to_placements(spec) if spec is not None else None for spec in record.input_specs)
+            for name, record in strategies.items()
+        }
+        held = (ValueKind.PARAM, ValueKind.BUFFER)
+        self.held_inputs = {  # positions of parameters and buffers: placed once, not per call
+            name: frozenset(i for i, value in enumerate(graph.node(name).inputs) if graph.value_kind(value) in held)
+            for name in strategies
         }
         self.device = device
         self.local_nodes: set[str] = set()  # nodes DTensor had no rule for, run on local shards
@@ -107,8 +110,10 @@ class StageSharding:
         return value.redistribute(self.mesh, self._replicated).to_local()
 
     def call_node(self, node: OpNode, tensors: list[Any]) -> Any:
-        wanted = self.input_placements.get(node.name) or (None,) * len(tensors)
-        inputs = [self._arrive(tensor, placements) for tensor, placements in zip(tensors, wanted, strict=True)]
+        wanted = self.input_placements[node.name]
+        held = self.held_inputs[node.name]
+        inputs = [self._hold(tensor, placements) if i in held else self._arrive(tensor, placements)
+                  for i, (tensor, placements) in enumerate(zip(tensors, wanted, strict=True))]  # fmt: skip
         if node.op_name in AVOID_DTENSOR:
             self.local_nodes.add(node.name)
         if node.name in self.local_nodes:
@@ -134,6 +139,12 @@ class StageSharding:
         if tuple(tensor.placements) != placements:
             tensor = tensor.redistribute(self.mesh, placements)
         return _GradAsPlanned.apply(tensor) if tensor.requires_grad else tensor
+
+    def _hold(self, tensor: Any, placements: tuple[Placement, ...] | None) -> Any:
+        """A parameter or buffer: as distributed, unless the record reads it in other placements."""
+        if placements is None or not isinstance(tensor, DTensor) or tuple(tensor.placements) == placements:
+            return tensor
+        return tensor.redistribute(self.mesh, placements)
 
     def _call_local(self, node: OpNode, inputs: list[Any]) -> Any:
         """Run without DTensor. Attention splits batch or heads, which its arguments do not name, so it

@@ -60,8 +60,8 @@ class UnevenPipelineRunner:
             return loss_fn(flat_outputs(outputs), inputs)
 
         self.part = build_stage(
-            plan=plan, stage=stage, graph=self.graph, segment=self.segments[self.index], mesh=meshes[self.index],
-            model_params=params, model_buffers=buffers, device=workload.device, num_microbatches=self.m,
+            stage=stage, graph=self.graph, segment=self.segments[self.index], mesh=meshes[self.index],
+            model_params=params, model_buffers=buffers, device=workload.device,
             loss=loss if last else None,
             loss_inputs=tuple(self.segments[-1].inputs.index(n) for n in loss_inputs) if last else (),
         )  # fmt: skip

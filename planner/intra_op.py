@@ -34,11 +34,12 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 
-from cost_models.memory import model_state_bytes, optimizer_bytes, saved_values
-from planner.estimate import DDP_BUCKET_COPIES, CostSetup, optimizer_step_s
-from planner.graph import OpGraph, OpNode, ValueKind
+from cost_models.memory import saved_values
+from planner.estimate import CostSetup
+from planner.graph import OpGraph, ValueKind
 from planner.ilp import StrategyEdge, StrategyProblem, StrategySolution, evaluate, solve_strategy_ilp
 from planner.layers import collapse_identical_layers
+from planner.node_cost import NodeCost, grad_values, node_cost
 from planner.op_rules import enumerate_strategies
 from planner.sharding import StageMesh, reshard_s
 from planner.strategies import NodeStrategy, StrategyContext
@@ -57,19 +58,6 @@ DEFAULT_OPTIONS = IntraOpOptions()
 
 
 @dataclass(frozen=True, kw_only=True)
-class NodeCost:
-    compute_s: float
-    comm_s: float
-    step_s: float  # gradient sync + optimizer update, per step
-    state_bytes: float  # parameters, gradients and optimizer state
-    activation_bytes: float  # the output, when it is kept for backward
-
-    @property
-    def memory_bytes(self) -> float:
-        return self.state_bytes + self.activation_bytes
-
-
-@dataclass(frozen=True, kw_only=True)
 class StageProblem:
     """The ILP of one stage on one mesh, with what is needed to read its answer back."""
 
@@ -81,58 +69,6 @@ class StageProblem:
     problem: StrategyProblem
     representative: dict[str, str]
     unruled: tuple[str, ...]  # targets replicated for lack of a rule
-
-
-def grad_values(graph: OpGraph) -> frozenset[str]:
-    needs = {p.name for p in graph.params}
-    for node in graph.nodes:
-        if node.output.is_floating and any(name in needs for name in node.inputs):
-            needs.add(node.name)
-    return frozenset(needs)
-
-
-def _node_cost(
-    node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions, saved: bool
-) -> NodeCost:
-    graph_time = setup.compute.node_time(node).scaled(1 / strategy.compute_shards)
-    activation = mesh.local_bytes(node.output, strategy.output) if saved else 0.0
-    state = 0.0
-    sync_axes = dict(strategy.grad_sync_axes)
-    local_params = 0.0
-    for name, spec in strategy.params:
-        numel = _param_numel(node, name)
-        shards = spec.num_shards(mesh.mesh_shape)
-        data_shards = 1
-        for axis in sync_axes.get(name, ()):
-            data_shards *= mesh.mesh_shape[axis]
-        zero_shards = shards * data_shards if options.zero else shards
-        state += model_state_bytes(
-            numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=zero_shards, state_shards=zero_shards
-        )
-        local_params += numel / zero_shards
-    dispatch_s = 0.0 if options.ddp else sharded_dispatch_s(setup, mesh=mesh)
-    step_s = strategy.grad_sync_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
-    if options.ddp:  # DDP copies each gradient into its bucket and back
-        device = setup.cluster.device
-        grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
-        step_s += DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
-    passes = 2 if any(meta.is_floating for meta in node.input_metas) else 1
-    return NodeCost(
-        compute_s=graph_time.total_s + dispatch_s * passes,
-        comm_s=strategy.comm_s,
-        step_s=step_s,
-        state_bytes=state,
-        activation_bytes=activation,
-    )
-
-
-def sharded_dispatch_s(setup: CostSetup, *, mesh: StageMesh) -> float:
-    """Host time of one operator call on sharded tensors: 0 on a one-device stage (plain tensors)."""
-    return 0.0 if len(mesh.devices) == 1 else setup.cluster.device.sharded_op_overhead_s
-
-
-def _param_numel(node: OpNode, name: str) -> int:
-    return next(meta.numel for value, meta in zip(node.inputs, node.input_metas, strict=True) if value == name)
 
 
 def build_stage_problem(
@@ -155,7 +91,8 @@ def build_stage_problem(
         if reason:
             unruled.append(node.target)
         strategies.append(tuple(options_v))
-        costs.append(tuple(_node_cost(node, s, setup, mesh, options, name in saved) for s in options_v))
+        costs.append(tuple(node_cost(node, s, setup, mesh, saved=name in saved, zero=options.zero, ddp=options.ddp)
+                           for s in options_v))  # fmt: skip
     weights = Counter(collapsed.representative.values())
     m = options.num_microbatches
     edges, self_costs = _edges(graph, collapsed.representative, index, strategies, mesh, context.grad_values)

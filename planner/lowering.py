@@ -224,7 +224,7 @@ def lower_stages(
     work: dict[str, NodeWork] = {}
     ddp = runs_as_ddp(stages, zero=zero)
     for stage in stages:
-        work.update(stage_node_work(stage, graph, setup, num_microbatches=m, zero=zero, ddp=ddp))
+        work.update(stage_node_work(stage, graph, setup, zero=zero, ddp=ddp))
     order = [stage_of[node.name] for node in graph.nodes]
     runs = _chunks_of(order)
     chunks = tuple(_chunk(graph, run, order[run[0]], work, remat=stages[order[run[0]]].remat) for run in runs)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from planner.device_blocks import assign_devices
 from planner.estimate import CostSetup, mfu, model_tflops_per_device
-from planner.explain import explain_rows, stage_from_result
+from planner.explain import stage_from_result
 from planner.graph import OpGraph
 from planner.ilp import MemoryBudgetError, StrategySolution, evaluate, solve_strategy_ilp, solve_unconstrained
 from planner.inter_op import Layering, LayerTables, SpanOptions, boundary_table, mesh_choices
@@ -42,6 +42,7 @@ from planner.layer_costs import SLOTS, input_bytes, split_costs, subgraph
 from planner.plan import Estimate, Stage
 from planner.sharding import StageMesh
 from planner.stage_dp import StagePlan, Submesh
+from planner.stage_work import explain_stage
 
 EXACT_LIMIT_S = 10.0  # the one-stage memory-constrained ILP, at most
 
@@ -181,23 +182,26 @@ def price_stages(
         times.append(stage.time_s + after + (cluster.device.microbatch_overhead_s if count > 1 else 0.0))
     total, longest = math.fsum(times), max(times)
     step = total + (m - 1) * longest + max(stage.step_s for stage in priced) + cluster.device.step_overhead_s
-    stages = _plan_stages(priced, full_graph)
+    stages = _plan_stages(priced, full_graph, graph, setup, zero=tables.options.zero)
     return PricedPipeline(
         stages=stages,
-        estimate=_estimate(full_graph, setup, priced, times, step=step, m=m),
+        estimate=_estimate(full_graph, setup, priced, stages, times, step=step, m=m),
         num_microbatches=m,
         schedule="none" if count == 1 and m == 1 else schedule,
     )
 
 
-def _plan_stages(priced: list[_PricedStage], full_graph: OpGraph) -> tuple[Stage, ...]:
-    """Plan stages; a parameter read in several stages (tied weights) is placed in the first."""
+def _plan_stages(
+    priced: list[_PricedStage], full_graph: OpGraph, graph: OpGraph, setup: CostSetup, *, zero: bool
+) -> tuple[Stage, ...]:
+    """Plan stages (``graph``: at the microbatch size, for the explanation rows); a parameter read in
+    several stages (tied weights) is placed in the first."""
     stages, placed = [], set()
     for index, stage in enumerate(priced):
         base = stage_from_result(stage.result, index=index)
         placements = {name: spec for name, spec in base.param_placements.items() if name not in placed}
         placed.update(placements)
-        rows = tuple(row.to_json() for row in explain_rows(stage.result))
+        rows = tuple(row.to_json() for row in explain_stage(base, graph, setup, zero=zero))
         stages.append(replace(base, param_placements=placements, remat=stage.remat, explanation=rows))
     missing = [name for name in full_graph.param_names if name not in placed]
     if missing:  # parameters no node reads: replicated on the first stage
@@ -207,15 +211,16 @@ def _plan_stages(priced: list[_PricedStage], full_graph: OpGraph) -> tuple[Stage
     return tuple(stages)
 
 
-def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], times: list[float], *, step: float, m: int
-              ) -> Estimate:  # fmt: skip
+def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stages: tuple[Stage, ...],
+              times: list[float], *, step: float, m: int) -> Estimate:  # fmt: skip
     num_devices, count = setup.cluster.num_devices, len(times)
     longest = max(times)
     if count == 1 and m == 1:
-        rows = explain_rows(priced[0].result)
+        rows = stages[0].explanation
         breakdown = {
-            "compute_s": sum(r.compute_s for r in rows), "comm_s": sum(r.comm_s for r in rows),
-            "grad_sync_and_optimizer_s": sum(r.step_s for r in rows), "reshard_s": sum(r.reshard_s for r in rows),
+            "compute_s": sum(r["compute_s"] for r in rows), "comm_s": sum(r["comm_s"] for r in rows),
+            "grad_sync_and_optimizer_s": sum(r["step_s"] for r in rows),
+            "reshard_s": sum(r["reshard_s"] for r in rows),
             "recompute_s": times[0] + priced[0].step_s - priced[0].result.objective_s,
         }  # fmt: skip
     else:

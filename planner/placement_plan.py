@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from planner.baselines.critical_path import critical_path_placement
 from planner.baselines.hash_placement import hash_placement
@@ -29,6 +30,7 @@ from planner.lowering import simulate_assignment
 from planner.pipeline_plan import PricedPipeline
 from planner.plan import Estimate, Stage
 from planner.rebatch import MicrobatchGraphs
+from planner.stage_work import one_device_strategies
 
 PLACEMENT_METHODS: dict[str, str] = {
     "hash": "op placement round-robin over devices, first that fits (Mayer et al. 2017)",
@@ -81,7 +83,7 @@ def run_placement(
             f"does not fit: the {method} placement peaks at {result.max_memory_bytes / GIB:.1f} GiB on a device, "
             f"the device has {setup.memory_budget_bytes / GIB:.1f} GiB: add devices or lower the batch"
         )
-    stages = placement_stages(graph, assignment, devices=tuple(range(setup.cluster.num_devices)))
+    stages = placement_stages(graph, setup, assignment, devices=tuple(range(setup.cluster.num_devices)))
     estimate = Estimate(
         step_time_s=result.step_time_s,
         per_stage_time_s=tuple(result.busy_s[stage.devices[0]] for stage in stages),
@@ -97,9 +99,12 @@ def run_placement(
     return priced, tuple(notes)
 
 
-def placement_stages(graph: OpGraph, assignment: Sequence[int], *, devices: tuple[int, ...]) -> tuple[Stage, ...]:
-    """One replicated ``(1,)`` stage per device that holds ops, numbered by device; a parameter lives
-    with its first reader (tied weights are read from there)."""
+def placement_stages(
+    graph: OpGraph, setup: CostSetup, assignment: Sequence[int], *, devices: tuple[int, ...]
+) -> tuple[Stage, ...]:
+    """One replicated ``(1,)`` stage per device that holds ops, numbered by device, each node as it is
+    (:func:`planner.stage_work.one_device_strategies`); a parameter lives with its first reader (tied
+    weights are read from there)."""
     used = sorted(set(assignment))
     index = {device: s for s, device in enumerate(used)}
     nodes: list[list[str]] = [[] for _ in used]
@@ -113,14 +118,8 @@ def placement_stages(graph: OpGraph, assignment: Sequence[int], *, devices: tupl
                 params[s][name] = ("R",)
                 placed.add(name)
     params[0].update({name: ("R",) for name in graph.param_names if name not in placed})
-    return tuple(
-        Stage(
-            index=s,
-            nodes=tuple(nodes[s]),
-            devices=(devices[device],),
-            mesh_shape=(1,),
-            node_shardings={name: ("R",) for name in nodes[s]},
-            param_placements=params[s],
-        )
+    stages = [
+        Stage(index=s, nodes=tuple(nodes[s]), devices=(devices[device],), mesh_shape=(1,), param_placements=params[s])
         for s, device in enumerate(used)
-    )
+    ]
+    return tuple(replace(stage, strategies=one_device_strategies(stage, graph, setup)) for stage in stages)

@@ -1,12 +1,20 @@
 """A plan is a value: frozen, keyword-only dataclasses with a JSON round-trip and validation.
 
-JSON layout (``format_version`` 1; later versions only add fields)::
+JSON layout (``format_version`` 2)::
 
     {format_version, method, model: {file, args, fingerprint, tracer, num_params},
      cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer, zero,
-     stages: [{index, nodes, devices, mesh_shape, node_shardings, param_placements, remat}],
+     stages: [{index, nodes, devices, mesh_shape, param_placements, remat, explanation,
+               strategies: {node: {split, input_specs, output_spec, compute_shards,
+                                   collectives: [{kind, axis, phase, operand}]}}}],
      estimate: {step_time_s, per_stage_time_s, memory_per_device_bytes, bubble_fraction,
                 tflops_per_device, mfu, breakdown_s}, search: {time_s, capture_s, ...}, notes}
+
+The plan is the program: every node's :class:`NodeSharding` is the strategy the search chose, and
+the simulator, ``plan show``, ``plan run`` and the executors read it as it is — the spec each
+tensor operand is consumed in (an activation is redistributed to it, a parameter is held in it),
+the output spec, the factor its compute is split by, and the collectives it issues. Version 1
+plans stored only output specs and cannot be read (re-plan).
 
 A placement is one of ``"S(d)"`` (shard tensor dim d), ``"R"`` (replicate) or ``"P"``
 (partial sum), one per mesh axis. :func:`validate_plan` checks the plan against its graph.
@@ -25,15 +33,73 @@ from typing import Any
 from cost_models.atomic_file import write_text_atomic
 from cost_models.cluster import Cluster
 from planner.errors import AutoplanError
-from planner.graph import OpGraph, TensorMeta
+from planner.graph import OpGraph, OpNode, TensorMeta
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SCHEDULES = ("none", "gpipe", "1f1b", "dataflow")  # dataflow: op placements, each op runs when its inputs arrive
 _PLACEMENT = re.compile(r"^(R|P|S\((\d+)\))$")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+PHASES = ("forward", "backward", "sync")  # per microbatch, per microbatch, once per step
 
 
 class PlanError(AutoplanError):
     """A plan that breaks a rule: the message names the offending values."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """A collective a node issues: ``kind`` over mesh ``axis`` in ``phase`` on ``operand`` (the position
+    of one of the node's inputs; None: its output). ``forward``: the all-reduce of a partial sum;
+    ``backward``: the all-reduce of a replicated input's gradient; ``sync``: a parameter's gradient
+    all-reduce, once per step."""
+
+    kind: str
+    axis: int
+    phase: str
+    operand: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "axis": self.axis, "phase": self.phase, "operand": self.operand}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Collective:
+        operand = data.get("operand")
+        return cls(kind=str(data["kind"]), axis=int(data["axis"]), phase=str(data["phase"]),
+                   operand=None if operand is None else int(operand))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSharding:
+    """The strategy the search chose for one node, as the executors run it and the simulator prices it.
+
+    ``input_specs`` has one entry per node input: the spec an activation is redistributed to before
+    the node runs, the spec a parameter is held in, or None for a buffer or an argument read only
+    for its shape. ``split`` names what each mesh axis splits (the strategy's name)."""
+
+    split: str
+    input_specs: tuple[tuple[str, ...] | None, ...]
+    output_spec: tuple[str, ...]
+    compute_shards: int = 1
+    collectives: tuple[Collective, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "split": self.split,
+            "input_specs": [None if spec is None else list(spec) for spec in self.input_specs],
+            "output_spec": list(self.output_spec),
+            "compute_shards": self.compute_shards,
+            "collectives": [collective.to_json() for collective in self.collectives],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeSharding:
+        return cls(
+            split=str(data["split"]),
+            input_specs=tuple(None if spec is None else tuple(spec) for spec in data["input_specs"]),
+            output_spec=tuple(data["output_spec"]),
+            compute_shards=int(data.get("compute_shards", 1)),
+            collectives=tuple(Collective.from_json(c) for c in data.get("collectives", ())),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,10 +108,15 @@ class Stage:
     nodes: tuple[str, ...]
     devices: tuple[int, ...]
     mesh_shape: tuple[int, ...]
-    node_shardings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    strategies: Mapping[str, NodeSharding] = field(default_factory=dict)  # every node's, by name
     param_placements: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     remat: bool = False
     explanation: tuple[Mapping[str, Any], ...] = ()  # per node: split, spec and seconds (planner.explain)
+
+    @property
+    def output_specs(self) -> dict[str, tuple[str, ...]]:
+        """Node name -> its output spec (from its strategy)."""
+        return {name: record.output_spec for name, record in self.strategies.items()}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,7 +124,7 @@ class Stage:
             "nodes": list(self.nodes),
             "devices": list(self.devices),
             "mesh_shape": list(self.mesh_shape),
-            "node_shardings": {name: list(spec) for name, spec in self.node_shardings.items()},
+            "strategies": {name: record.to_json() for name, record in self.strategies.items()},
             "param_placements": {name: list(spec) for name, spec in self.param_placements.items()},
             "remat": self.remat,
             "explanation": [dict(row) for row in self.explanation],
@@ -66,7 +137,7 @@ class Stage:
             nodes=tuple(data["nodes"]),
             devices=tuple(int(d) for d in data["devices"]),
             mesh_shape=tuple(int(s) for s in data["mesh_shape"]),
-            node_shardings={k: tuple(v) for k, v in data.get("node_shardings", {}).items()},
+            strategies={name: NodeSharding.from_json(record) for name, record in data["strategies"].items()},
             param_placements={k: tuple(v) for k, v in data.get("param_placements", {}).items()},
             remat=bool(data.get("remat", False)),
             explanation=tuple(dict(row) for row in data.get("explanation", ())),
@@ -215,7 +286,10 @@ class Plan:
     def from_json(cls, data: Mapping[str, Any]) -> Plan:
         version = data.get("format_version")
         if version != FORMAT_VERSION:
-            raise PlanError(f"plan format_version {version!r} is not supported (this autoplan reads {FORMAT_VERSION})")
+            raise PlanError(
+                f"plan format_version {version!r} is not one this autoplan reads ({FORMAT_VERSION}): "
+                "re-plan the model with `plan MODEL_FILE ...` to get a plan it can run"
+            )
         try:
             return cls(
                 method=str(data["method"]),
@@ -320,10 +394,36 @@ def _check_once(what: str, placed: list[tuple[str, int]], expected: list[str]) -
 def _check_stage_specs(stage: Stage, graph: OpGraph) -> None:
     for name, spec in stage.param_placements.items():
         _check_spec(stage, f"parameter {name}", spec, graph.value(name).meta, must_divide=True)
-    for name, spec in stage.node_shardings.items():
-        if not graph.has_node(name):
-            raise PlanError(f"stage {stage.index}: node_shardings names {name}, which is not a node of the model")
-        _check_spec(stage, f"node {name}", spec, graph.node(name).output, must_divide=True)
+    unknown = [name for name in stage.strategies if name not in set(stage.nodes)]
+    if unknown:
+        raise PlanError(f"stage {stage.index}: strategies names {unknown[0]}, which is not a node of this stage")
+    for name in stage.nodes:
+        if name not in stage.strategies:
+            raise PlanError(f"stage {stage.index}: node {name} has no strategy (every node of a stage needs one)")
+        _check_strategy(stage, graph.node(name), stage.strategies[name])
+
+
+def _check_strategy(stage: Stage, node: OpNode, record: NodeSharding) -> None:
+    where = f"stage {stage.index}: node {node.name}"
+    if len(record.input_specs) != len(node.inputs):
+        raise PlanError(f"{where} has {len(record.input_specs)} input specs for its {len(node.inputs)} inputs")
+    for position, (spec, meta) in enumerate(zip(record.input_specs, node.input_metas, strict=True)):
+        if spec is not None:
+            _check_spec(stage, f"node {node.name} input {position}", tuple(spec), meta, must_divide=True)
+    _check_spec(stage, f"node {node.name}", record.output_spec, node.output, must_divide=True)
+    devices = math.prod(stage.mesh_shape)
+    if record.compute_shards < 1 or devices % record.compute_shards:
+        raise PlanError(f"{where}: compute_shards {record.compute_shards} does not divide its {devices} devices")
+    for collective in record.collectives:
+        if collective.kind not in COLLECTIVE_KINDS or collective.phase not in PHASES:
+            raise PlanError(
+                f"{where}: collective {collective.kind} in phase {collective.phase} is not one of "
+                f"{', '.join(COLLECTIVE_KINDS)} in {', '.join(PHASES)}"
+            )
+        if not 0 <= collective.axis < len(stage.mesh_shape):
+            raise PlanError(f"{where}: collective on axis {collective.axis} of a {len(stage.mesh_shape)}-axis mesh")
+        if collective.operand is not None and not 0 <= collective.operand < len(node.inputs):
+            raise PlanError(f"{where}: collective on input {collective.operand}, the node has {len(node.inputs)}")
 
 
 def _check_spec(stage: Stage, what: str, spec: tuple[str, ...], meta: TensorMeta, *, must_divide: bool) -> None:

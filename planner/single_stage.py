@@ -5,7 +5,7 @@ meshes ``(D/t, t)`` for every ``t`` dividing both ``D`` and the devices per node
 ``1 < t < D`` — the inner axis stays inside a node, as Alpa's ``(dp, mp)`` with mp ≤ devices
 per node. Each is solved by :func:`planner.intra_op.solve_intra_op`; the cheapest that fits
 wins. The step time is the ILP objective (one microbatch); its breakdown sums the explanation
-rows (:func:`planner.explain.explain_rows`).
+rows (:func:`planner.stage_work.explain_stage`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from dataclasses import replace
 
 from planner.errors import AutoplanError
 from planner.estimate import GIB, CostSetup, mfu, model_tflops_per_device
-from planner.explain import explain_rows, stage_from_result
+from planner.explain import stage_from_result
 from planner.graph import OpGraph
 from planner.ilp import MemoryBudgetError
 from planner.intra_op import DEFAULT_OPTIONS, IntraOpOptions, IntraOpResult, solve_intra_op
 from planner.plan import Estimate, Stage
 from planner.sharding import StageMesh
+from planner.stage_work import explain_stage
 
 
 def logical_meshes(num_devices: int, devices_per_node: int) -> list[tuple[int, ...]]:
@@ -63,8 +64,9 @@ def single_stage_plan(
 ) -> tuple[tuple[Stage, ...], Estimate, IntraOpResult]:
     devices = tuple(range(setup.cluster.num_devices))
     result, _ = solve_best_mesh(graph, setup, devices=devices, options=options)
-    rows = explain_rows(result)
-    stage = replace(stage_from_result(result), explanation=tuple(row.to_json() for row in rows))
+    stage = stage_from_result(result)
+    rows = explain_stage(stage, graph, setup, zero=options.zero)
+    stage = replace(stage, explanation=tuple(row.to_json() for row in rows))
     step = result.objective_s * options.num_microbatches + setup.cluster.device.step_overhead_s
     estimate = Estimate(
         step_time_s=step,

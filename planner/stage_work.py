@@ -1,11 +1,11 @@
-"""What one microbatch costs on each node of a plan, read back from the plan itself.
+"""What one microbatch costs on each node of a plan, read from the strategies the plan stores.
 
-The simulator judges a plan by what it *says* (node output specs, parameter placements,
-recomputation), not by how the planner found it. For each stage :func:`stage_node_work` rebuilds
-the stage's intra-op problem on its devices and mesh (:func:`planner.intra_op.build_stage_problem`)
-and, in topological order, picks for every node the strategy whose output spec and parameter
-specs are the plan's, the cheapest of those given the strategies already picked for its producers
-(``compute + comm + step/m + reshard of its inputs``). A node's work is then
+The simulator judges a plan by what it *says*, not by how the planner found it. For each stage
+:func:`stage_strategies` reads every node's stored record (:class:`~planner.plan.NodeSharding`)
+back as the strategy the search chose (:func:`planner.strategy_records.strategy_of`: nothing is
+re-derived or re-chosen), and :func:`stage_node_work` prices it with the ILP's own node cost
+(:func:`planner.node_cost.node_cost`) plus the resharding of its inputs from their producers'
+stored output specs (:func:`planner.sharding.reshard_s`). A node's work is then
 
 * ``fwd_s`` = compute × fwd/(fwd+bwd) of the compute model + half its own collectives + half the
   resharding of its inputs; ``bwd_s`` = the rest (collectives and resharding have a forward and a
@@ -14,22 +14,27 @@ specs are the plan's, the cheapest of those given the strategies already picked 
 * ``step_s`` = gradient sync + optimizer update, once per step; ``state_bytes`` and
   ``activation_bytes`` as the intra-op problem charges them.
 
-A plan whose spec no strategy produces raises :class:`~planner.plan.PlanError` naming the node.
+:func:`explain_stage` turns the same work into the plan's explanation rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
+from cost_models.memory import saved_values
 from planner.estimate import CostSetup
+from planner.explain import ExplainRow
 from planner.graph import OpGraph, ValueKind
-from planner.intra_op import IntraOpOptions, StageProblem, build_stage_problem
 from planner.layer_costs import subgraph
-from planner.plan import PlanError, Stage
+from planner.layers import collapse_identical_layers
+from planner.node_cost import grad_values, node_cost
+from planner.op_rules import enumerate_strategies, split_label
+from planner.plan import NodeSharding, Stage
 from planner.sharding import StageMesh, reshard_s
-from planner.strategies import NodeStrategy
+from planner.strategies import NodeStrategy, StrategyContext
+from planner.strategy_records import check_records, record_of, strategy_of
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,29 +59,58 @@ def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...], *, zero: bool) -> bool:
     )  # fmt: skip
 
 
-def stage_node_work(
-    stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int, zero: bool = False, ddp: bool = False
-) -> dict[str, NodeWork]:
-    """Node name -> its work per microbatch on ``stage`` (``graph`` at the microbatch size); ``ddp``: see
-    :func:`runs_as_ddp`."""
+def stage_context(stage: Stage, graph: OpGraph, setup: CostSetup) -> StrategyContext:
+    """The stage's subgraph on its mesh, as the intra-op problem sees it (``graph`` at the microbatch size)."""
     mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
                      activation_itemsize=setup.activation_itemsize)  # fmt: skip
     local = subgraph(graph, list(stage.nodes))
-    options = IntraOpOptions(num_microbatches=num_microbatches, zero=zero, ddp=ddp)
-    problem = build_stage_problem(local, setup, mesh, options)
-    chosen: dict[str, NodeStrategy] = {}
-    work: dict[str, NodeWork] = {}
-    grad = {p.name for p in local.params}
+    return StrategyContext(graph=local, mesh=mesh, grad_values=grad_values(local),
+                           grad_itemsize=2 if setup.cluster.device.mixed_precision else 4)  # fmt: skip
+
+
+def stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str, NodeStrategy]:
+    """Node name -> the strategy ``stage`` stores for it, priced on the stage's mesh."""
+    context = stage_context(stage, graph, setup)
+    return {node.name: strategy_of(node, stage.strategies[node.name], context) for node in context.graph.nodes}
+
+
+def one_device_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str, NodeSharding]:
+    """The records of a one-device stage: every node as it is, its first (unsplit) strategy."""
+    assert math.prod(stage.mesh_shape) == 1, "only a one-device stage has a single natural strategy"
+    context = stage_context(stage, graph, setup)
+    collapsed = collapse_identical_layers(context.graph)
+    by_rep: dict[str, NodeSharding] = {}
+    for node in context.graph.nodes:
+        rep = collapsed.representative[node.name]
+        if rep not in by_rep:
+            rep_node = context.graph.node(rep)
+            by_rep[rep] = record_of(rep_node, enumerate_strategies(rep_node, context)[0][0])
+    return {node.name: by_rep[collapsed.representative[node.name]] for node in context.graph.nodes}
+
+
+def check_stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> None:
+    """Raise PlanError if a stored strategy is not one the sharding rules produce (a hand-edited plan)."""
+    check_records(stage, subgraph(graph, list(stage.nodes)), stage_context(stage, graph, setup))
+
+
+def stage_node_work(
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: bool = False, ddp: bool = False
+) -> dict[str, NodeWork]:
+    """Node name -> its work per microbatch on ``stage`` (``graph`` at the microbatch size); ``ddp``: see
+    :func:`runs_as_ddp`."""
+    context = stage_context(stage, graph, setup)
+    local, mesh = context.graph, context.mesh
+    chosen = {node.name: strategy_of(node, stage.strategies[node.name], context) for node in local.nodes}
+    saved = saved_values(local)
     first_reader: dict[str, str] = {}
     for node in local.nodes:
         for value in node.inputs:
             first_reader.setdefault(value, node.name)
+    work: dict[str, NodeWork] = {}
     for node in local.nodes:
-        strategy, cost = _choose(problem, stage, node.name, chosen, grad, num_microbatches)
-        chosen[node.name] = strategy
-        reshard = _reshard_in(problem, node.name, strategy, chosen, grad)
-        if node.output.is_floating and any(name in grad for name in node.inputs):
-            grad.add(node.name)
+        strategy = chosen[node.name]
+        cost = node_cost(node, strategy, setup, mesh, saved=node.name in saved, zero=zero, ddp=ddp)
+        reshard = _reshard_in(local, mesh, node.name, strategy, chosen, context.grad_values)
         time = setup.compute.node_time(node)
         forward = time.fwd_s / time.total_s if time.total_s > 0 else 1.0
         fixed = (cost.comm_s + reshard) / 2
@@ -86,7 +120,7 @@ def stage_node_work(
             step_s=cost.step_s,
             state_bytes=cost.state_bytes,
             activation_bytes=cost.activation_bytes,
-            input_bytes=_input_bytes(problem, node.name, strategy, first_reader),
+            input_bytes=_input_bytes(local, mesh, node.name, strategy, first_reader),
             compute_s=cost.compute_s,
             comm_s=cost.comm_s,
             reshard_s=reshard,
@@ -94,91 +128,40 @@ def stage_node_work(
     return work
 
 
-def stage_strategies(
-    stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int, zero: bool = False
-) -> dict[str, NodeStrategy]:
-    """Node name -> the strategy the plan's specs select on ``stage`` (what an executor must run)."""
-    mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
-                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
-    local = subgraph(graph, list(stage.nodes))
-    problem = build_stage_problem(local, setup, mesh, IntraOpOptions(num_microbatches=num_microbatches, zero=zero))
-    chosen: dict[str, NodeStrategy] = {}
-    grad = {p.name for p in local.params}
-    for node in local.nodes:
-        chosen[node.name] = _choose(problem, stage, node.name, chosen, grad, num_microbatches)[0]
-        if node.output.is_floating and any(name in grad for name in node.inputs):
-            grad.add(node.name)
-    return chosen
-
-
-def _choose(
-    problem: StageProblem, stage: Stage, name: str, chosen: Mapping[str, NodeStrategy], grad: set[str], m: int
-) -> tuple[NodeStrategy, Any]:
-    variable = problem.variables.index(problem.representative[name])
-    best = _pick(problem, stage, name, variable, chosen, grad, m)
-    return _own_strategy(problem, name, problem.strategies[variable][best]), problem.costs[variable][best]
-
-
-def _own_strategy(problem: StageProblem, name: str, strategy: NodeStrategy) -> NodeStrategy:
-    """A representative's strategy with the parameter names of ``name`` (identical layers share one)."""
-    rep = problem.representative[name]
-    if rep == name:
-        return strategy
-    own = dict(zip(problem.graph.node(rep).inputs, problem.graph.node(name).inputs, strict=True))
-    return replace(
-        strategy,
-        params=tuple((own.get(p, p), spec) for p, spec in strategy.params),
-        grad_sync_axes=tuple((own.get(p, p), axes) for p, axes in strategy.grad_sync_axes),
-    )
-
-
-def _pick(
-    problem: StageProblem, stage: Stage, name: str, variable: int, chosen: Mapping[str, NodeStrategy],
-    grad: set[str], m: int,
-) -> int:  # fmt: skip
-    graph = problem.graph
-    node, rep = graph.node(name), graph.node(problem.representative[name])
-    own_param = dict(zip(rep.inputs, node.inputs, strict=True))
-    wanted = stage.node_shardings.get(name)
-    best, best_s = None, float("inf")
-    for index, strategy in enumerate(problem.strategies[variable]):
-        if wanted is not None and strategy.output.placements != tuple(wanted):
-            continue
-        placements = (stage.param_placements.get(own_param[p]) for p, _ in strategy.params)
-        if any(want is not None and tuple(want) != spec.placements
-               for want, (_, spec) in zip(placements, strategy.params, strict=True)):  # fmt: skip
-            continue
-        cost = problem.costs[variable][index]
-        seconds = cost.compute_s + cost.comm_s + cost.step_s / m + _reshard_in(problem, name, strategy, chosen, grad)
-        if seconds < best_s:
-            best, best_s = index, seconds
-    if best is None:
-        raise PlanError(
-            f"stage {stage.index}: node {name} has spec {list(wanted or ())} with parameters "
-            f"{[list(stage.param_placements.get(p, ())) for p in node.params]}, which no sharding strategy of "
-            f"{node.target} on mesh {list(stage.mesh_shape)} produces"
-        )
-    return best
+def explain_stage(stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: bool = False) -> tuple[ExplainRow, ...]:
+    """One row per node of ``stage``: its split, output spec and the seconds and bytes it costs."""
+    work = stage_node_work(stage, graph, setup, zero=zero)
+    rows = []
+    for name in stage.nodes:
+        node, w, record = graph.node(name), work[name], stage.strategies[name]
+        rows.append(ExplainRow(node=name, target=node.target, strategy=split_label(node, record.split),
+                               spec=f"[{', '.join(record.output_spec)}]", compute_s=w.compute_s, comm_s=w.comm_s,
+                               step_s=w.step_s, reshard_s=w.reshard_s,
+                               memory_bytes=w.state_bytes + w.activation_bytes))  # fmt: skip
+    return tuple(rows)
 
 
 def _reshard_in(
-    problem: StageProblem, name: str, strategy: NodeStrategy, chosen: Mapping[str, NodeStrategy], grad: set[str]
-) -> float:
+    graph: OpGraph, mesh: StageMesh, name: str, strategy: NodeStrategy, chosen: Mapping[str, NodeStrategy],
+    grad: frozenset[str],
+) -> float:  # fmt: skip
     """Seconds to bring the node's inputs from their producers' specs to the ones it needs."""
-    graph, total = problem.graph, 0.0
+    total = 0.0
     node = graph.node(name)
     for position, (value, meta) in enumerate(zip(node.inputs, node.input_metas, strict=True)):
         need = strategy.inputs[position]
         if need is None or graph.value_kind(value) != ValueKind.NODE:
             continue
-        total += reshard_s(chosen[value].output, need, meta, problem.mesh, requires_grad=value in grad)
+        total += reshard_s(chosen[value].output, need, meta, mesh, requires_grad=value in grad)
     return total
 
 
-def _input_bytes(problem: StageProblem, name: str, strategy: NodeStrategy, first_reader: Mapping[str, str]) -> float:
+def _input_bytes(
+    graph: OpGraph, mesh: StageMesh, name: str, strategy: NodeStrategy, first_reader: Mapping[str, str]
+) -> float:
     """Stage inputs (values from other stages or the data) this node reads, at its local size;
     a value read by several nodes is counted by its first reader only."""
-    graph, mesh, total = problem.graph, problem.mesh, 0.0
+    total = 0.0
     node = graph.node(name)
     for position, value in enumerate(node.inputs):
         if graph.value_kind(value) != ValueKind.INPUT:

@@ -47,7 +47,11 @@ class NodeStrategy:
     comm_s: float = 0.0  # the node's own collectives, forward + backward, per microbatch
     grad_sync_s: float = 0.0  # all-reduce of parameter gradients, once per step
     grad_sync_axes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # per parameter: axes its gradient syncs over
-    collectives: tuple[tuple[str, int, str], ...] = ()  # (kind, axis, phase) of each own collective, per microbatch
+    # (kind, axis, phase, operand) of each own collective, per microbatch; operand: input position, None the output
+    collectives: tuple[tuple[str, int, str, int | None], ...] = ()
+    # per node input, the spec it is consumed in with parameters included (what a plan stores);
+    # None: a buffer or an argument read only for its shape
+    operands: tuple[ShardingSpec | None, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +126,7 @@ def _contraction_strategy(
     for axis, letter in enumerate(assignment):
         if letter is not None and letter not in letters.output:
             comm_s += mesh.all_reduce_s(mesh.local_bytes(node.output, output), axis)  # partial sums
-            partial_axes.append(("all_reduce", axis, "forward"))
+            partial_axes.append(("all_reduce", axis, "forward", None))
     strategy = _finish(
         node, assignment, output, input_specs, comm_s, context, graph, contracted=set(assignment) - set(letters.output)
     )
@@ -148,12 +152,14 @@ def _finish(
     mesh = context.mesh
     split_axes = [axis for axis, choice in enumerate(assignment) if choice is not None and choice not in contracted]
     inputs: list[ShardingSpec | None] = []
+    operands: list[ShardingSpec | None] = []
     params: dict[str, ShardingSpec] = {}
     sync_axes: dict[str, tuple[int, ...]] = {}
     grad_sync_s = 0.0
-    backward: list[tuple[str, int, str]] = []  # all-reduces of replicated inputs' gradients
-    for name, meta, spec in zip(node.inputs, node.input_metas, input_specs, strict=True):
+    backward: list[tuple[str, int, str, int | None]] = []  # all-reduces of replicated inputs' gradients
+    for position, (name, meta, spec) in enumerate(zip(node.inputs, node.input_metas, input_specs, strict=True)):
         kind = graph.value_kind(name)
+        operands.append(None if kind == ValueKind.BUFFER else spec)
         if spec is None:  # shape-only: a parameter read so is kept whole and gets no gradient sync
             inputs.append(None)
             if kind == ValueKind.PARAM and name not in params:
@@ -171,7 +177,7 @@ def _finish(
         inputs.append(spec)
         if name in context.grad_values:
             comm_s += sum(mesh.all_reduce_s(mesh.local_bytes(meta, spec), axis) for axis in replicated_on)
-            backward.extend(("all_reduce", axis, "backward") for axis in replicated_on)
+            backward.extend(("all_reduce", axis, "backward", position) for axis in replicated_on)
     shards = math.prod(mesh.mesh_shape[axis] for axis, choice in enumerate(assignment) if choice is not None)
     return NodeStrategy(
         name=" ".join(str(choice) if choice is not None else "-" for choice in assignment),
@@ -183,6 +189,7 @@ def _finish(
         grad_sync_s=grad_sync_s,
         grad_sync_axes=tuple(sync_axes.items()),
         collectives=tuple(backward),
+        operands=tuple(operands),
     )
 
 

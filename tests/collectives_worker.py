@@ -15,7 +15,6 @@ from torch.distributed.tensor.debug import CommDebugMode
 from executors.graph_module import flat_outputs
 from executors.runner import TensorParallelRunner, make_runner
 from executors.session import init_distributed, load_workload
-from executors.stages import cost_setup
 from executors.tensor_parallel import observed_kind
 from planner.collectives import charged_collectives
 from planner.plan import load_plan
@@ -51,7 +50,7 @@ def main() -> None:
         with CommDebugMode() as phases["sync"]:
             runner.part.sync_grads()
         graph = workload.graph_at(plan.batch_size)
-        charged = charged_collectives(plan.stages[0], graph, cost_setup(plan, graph), num_microbatches=1)
+        charged = charged_collectives(plan.stages[0], graph, num_microbatches=1)
         report[path] = {
             phase: {"observed": _kinds(mode), "charged": dict(charged[phase])} for phase, mode in phases.items()
         }

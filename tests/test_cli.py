@@ -215,4 +215,4 @@ def test_max_stages_one_explain_prints_each_node(tmp_path: Path, capsys) -> None
     assert "split per mesh axis" in stdout and "linear_1" in stdout and "total" in stdout
     stage = json.loads(out.read_text())["stages"][0]
     assert stage["param_placements"]["blocks.0.fc1.weight"] != ["R"] * len(stage["mesh_shape"])
-    assert {row["node"] for row in stage["explanation"]} == set(stage["node_shardings"])
+    assert {row["node"] for row in stage["explanation"]} == set(stage["strategies"])

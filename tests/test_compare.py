@@ -48,7 +48,7 @@ def test_placement_plans_are_one_replicated_stage_per_device_under_dataflow() ->
             plan = row.plan
             assert plan.schedule == "dataflow" and plan.num_microbatches == 4
             assert all(stage.mesh_shape == (1,) and len(stage.devices) == 1 for stage in plan.stages)
-            assert all(set(spec) == {"R"} for stage in plan.stages for spec in stage.node_shardings.values())
+            assert all(set(spec) == {"R"} for stage in plan.stages for spec in stage.output_specs.values())
 
 
 def test_auto_is_at_least_as_fast_as_every_method_in_the_simulator() -> None:

@@ -42,13 +42,13 @@ def stage_of(graph: OpGraph, devices: int, batch_size: int = 8) -> Stage:
 def test_moe_einsums_split_the_batch_where_it_is() -> None:
     graph = captured("moe", 8, **MOE_ARGS)
     stage = stage_of(graph, 2)
-    specs = stage.node_shardings
+    specs = stage.output_specs
     # "nd,edf->enf" and "enf,efd->end" carry the tokens (n) on dim 1; "end,ne->nd" back on dim 0
     for first, second, combine in (("einsum", "einsum_1", "einsum_2"), ("einsum_3", "einsum_4", "einsum_5")):
         assert specs[first] == specs[second] == ("S(1)",)
         assert specs[combine] == ("S(0)",)
     assert set(stage.param_placements.values()) == {("R",)}
-    work = stage_node_work(stage, graph, setup_for(2), num_microbatches=1)
+    work = stage_node_work(stage, graph, setup_for(2))
     assert all(w.reshard_s == 0.0 for w in work.values())
     assert work["einsum"].comm_s == 0.0  # the batch split: no collectives, only the gradient sync
 
@@ -59,9 +59,9 @@ def test_stage_work_accepts_the_data_parallel_plan(example: str, devices: int) -
     graph = captured(example, 8, **EXAMPLE_ARGS[example])
     stage = stage_of(graph, devices)
     batched = batched_values(graph)
-    assert all(stage.node_shardings[name] != ("R",) for name in stage.nodes if name in batched)
+    assert all(stage.output_specs[name] != ("R",) for name in stage.nodes if name in batched)
     assert set(stage.param_placements.values()) == {("R",)}
-    work = stage_node_work(stage, graph, setup_for(devices), num_microbatches=1)
+    work = stage_node_work(stage, graph, setup_for(devices))
     assert set(work) == set(stage.nodes)
 
 
@@ -95,19 +95,19 @@ class _FusedSplit(nn.Module):
 def test_a_reduced_batch_stays_replicated_and_its_consumers_split() -> None:
     graph = capture(_BatchMean(), (torch.randn(8, 16),))
     stage = stage_of(graph, 2)
-    specs = stage.node_shardings
+    specs = stage.output_specs
     assert specs["linear"] == specs["sub"] == specs["mul_1"] == ("S(0)",)
     assert specs["mean"] == specs["mul"] == specs["add"] == ("R",)
-    stage_node_work(stage, graph, setup_for(2), num_microbatches=1)
+    stage_node_work(stage, graph, setup_for(2))
 
 
 @pytest.mark.filterwarnings("ignore:no sharding rule")
 def test_an_unruled_operator_does_not_replicate_the_rest() -> None:
     graph = capture(_FusedSplit(), (torch.randn(8, 4, 16),))
     stage = stage_of(graph, 2)
-    replicated = [name for name, spec in stage.node_shardings.items() if spec == ("R",)]
+    replicated = [name for name, spec in stage.output_specs.items() if spec == ("R",)]
     assert [graph.node(name).target for name in replicated] == ["aten.split.Tensor"]
-    stage_node_work(stage, graph, setup_for(2), num_microbatches=1)
+    stage_node_work(stage, graph, setup_for(2))
 
 
 def test_auto_plans_moe() -> None:
@@ -116,4 +116,4 @@ def test_auto_plans_moe() -> None:
     for method in ("auto", "data-parallel"):
         plan = plan_prepared(prepared, method)
         assert plan.estimate.step_time_s > 0
-    assert plan.stages[0].node_shardings["einsum"] == ("S(1)",)
+    assert plan.stages[0].output_specs["einsum"] == ("S(1)",)

@@ -15,7 +15,6 @@ from executors.parity import compare
 from executors.pipeline import check_pipeline, stage_segments
 from executors.program import write_program
 from executors.session import split_batch
-from executors.stages import cost_setup
 from executors.tensor_parallel import to_placements
 from planner.api import plan_model_file
 from planner.capture import capture
@@ -96,7 +95,7 @@ def test_charged_collectives_of_megatron_mlp() -> None:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     plan = plan_model_file(MLP, cluster, batch_size=16, method="megatron", degrees=(2, 1, 1))
     graph = _mlp(16)[2]
-    charged = charged_collectives(plan.stages[0], graph, cost_setup(plan, graph), num_microbatches=1)
+    charged = charged_collectives(plan.stages[0], graph, num_microbatches=1)
     assert charged["forward"] == {"all_reduce": 4}
     assert charged["backward"] == {"all_reduce": 3}
     assert sum(charged["sync"].values()) == 0

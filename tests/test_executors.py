@@ -88,10 +88,10 @@ def uneven_plan(model: str, *, world: int, devices: tuple[tuple[int, ...], tuple
     ).stages[0]
     stages = []
     for stage, on in zip(split.stages, devices, strict=True):
-        specs = tensor_parallel if len(on) == 2 else None
-        shardings = {n: specs.node_shardings[n] if specs else ("R",) for n in stage.nodes}
-        params = {p: specs.param_placements[p] if specs else ("R",) for p in stage.param_placements}
-        stages.append(replace(stage, devices=on, mesh_shape=(len(on),), node_shardings=shardings,
+        specs = tensor_parallel if len(on) == 2 else stage  # a one-device stage keeps its own strategies
+        strategies = {n: specs.strategies[n] for n in stage.nodes}
+        params = {p: specs.param_placements[p] if len(on) == 2 else ("R",) for p in stage.param_placements}
+        stages.append(replace(stage, devices=on, mesh_shape=(len(on),), strategies=strategies,
                               param_placements=params, explanation=()))  # fmt: skip
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
     return replace(split, cluster=cluster, stages=tuple(stages))

@@ -11,12 +11,13 @@ from cost_models.cluster import GIB, load_cluster
 from cost_models.compute import RooflineCompute
 from planner.errors import AutoplanError
 from planner.estimate import CostSetup
-from planner.explain import explain_rows, stage_from_result
+from planner.explain import stage_from_result
 from planner.ilp import evaluate
 from planner.incumbents import data_parallel_choice, megatron_choice
 from planner.intra_op import IntraOpOptions, build_stage_problem, solve_intra_op
 from planner.sharding import StageMesh
 from planner.single_stage import logical_meshes, single_stage_plan
+from planner.stage_work import explain_stage
 from tests.conftest import captured
 
 A100 = load_cluster("dgx-a100")
@@ -55,7 +56,7 @@ def test_small_mlp_with_large_batch_becomes_data_parallel() -> None:
     stage = stage_from_result(result)
     assert set(stage.param_placements.values()) == {("R",)}
     matmuls = [n.name for n in graph.nodes if n.kind.value == "matmul"]
-    assert all(stage.node_shardings[name] == ("S(0)",) for name in matmuls)
+    assert all(stage.output_specs[name] == ("S(0)",) for name in matmuls)
 
 
 def test_gpt_layer_on_2d_mesh_under_memory_pressure_is_data_times_tensor_parallel() -> None:
@@ -74,7 +75,7 @@ def test_gpt_layer_on_2d_mesh_under_memory_pressure_is_data_times_tensor_paralle
 
         megatron = all(on(tensor_axis, n) == "S(0)" for n in column) and all(on(tensor_axis, n) == "S(1)" for n in row)
         replicated = all(on(data_axis, n) == "R" for n in (*column, *row))
-        batch = stage.node_shardings[fc.name][data_axis] == "S(0)"
+        batch = stage.output_specs[fc.name][data_axis] == "S(0)"
         layouts.append(megatron and replicated and batch)
     assert any(layouts), stage.param_placements
 
@@ -104,7 +105,7 @@ def test_explanation_rows_add_up_to_the_objective() -> None:
     graph = captured("gpt", 8, "export", size="tiny")
     setup = setup_for()
     result = solve_intra_op(graph, setup, mesh_for(setup, (2, 4)))
-    rows = explain_rows(result)
+    rows = explain_stage(stage_from_result(result), graph, setup)  # the plan's records, priced again
     assert [row.node for row in rows] == [node.name for node in graph.nodes]
     total = sum(row.compute_s + row.comm_s + row.step_s + row.reshard_s for row in rows)
     assert total == pytest.approx(result.objective_s, rel=1e-9)
@@ -141,7 +142,7 @@ def test_single_stage_plan_fills_placements_and_shardings() -> None:
     stages, estimate, result = single_stage_plan(graph, setup_for())
     (stage,) = stages
     assert set(stage.param_placements) == set(graph.param_names)
-    assert set(stage.node_shardings) == {n.name for n in graph.nodes}
+    assert set(stage.output_specs) == {n.name for n in graph.nodes}
     assert estimate.step_time_s == pytest.approx(result.objective_s)
     assert json.loads(json.dumps(stage.to_json()))["explanation"][0]["node"] == graph.nodes[0].name
 

@@ -34,7 +34,7 @@ def test_json_round_trip(mlp_plan: Plan, tmp_path) -> None:
     for key in ("method", "batch_size", "num_microbatches", "schedule", "stages", "estimate", "search"):
         assert key in data
     stage = data["stages"][0]
-    assert set(stage) >= {"devices", "mesh_shape", "param_placements", "node_shardings"}
+    assert set(stage) >= {"devices", "mesh_shape", "param_placements", "strategies"}
     assert stage["param_placements"]["blocks.0.fc1.weight"] == ["R"]
     assert set(data["estimate"]) >= {"step_time_s", "memory_per_device_bytes", "tflops_per_device", "bubble_fraction"}
     assert "time_s" in data["search"]
@@ -96,7 +96,7 @@ def test_indivisible_shard_is_named(mlp_plan: Plan) -> None:
         nodes=mlp_plan.stages[0].nodes,
         devices=(0, 1, 2),
         mesh_shape=(3,),
-        node_shardings={},
+        strategies={},
         param_placements={name: ("S(0)",) for name in graph.param_names},
     )
     with pytest.raises(PlanError, match="of size 64 cannot be split into 3 shards"):

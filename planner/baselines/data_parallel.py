@@ -30,11 +30,12 @@ from collections.abc import Callable, Mapping
 from planner.errors import AutoplanError
 from planner.estimate import CostSetup, batched_values, check_fits, data_parallel_estimate
 from planner.graph import OpGraph, OpNode
-from planner.intra_op import grad_values
+from planner.node_cost import grad_values
 from planner.op_rules import enumerate_strategies
 from planner.plan import Estimate, Stage
 from planner.sharding import REPLICATE, ShardingSpec, StageMesh, shard
 from planner.strategies import NodeStrategy, StrategyContext, replicated_strategy
+from planner.strategy_records import record_of
 
 
 def data_parallel_stage(graph: OpGraph, setup: CostSetup, *, batch_size: int, devices: tuple[int, ...]) -> Stage:
@@ -43,13 +44,13 @@ def data_parallel_stage(graph: OpGraph, setup: CostSetup, *, batch_size: int, de
     _check_batch(batch_size, num_devices)
     mesh = StageMesh(cluster=setup.cluster, devices=devices, mesh_shape=(num_devices,),
                      activation_itemsize=setup.activation_itemsize)  # fmt: skip
-    outputs = batch_specs(graph, setup, mesh)
+    chosen = batch_strategies(graph, setup, mesh)
     return Stage(
         index=0,
         nodes=tuple(node.name for node in graph.nodes),
         devices=devices,
         mesh_shape=(num_devices,),
-        node_shardings={name: spec.placements for name, spec in outputs.items()},
+        strategies={node.name: record_of(node, chosen[node.name]) for node in graph.nodes},
         param_placements={name: (REPLICATE,) for name in graph.param_names},
     )
 
@@ -63,8 +64,8 @@ def _check_batch(batch_size: int, num_devices: int) -> None:
         )
 
 
-def batch_specs(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> dict[str, ShardingSpec]:
-    """Node name -> its output spec when the batch is split over every axis of ``mesh``."""
+def batch_strategies(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> dict[str, NodeStrategy]:
+    """Node name -> its strategy when the batch is split over every axis of ``mesh``."""
     context = StrategyContext(
         graph=graph,
         mesh=mesh,
@@ -74,18 +75,20 @@ def batch_specs(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> dict[str, 
     batched = batched_values(graph)
     specs = {value.name: _input_spec(value.meta.shape, mesh) for value in graph.inputs}
     lost: dict[str, ShardingSpec] = {}  # replicated values that lost their batch split -> that split
+    chosen: dict[str, NodeStrategy] = {}
     for node in graph.nodes:
         strategy = _batch_strategy(node, context, specs, batched, lost) if node.name in batched else None
         fallback = strategy is None
         if strategy is None:
             strategy = replicated_strategy(node, context)
         specs[node.name] = strategy.output
+        chosen[node.name] = strategy
         whole = node.name in batched and _unsplit(strategy.output) and strategy.compute_shards == 1
         if whole and (fallback or lost.keys() & set(node.inputs)):
             split = _lost_split(node, specs, batched, lost, mesh)
             if split is not None:
                 lost[node.name] = split
-    return {node.name: specs[node.name] for node in graph.nodes}
+    return chosen
 
 
 def _input_spec(shape: tuple[int, ...], mesh: StageMesh) -> ShardingSpec:
