@@ -29,8 +29,8 @@ def worker(size: str, batch_size: int, tracer: str) -> dict:
     started = time.perf_counter()
     import torch  # noqa: F401 - import time is reported separately
 
-    from planner.capture import capture
-    from planner.model_file import instantiate, load_model_file
+    from planner.ir.capture import capture
+    from planner.ir.model_file import instantiate, load_model_file
 
     imported = time.perf_counter()
     model_file = load_model_file(ROOT / "examples" / "gpt.py")

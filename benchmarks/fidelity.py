@@ -59,7 +59,7 @@ def make_plans(
     from cost_models.cluster import load_cluster
     from cost_models.compute import RooflineCompute
     from planner.api import plan_prepared, prepare_model_file
-    from planner.lowering import simulate_plan
+    from planner.costing.lowering import simulate_plan
     from planner.plan import save_plan
 
     cluster = load_cluster(str(cluster_file), num_nodes=1, devices_per_node=world)
@@ -143,12 +143,13 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def cluster_file(world: int, *, recalibrate: bool) -> Path:
     """``plan calibrate --processes world`` for this machine, measured now when missing or asked for."""
-    from executors.calibrate import run_calibration, write_cluster_file
+    from executors.calibrate import write_cluster_file
+    from planner.cli.calibrate import calibrate_machine
 
     path = RESULTS / f"cluster-local-{world}.json"
     if recalibrate or not path.exists():
         print(f"calibrating {world} processes -> {path}", file=sys.stderr)
-        result = run_calibration(num_processes=world, probe_steps=10, progress=lambda m: print(m, file=sys.stderr))
+        result = calibrate_machine(num_processes=world, probe_steps=10, progress=lambda m: print(m, file=sys.stderr))
         write_cluster_file(result, path)
     return path
 

@@ -33,14 +33,14 @@ CASES = [
 def run_case(size: str, overrides: dict, num_nodes: int, batch_size: int) -> list[dict]:
     from cost_models.cluster import load_cluster
     from cost_models.compute import RooflineCompute
-    from planner.capture import capture
-    from planner.estimate import CostSetup
-    from planner.ilp import MemoryBudgetError, evaluate
-    from planner.incumbents import data_parallel_choice, megatron_choice
-    from planner.intra_op import solve_intra_op
-    from planner.model_file import instantiate, load_model_file
-    from planner.sharding import StageMesh
-    from planner.single_stage import logical_meshes
+    from planner.costing.setup import CostSetup
+    from planner.intra.incumbents import data_parallel_choice, megatron_choice
+    from planner.intra.problem import MemoryBudgetError, evaluate
+    from planner.intra.single_stage import logical_meshes
+    from planner.intra.solve import solve_intra_op
+    from planner.ir.capture import capture
+    from planner.ir.model_file import instantiate, load_model_file
+    from planner.sharding.specs import StageMesh
 
     cluster = load_cluster("dgx-a100", num_nodes=num_nodes)
     setup = CostSetup(cluster=cluster, compute=RooflineCompute(device=cluster.device), optimizer="adam-mixed")

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from results_page import RESULTS, save_table  # noqa: E402
 
 from cost_models.atomic_file import save_figure_atomic  # noqa: E402
+from cost_models.units import GIB  # noqa: E402
 
 CLUSTERS = {"p3": "p3.16xlarge", "a100": "dgx-a100", "h100": "dgx-h100"}
 DEVICES_PER_NODE = 8
@@ -70,7 +71,6 @@ CASES = (
 QUICK = ("mlp@a100x8", "gpt-350m@p3x8")
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 PLACEMENT = ("hash", "critical-path", "multi-objective", "m-etf", "rl")
-GIB = 1024**3
 
 
 def parse_case(case: str) -> tuple[str, dict, int, str, int]:
@@ -100,7 +100,7 @@ def worker(case: str, rl_budget_s: float) -> dict:
 
     rows = compare(prepared, progress=progress)
     device = cluster.device
-    dtype = "bfloat16" if device.mixed_precision else "float32"  # the training dtype, as planner.estimate.mfu
+    dtype = "bfloat16" if device.mixed_precision else "float32"  # the training dtype, as planner.costing.estimate.mfu
     model_flops = prepared.graph.flops_fwd + prepared.graph.flops_bwd
     return {
         "case": case,

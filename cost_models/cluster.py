@@ -20,9 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cost_models.units import GIB
 from planner.errors import AutoplanError
-
-GIB = 1024**3
 
 
 @dataclass(frozen=True, kw_only=True)

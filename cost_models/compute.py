@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cost_models.cluster import DeviceSpec
-from planner.graph import NodeKind, OpNode
+from planner.ir.graph import NodeKind, OpNode
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import AutoplanError
-from planner.graph import NodeKind, OpGraph, OpNode, TensorMeta, ValueKind
+from planner.ir.graph import NodeKind, OpGraph, OpNode, TensorMeta, ValueKind
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

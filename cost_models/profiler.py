@@ -4,7 +4,7 @@ Method, per distinct ``OpNode.signature()`` (identical layers are timed once):
 
 * Inputs are random tensors built from ``node.input_metas`` (floating: ``torch.randn``;
   integer: zeros, which are valid indices for embedding/gather/index_select; bool: random
-  bools), put back into the call with :func:`planner.node_call.bind_call`. Floating inputs
+  bools), put back into the call with :func:`planner.ir.node_call.bind_call`. Floating inputs
   require grad, as in training, so the forward time includes autograd's bookkeeping.
 * ``warmup`` untimed forward(+backward) runs, then ``repeats`` timed ones; each reported time
   is the **median** over the repeats of ``time.perf_counter`` wall time (on ``cuda*`` devices
@@ -51,11 +51,11 @@ from torch.utils._pytree import tree_flatten
 from cost_models.atomic_file import write_text_atomic
 from cost_models.cluster import DeviceSpec
 from cost_models.compute import NodeTime, ProfiledCompute, RooflineCompute
+from cost_models.units import GIB
 from planner.errors import AutoplanError
-from planner.graph import NodeKind, OpGraph, OpNode, TensorMeta
-from planner.node_call import bind_call, resolve_target, torch_dtype
+from planner.ir.graph import NodeKind, OpGraph, OpNode, TensorMeta
+from planner.ir.node_call import bind_call, resolve_target, torch_dtype
 
-GIB = 1024**3
 DEFAULT_MAX_BYTES = 2 * GIB
 CACHE_VERSION = 1
 CACHE_DIR_ENV = "AUTOPLAN_CACHE_DIR"

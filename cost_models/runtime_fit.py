@@ -4,9 +4,9 @@ The cost model charges five runtime constants (all additive, so an estimate is l
 
 * ``kernel_overhead_s``      per operator per pass on plain tensors       — cost_models.compute
 * ``sharded_op_overhead_s``  per operator per pass on a multi-device stage, and per parameter
-                             update there                                  — planner.intra_op.sharded_dispatch_s
-* ``microbatch_overhead_s``  per pipeline stage per microbatch             — planner.pipeline_plan.price_stages
-* ``step_overhead_s``        once per step                                 — planner.estimate and every estimate path
+                             update there                                  — planner.costing.node_cost.sharded_dispatch_s
+* ``microbatch_overhead_s``  per pipeline stage per microbatch             — planner.inter.pricing.price_stages
+* ``step_overhead_s``        once per step                                 — planner.costing.setup and every estimate path
 * ``latency_s``              per collective step or message (α, both links) — cost_models.communication
 
 For probe plan ``p`` with measured step ``y_p``, the estimate with all five at 0 is ``e_p`` and the

@@ -87,10 +87,9 @@ def run_calibration(
     quick: bool = False,
     progress: Callable[[str], None] | None = None,
     timeout_s: float = 300.0,
-    probe_steps: int = 0,
 ) -> CalibrationResult:
-    """Measure compute, memory and gloo collectives on this machine and fit them; with ``probe_steps``
-    > 0 also run the runtime probes (:mod:`executors.calibrate_runtime`) and fit the host overheads."""
+    """Measure compute, memory and gloo collectives on this machine and fit them. (The executors' host
+    overheads are fitted on probe plans by :func:`planner.cli.calibrate.calibrate_machine`.)"""
     sizes = tuple(sizes_bytes) if sizes_bytes is not None else (QUICK_SIZES_BYTES if quick else DEFAULT_SIZES_BYTES)
     repeats = repeats if repeats is not None else (QUICK_REPEATS if quick else DEFAULT_REPEATS)
     _check_options(num_processes=num_processes, sizes_bytes=sizes, repeats=repeats)
@@ -108,12 +107,6 @@ def run_calibration(
     )
     for kind, link in result.links.items():
         report(f"fit {kind}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s")
-    if probe_steps > 0:
-        from executors.calibrate_runtime import fit_runtime_overheads
-
-        runtime = fit_runtime_overheads(result.to_cluster(), world=num_processes, steps=probe_steps, report=report)
-        result = replace(result, runtime=runtime)
-        report("fit runtime: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in runtime.values.items()))
     report(
         f"fit compute: {result.matmul.peak_flops / 1e9:.1f} GFLOP/s, "
         f"kernel overhead {result.matmul.kernel_overhead_s * 1e6:.1f} us, "

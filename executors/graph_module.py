@@ -1,10 +1,10 @@
-"""Run part of a captured :class:`~planner.graph.OpGraph` as an ``nn.Module``.
+"""Run part of a captured :class:`~planner.ir.graph.OpGraph` as an ``nn.Module``.
 
 The plan names graph nodes, so executors run the graph the plan was made for, not the user's
 ``forward``: :class:`GraphModule` interprets a :class:`Segment` — some nodes of the graph, the
 values it reads from outside (graph inputs, or values computed by another stage) and the values it
-hands on — calling each node's operator again with :func:`planner.node_call.resolve_target` and
-:func:`planner.node_call.bind_call`. Parameters and buffers are taken by name from the real model,
+hands on — calling each node's operator again with :func:`planner.ir.node_call.resolve_target` and
+:func:`planner.ir.node_call.bind_call`. Parameters and buffers are taken by name from the real model,
 so a segment's gradients are the model's gradients by name.
 
 A ``call_node`` hook lets tensor parallelism run each node on DTensors
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.graph import OpGraph, OpNode, TensorArg
-from planner.node_call import bind_call, resolve_target
+from planner.ir.graph import OpGraph, OpNode, TensorArg
+from planner.ir.node_call import bind_call, resolve_target
 
 NodeCaller = Callable[[OpNode, list[Any]], Any]
 

@@ -31,7 +31,7 @@ from executors.graph_module import Segment, flat_outputs, make_segment, model_te
 from executors.session import Workload
 from executors.stages import StagePart, build_meshes, build_stage, shared_params, sync_shared_grads
 from planner.errors import AutoplanError
-from planner.graph import OpGraph
+from planner.ir.graph import OpGraph
 from planner.plan import Plan
 
 SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
@@ -151,7 +151,7 @@ class PipelineRunner:
 
 def _examples(graph: OpGraph, names: tuple[str, ...], device: str) -> tuple[torch.Tensor, ...]:
     """Empty tensors with each boundary value's shape and dtype (no shape inference needed)."""
-    from planner.node_call import torch_dtype
+    from planner.ir.node_call import torch_dtype
 
     metas = []
     for name in names:

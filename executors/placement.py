@@ -58,8 +58,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from executors.graph_module import call_node_plain, flat_outputs, model_tensors
 from executors.session import Workload, split_batch
 from planner.errors import AutoplanError
-from planner.graph import OpGraph, TensorMeta, op_base_name
-from planner.node_call import torch_dtype
+from planner.ir.graph import OpGraph, TensorMeta, op_base_name
+from planner.ir.node_call import torch_dtype
 from planner.plan import Plan
 
 LOSS = "<loss>"

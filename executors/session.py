@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 from executors.graph_module import check_same_nodes
-from planner.capture import capture
 from planner.errors import AutoplanError
-from planner.graph import OpGraph
-from planner.model_file import ModelFile, instantiate, load_model_file
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
+from planner.ir.model_file import ModelFile, instantiate, load_model_file
 from planner.plan import Plan
 
 BACKENDS = ("gloo", "nccl")

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from executors.graph_module import GraphModule, Segment
 from executors.tensor_parallel import SingleDeviceSharding, StageSharding, make_mesh
-from planner.graph import OpGraph
+from planner.ir.graph import OpGraph
 from planner.plan import Plan, Stage
 
 

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.utils._pytree import tree_flatten, tree_map
 
 from executors.graph_module import call_node_plain, compile_node
-from planner.graph import NodeKind, OpGraph, OpNode, ValueKind
+from planner.ir.graph import NodeKind, OpGraph, OpNode, ValueKind
 from planner.plan import NodeSharding, parse_placement
 
 # DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D

@@ -28,9 +28,9 @@ from executors.graph_module import flat_outputs, model_tensors
 from executors.pipeline import stage_segments
 from executors.session import Workload, split_batch
 from executors.stages import StagePart, build_meshes, build_stage, shared_params, sync_shared_grads
-from planner.graph import OpGraph
-from planner.layers import needs_grad
-from planner.node_call import torch_dtype
+from planner.ir.graph import OpGraph
+from planner.ir.layers import needs_grad
+from planner.ir.node_call import torch_dtype
 from planner.plan import Plan
 
 

@@ -1,5 +1,5 @@
 """``python -m planner`` is the ``plan`` command."""
 
-from planner.cli import entry
+from planner.cli.main import entry
 
 entry()

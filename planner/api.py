@@ -1,13 +1,13 @@
 """The library entry point: ``plan(model, example_inputs, cluster, *, batch_size) -> Plan``.
 
-:func:`plan` captures the model (:mod:`planner.capture`), builds the cost setup (cluster,
+:func:`plan` captures the model (:mod:`planner.ir.capture`), builds the cost setup (cluster,
 compute model, optimizer), runs the chosen method and returns a validated :class:`Plan`.
 :func:`plan_model_file` does the same from a model file, building the model on the meta
 device so that nothing is allocated. Methods are looked up in :data:`METHODS`; ``auto`` is the
 two-level search (:mod:`planner.auto`): pipeline stages on submeshes by DP, each operator's
 sharding by the intra-op problem, microbatches, schedule and recomputation; ``megatron`` and
 ``uniform-pipeline`` are the best hand-written plans of those kinds under the same cost model;
-the placement baselines (:mod:`planner.placement_plan`) put every operator on one device.
+the placement baselines (:mod:`planner.baselines.placement.methods`) put every operator on one device.
 :func:`prepare` captures once and :func:`plan_prepared` runs a method on it (``plan compare``).
 """
 
@@ -22,20 +22,20 @@ from typing import Any
 import torch
 
 from cost_models.cluster import Cluster, load_cluster
-from cost_models.compute import ComputeModel, RooflineCompute
+from cost_models.units import GIB
 from planner.auto import AutoResult, auto_plan
 from planner.baselines.data_parallel import data_parallel
 from planner.baselines.handwritten import check_degrees
-from planner.capture import capture
+from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
+from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
 from planner.errors import AutoplanError
-from planner.estimate import GIB, CostSetup
-from planner.graph import OpGraph
-from planner.inter_op import PipelineOptions, Progress, allowed_slots, microbatch_counts
-from planner.model_file import instantiate, load_model_file
-from planner.pipeline_plan import PricedPipeline
-from planner.placement_plan import PLACEMENT_METHODS, run_placement
+from planner.inter.pricing import PricedPipeline
+from planner.inter.search import PipelineOptions, Progress, allowed_slots, microbatch_counts
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
+from planner.ir.model_file import instantiate, load_model_file
+from planner.ir.rebatch import MicrobatchGraphs
 from planner.plan import ModelRef, Plan, SearchStats, validate_plan
-from planner.rebatch import MicrobatchGraphs
 
 METHODS: dict[str, str] = {
     "auto": "the best plan autoplan can search: pipeline stages by DP, per-operator sharding by ILP, "
@@ -46,7 +46,6 @@ METHODS: dict[str, str] = {
     **PLACEMENT_METHODS,
 }
 AUTO_FAMILY = ("auto", "megatron", "uniform-pipeline")
-COST_MODELS = ("roofline", "profiled")
 
 
 @dataclass(kw_only=True)
@@ -112,45 +111,8 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
     return chosen, stats, notes
 
 
-def default_optimizer(cluster: Cluster) -> str:
-    return "adam-mixed" if cluster.device.mixed_precision else "adam-fp32"
-
-
 def _resolve_cluster(cluster: Cluster | str) -> Cluster:
     return cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
-
-
-def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, repeats: int = 5) -> ComputeModel:
-    """The roofline for ``cluster``'s device, or node times measured on this machine's CPU.
-
-    Measuring runs one thread (one local device per core, as ``local-cpu`` assumes) and uses the
-    on-disk profile cache; nodes of other graphs (other microbatch sizes) are measured when first
-    priced; nodes it cannot time fall back to the roofline. Measured times are multiplied by the
-    device's ``shared_slowdown`` (a calibrated cluster of more processes than cores).
-    """
-    roofline = RooflineCompute(device=cluster.device)
-    if cost_model == "roofline":
-        return roofline
-    if cost_model != "profiled":
-        raise AutoplanError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
-    if not cluster.device.name.startswith("cpu"):
-        raise AutoplanError(
-            f"measured times are for this machine's CPU, but cluster {cluster.name} has {cluster.device.name} "
-            "devices: use the roofline, or --cluster local-cpu / a file from `plan calibrate`"
-        )
-    from cost_models.compute import ProfiledCompute
-    from cost_models.profiler import NodeMeasurer, ProfileCache, profile_graph
-
-    cache = ProfileCache(device="cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        result = profile_graph(graph, repeats=repeats, cache=cache)
-    finally:
-        torch.set_num_threads(threads)
-    device = cluster.device
-    return ProfiledCompute(table=result.times, fallback=roofline, measure=NodeMeasurer(cache=cache, repeats=repeats),
-                           slowdown=device.shared_slowdown, overhead_s=device.kernel_overhead_s)  # fmt: skip
 
 
 def prepare(

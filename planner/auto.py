@@ -1,14 +1,14 @@
 """``method="auto"``: the two-level search, checked against the hand-written plans it must beat.
 
-1. :func:`planner.inter_op.search_pipeline`: per microbatch count, layer options (intra-op
+1. :func:`planner.inter.search.search_pipeline`: per microbatch count, layer options (intra-op
    problem per layer kind and mesh) and the stage DP.
 2. Candidates: the DP's plans of the :data:`DP_CANDIDATES` best microbatch counts, and the three
    best data-parallel, Megatron ``(t, p, d)`` and uniform-pipeline plans by the span options
    (:mod:`planner.baselines.handwritten`), priced as written (no refinement).
-3. Each candidate is priced exactly on whole stages (:func:`planner.pipeline_plan.price_stages`),
+3. Each candidate is priced exactly on whole stages (:func:`planner.inter.pricing.price_stages`),
    and the pure data-parallel plan (one step, no microbatches) joins them.
 4. The best-priced candidate of each method whose price is within :data:`LEADER_RATIO` of the
-   best is replayed by the simulator (:func:`_simulate_leaders`, :mod:`planner.lowering`), and the
+   best is replayed by the simulator (:func:`_simulate_leaders`, :mod:`planner.costing.lowering`), and the
    fastest simulated one that fits is the plan. So the auto plan is never slower than a
    hand-written one under the same judge that ``plan compare`` uses, and its estimate is the exact
    price of what it returns.
@@ -21,15 +21,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cost_models.units import GIB
 from planner.baselines.data_parallel import data_parallel
 from planner.baselines.handwritten import best_handwritten
+from planner.costing.estimate import check_fits
+from planner.costing.lowering import lower_stages, simulate_lowered
+from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.estimate import GIB, CostSetup, check_fits
-from planner.graph import OpGraph
-from planner.inter_op import LayerTables, PipelineOptions, Progress, search_pipeline
-from planner.lowering import lower_stages, simulate_lowered
-from planner.pipeline_plan import PricedPipeline, price_stages, specs_from_dp
-from planner.rebatch import MicrobatchGraphs
+from planner.inter.pricing import PricedPipeline, price_stages, specs_from_dp
+from planner.inter.search import LayerTables, PipelineOptions, Progress, search_pipeline
+from planner.ir.graph import OpGraph
+from planner.ir.rebatch import MicrobatchGraphs
 
 DP_CANDIDATES = 3
 LEADER_RATIO = 1.25  # candidates estimated within 25% of the best are simulated; the fastest simulated wins

@@ -3,7 +3,7 @@
 Each method (:data:`COMPARE_METHODS`) makes its plan on one prepared model
 (:func:`planner.api.plan_prepared`: one capture, one cost setup; auto, megatron and
 uniform-pipeline share one search). Every plan is then replayed by the discrete-event simulator
-(:func:`planner.lowering.simulate_plan`) on the graph at its microbatch size: the simulated step
+(:func:`planner.costing.lowering.simulate_plan`) on the graph at its microbatch size: the simulated step
 time and peak memory per device are what the rows compare, so no method is judged by its own
 estimate. A plan fits when its simulated peak is within the memory budget.
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cost_models.simulator import SimResult
+from cost_models.units import GIB
 from planner.api import METHODS, Prepared, plan_prepared
+from planner.costing.lowering import lower_plan, simulate_lowered
 from planner.errors import AutoplanError
-from planner.estimate import GIB
-from planner.lowering import lower_plan, simulate_lowered
 from planner.plan import Plan
 
 COMPARE_METHODS = (

@@ -16,7 +16,7 @@ from executors.graph_module import flat_outputs
 from executors.runner import TensorParallelRunner, make_runner
 from executors.session import init_distributed, load_workload
 from executors.tensor_parallel import observed_kind
-from planner.collectives import charged_collectives
+from planner.costing.collectives import charged_collectives
 from planner.plan import load_plan
 
 

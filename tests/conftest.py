@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.capture import capture
-from planner.graph import OpGraph
-from planner.model_file import instantiate, load_model_file
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
+from planner.ir.model_file import instantiate, load_model_file
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from planner.capture import capture
 from planner.errors import AutoplanError
-from planner.graph import NodeKind, TensorMeta, ValueKind
-from planner.model_file import instantiate, load_model_file
+from planner.ir.capture import capture
+from planner.ir.graph import NodeKind, TensorMeta, ValueKind
+from planner.ir.model_file import instantiate, load_model_file
 from tests.conftest import EXAMPLES, captured
 
 SMALL = {

@@ -14,10 +14,10 @@ from collections import Counter
 import pytest
 import torch
 
-from planner.capture import capture
 from planner.errors import AutoplanError
-from planner.graph import NodeKind, OpGraph
-from planner.model_file import instantiate, load_model_file
+from planner.ir.capture import capture
+from planner.ir.graph import NodeKind, OpGraph
+from planner.ir.model_file import instantiate, load_model_file
 from tests.conftest import EXAMPLES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

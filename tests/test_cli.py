@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from planner.cli.main import main
 from tests.conftest import EXAMPLES, ROOT
 
 MLP = str(EXAMPLES / "mlp.py")

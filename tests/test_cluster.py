@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.cluster import GIB, PRESET_NAMES, Cluster, load_cluster, preset
+from cost_models.cluster import PRESET_NAMES, Cluster, load_cluster, preset
+from cost_models.units import GIB
 from planner.errors import AutoplanError
 
 TOML = """

@@ -10,7 +10,7 @@ import pytest
 
 from cost_models.cluster import load_cluster
 from planner.api import METHODS, plan_prepared, prepare_model_file
-from planner.cli import main
+from planner.cli.main import main
 from planner.compare import GAP_LIMIT, compare
 from planner.errors import AutoplanError
 from planner.plan import Plan, validate_plan

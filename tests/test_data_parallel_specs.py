@@ -12,12 +12,13 @@ from cost_models.cluster import load_cluster
 from cost_models.compute import RooflineCompute
 from planner.api import plan_prepared, prepare_model_file
 from planner.baselines.data_parallel import data_parallel_stage
-from planner.capture import capture
+from planner.costing.estimate import batched_values
+from planner.costing.setup import CostSetup
+from planner.costing.stage_work import stage_node_work
 from planner.errors import AutoplanError
-from planner.estimate import CostSetup, batched_values
-from planner.graph import OpGraph
+from planner.ir.capture import capture
+from planner.ir.graph import OpGraph
 from planner.plan import Stage
-from planner.stage_work import stage_node_work
 from tests.conftest import EXAMPLES, captured
 
 MOE_ARGS = {"hidden": 32, "layers": 2, "experts": 4, "ffn": 32, "tokens": 8}

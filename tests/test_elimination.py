@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from planner.elimination import min_sum
-from planner.ilp import StrategyEdge, StrategyProblem, brute_force, solve_unconstrained
-from planner.ilp_matrix import reduce_problem
+from planner.intra.elimination import min_sum
+from planner.intra.ilp import brute_force, solve_unconstrained
+from planner.intra.ilp_matrix import reduce_problem
+from planner.intra.problem import StrategyEdge, StrategyProblem
 
 
 def random_problem(seed: int) -> StrategyProblem:

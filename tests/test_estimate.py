@@ -10,8 +10,9 @@ from cost_models.cluster import DeviceSpec, load_cluster
 from cost_models.communication import bucketed_all_reduce_s
 from cost_models.compute import NodeTime, RooflineCompute
 from cost_models.memory import model_state_bytes
-from planner.estimate import CostSetup, compute_s, data_parallel_estimate
-from planner.graph import NodeKind, OpNode, TensorMeta
+from planner.costing.estimate import compute_s, data_parallel_estimate
+from planner.costing.setup import CostSetup
+from planner.ir.graph import NodeKind, OpNode, TensorMeta
 from tests.conftest import captured
 
 DEVICE = DeviceSpec(

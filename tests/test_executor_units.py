@@ -17,10 +17,10 @@ from executors.program import write_program
 from executors.session import split_batch
 from executors.tensor_parallel import to_placements
 from planner.api import plan_model_file
-from planner.capture import capture
-from planner.collectives import charged_collectives
+from planner.costing.collectives import charged_collectives
 from planner.errors import AutoplanError
-from planner.model_file import instantiate, load_model_file
+from planner.ir.capture import capture
+from planner.ir.model_file import instantiate, load_model_file
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "mlp.py"

@@ -9,19 +9,12 @@ import random
 import numpy as np
 import pytest
 
-import planner.ilp as ilp
-from planner import ilp_matrix
+import planner.intra.ilp as ilp
+from cost_models.units import GIB
 from planner.errors import AutoplanError
-from planner.ilp import (
-    MemoryBudgetError,
-    StrategyEdge,
-    StrategyProblem,
-    brute_force,
-    evaluate,
-    solve_strategy_ilp,
-)
-
-GIB = 2**30
+from planner.intra import ilp_matrix
+from planner.intra.ilp import brute_force, solve_strategy_ilp
+from planner.intra.problem import MemoryBudgetError, StrategyEdge, StrategyProblem, evaluate
 
 
 def random_problem(rng: random.Random, *, max_variables: int = 8, max_assignments: int = 4096) -> StrategyProblem:

@@ -12,8 +12,8 @@ from cost_models.cluster import load_cluster
 from cost_models.communication import axis_groups
 from planner.auto import auto_plan
 from planner.baselines.handwritten import megatron_grid
-from planner.capture import capture
-from planner.inter_op import (
+from planner.inter.pricing import price_stages
+from planner.inter.search import (
     LayerTables,
     PipelineOptions,
     boundary_table,
@@ -22,14 +22,12 @@ from planner.inter_op import (
     option_arrays,
     search_pipeline,
 )
-from planner.model_file import instantiate, load_model_file
-from planner.pipeline_plan import price_stages
-from planner.rebatch import MicrobatchGraphs
-from planner.stage_dp import solve_stages, submeshes
+from planner.inter.stage_dp import solve_stages, submeshes
+from planner.ir.capture import capture
+from planner.ir.model_file import instantiate, load_model_file
+from planner.ir.rebatch import MicrobatchGraphs
 from tests.conftest import EXAMPLES, captured
 from tests.test_intra_op import setup_for
-
-GIB = 2**30
 
 
 def graphs_for(name: str, batch_size: int, **model_args: object) -> MicrobatchGraphs:

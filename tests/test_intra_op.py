@@ -7,17 +7,19 @@ import json
 
 import pytest
 
-from cost_models.cluster import GIB, load_cluster
+from cost_models.cluster import load_cluster
 from cost_models.compute import RooflineCompute
+from cost_models.units import GIB
+from planner.costing.setup import CostSetup
+from planner.costing.stage_work import explain_stage
 from planner.errors import AutoplanError
-from planner.estimate import CostSetup
-from planner.explain import stage_from_result
-from planner.ilp import evaluate
-from planner.incumbents import data_parallel_choice, megatron_choice
-from planner.intra_op import IntraOpOptions, build_stage_problem, solve_intra_op
-from planner.sharding import StageMesh
-from planner.single_stage import logical_meshes, single_stage_plan
-from planner.stage_work import explain_stage
+from planner.intra.incumbents import data_parallel_choice, megatron_choice
+from planner.intra.problem import evaluate
+from planner.intra.single_stage import logical_meshes, single_stage_plan
+from planner.intra.solve import solve_intra_op
+from planner.intra.stage_problem import IntraOpOptions, build_stage_problem
+from planner.intra.to_stage import stage_from_result
+from planner.sharding.specs import StageMesh
 from tests.conftest import captured
 
 A100 = load_cluster("dgx-a100")

@@ -6,9 +6,10 @@ import itertools
 
 import pytest
 
-from planner.intra_op import IntraOpOptions
-from planner.layer_costs import SLOTS, SOURCES, layer_table, subgraph
-from planner.layers import boundary_bytes, cluster_layers, collapse_identical_layers, graph_layers
+from planner.inter.layer_costs import SLOTS, SOURCES, layer_table
+from planner.intra.stage_problem import IntraOpOptions
+from planner.ir.graph import subgraph
+from planner.ir.layers import boundary_bytes, cluster_layers, collapse_identical_layers, graph_layers
 from tests.conftest import captured
 from tests.test_intra_op import mesh_for, setup_for
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.baselines.critical_path import critical_path, critical_path_placement, mean_transfer, upward_rank
-from planner.baselines.hash_placement import hash_placement
-from planner.baselines.m_etf import m_etf_placement
-from planner.baselines.multi_objective import multi_objective_placement
-from planner.baselines.placement_problem import PlacementProblem, check_assignment, device_memory_used, fits
+from planner.baselines.placement.critical_path import critical_path, critical_path_placement, mean_transfer, upward_rank
+from planner.baselines.placement.hash_placement import hash_placement
+from planner.baselines.placement.m_etf import m_etf_placement
+from planner.baselines.placement.multi_objective import multi_objective_placement
+from planner.baselines.placement.problem import PlacementProblem, check_assignment, device_memory_used, fits
 from planner.errors import AutoplanError
 
 Placement = Callable[[PlacementProblem], tuple[int, ...]]

@@ -9,7 +9,7 @@ import pytest
 
 from cost_models.cluster import load_cluster
 from planner.api import plan
-from planner.model_file import instantiate, load_model_file
+from planner.ir.model_file import instantiate, load_model_file
 from planner.plan import FORMAT_VERSION, Plan, PlanError, Stage, load_plan, save_plan, validate_plan
 from tests.conftest import EXAMPLES, captured
 

@@ -20,7 +20,7 @@ from cost_models.profiler import (
     profiled_compute,
 )
 from planner.errors import AutoplanError
-from planner.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind
+from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind
 from tests.conftest import captured
 
 FAST = {"warmup": 1, "repeats": 3}

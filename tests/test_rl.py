@@ -8,12 +8,11 @@ import math
 import pytest
 import torch
 
-from planner.baselines.placement_problem import PlacementProblem, fits
-from planner.baselines.rl import group_ops, group_problem, num_groups, rl_placement
+from cost_models.units import GIB
+from planner.baselines.placement.dataflow import simulate_assignment
+from planner.baselines.placement.problem import PlacementProblem, fits
+from planner.baselines.placement.rl import group_ops, group_problem, num_groups, rl_placement
 from planner.errors import AutoplanError
-from planner.lowering import simulate_assignment
-
-GIB = 2.0**30
 
 
 def problem_of(

@@ -9,10 +9,10 @@ import pytest
 
 from cost_models.cluster import Cluster, load_cluster
 from cost_models.runtime_fit import CONSTANTS, ProbeRow, apply_runtime, fit_runtime, probe_features
-from executors.calibrate_runtime import PROBE_FILE, PROBES, probe_degrees
 from planner.api import plan_prepared, prepare_model_file
+from planner.cli.calibrate_runtime import PROBE_FILE, PROBES, probe_degrees
+from planner.costing.lowering import simulate_plan
 from planner.errors import AutoplanError
-from planner.lowering import simulate_plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MLP_ARGS = {"hidden": 32, "layers": 4}
@@ -139,7 +139,7 @@ def test_every_probe_plans_on_two_and_four_devices() -> None:
 
 def test_simulator_prices_pure_data_parallel_as_ddp() -> None:
     """DDP runs on plain tensors (no sharded dispatch) and copies every gradient into its bucket and back."""
-    from planner.estimate import DDP_BUCKET_COPIES
+    from planner.costing.estimate import DDP_BUCKET_COPIES
 
     base = _cluster()
     more = apply_runtime(base, {"sharded_op_overhead_s": 1e-3})

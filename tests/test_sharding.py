@@ -12,8 +12,8 @@ import math
 import pytest
 
 from cost_models.cluster import Cluster, DeviceSpec, Link
-from planner.graph import TensorMeta
-from planner.sharding import REPLICATE, ShardingSpec, StageMesh, reshard_s, shard, shard_dim
+from planner.ir.graph import TensorMeta
+from planner.sharding.specs import REPLICATE, ShardingSpec, StageMesh, reshard_s, shard, shard_dim
 
 INTRA = Link(bandwidth=1e9, latency_s=1e-5)
 INTER = Link(bandwidth=1e8, latency_s=1e-4)

@@ -15,9 +15,9 @@ import pytest
 from cost_models.cluster import load_cluster
 from cost_models.simulator import Span
 from planner.api import plan_model_file
-from planner.cli import main
+from planner.cli.main import main
+from planner.cli.plan_figure import classify, device_label, mesh_position, timeline_rows
 from planner.plan import Plan, Stage, save_plan
-from planner.plan_figure import classify, device_label, mesh_position, timeline_rows
 from tests.conftest import EXAMPLES, ROOT
 
 PNG = b"\x89PNG\r\n\x1a\n"

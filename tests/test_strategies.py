@@ -1,4 +1,4 @@
-"""Per-operator sharding strategies (planner.strategies, planner.op_rules, planner.view_rules).
+"""Per-operator sharding strategies (planner.sharding.strategies, planner.sharding.op_rules, planner.sharding.view_rules).
 
 Costs are hand-worked with the ring formulas of cost_models.communication on one node of 8
 devices linked at 1 GB/s, 10 µs: on n = 4 devices an all-reduce of b bytes is
@@ -13,13 +13,13 @@ import pytest
 
 from cost_models.cluster import Cluster, DeviceSpec, Link
 from cost_models.communication import DDP_BUCKET_BYTES
-from planner.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind
-from planner.intra_op import grad_values
-from planner.op_kinds import classify
-from planner.op_rules import enumerate_strategies
-from planner.sharding import REPLICATE, ShardingSpec, StageMesh, shard
-from planner.strategies import NodeStrategy, StrategyContext
-from planner.view_rules import reshape_map, view_dim_map
+from planner.costing.node_cost import grad_values
+from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind
+from planner.ir.op_kinds import classify
+from planner.sharding.op_rules import enumerate_strategies
+from planner.sharding.specs import REPLICATE, ShardingSpec, StageMesh, shard
+from planner.sharding.strategies import NodeStrategy, StrategyContext
+from planner.sharding.view_rules import reshape_map, view_dim_map
 from tests.conftest import captured
 
 R = REPLICATE

@@ -2,10 +2,10 @@
 
 One stage over all ``d`` devices on a 1-D mesh ``(d,)``; parameters replicated (``R``). The node
 specs follow the batch through the graph, so each is one that a sharding strategy of the node
-(:func:`planner.op_rules.enumerate_strategies`) actually produces:
+(:func:`planner.sharding.op_rules.enumerate_strategies`) actually produces:
 
 * graph inputs arrive split on dim 0 (each device loads its slice of the batch), ``S(0)``;
-* in topological order, every node that carries the batch (:func:`planner.estimate.batched_values`)
+* in topological order, every node that carries the batch (:func:`planner.costing.estimate.batched_values`)
   takes, among its strategies whose parameter specs are all ``R`` and whose specs for its
   batch-carrying inputs equal what their producers output (no resharding), one with a split
   output, then the fewest re-split inputs (below), the most compute shards, the fewest other
@@ -20,22 +20,23 @@ specs follow the batch through the graph, so each is one that a sharding strateg
   is a local slice), so one unruled operator does not replicate the rest of the model; a value
   whose batch dim was reduced away (a mean over the batch) is not lost and is never re-split.
 
-The estimate is :func:`planner.estimate.data_parallel_estimate`.
+The estimate is :func:`planner.costing.estimate.data_parallel_estimate`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from planner.costing.estimate import batched_values, check_fits, data_parallel_estimate
+from planner.costing.node_cost import grad_values
+from planner.costing.records import record_of
+from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.estimate import CostSetup, batched_values, check_fits, data_parallel_estimate
-from planner.graph import OpGraph, OpNode
-from planner.node_cost import grad_values
-from planner.op_rules import enumerate_strategies
+from planner.ir.graph import OpGraph, OpNode
 from planner.plan import Estimate, Stage
-from planner.sharding import REPLICATE, ShardingSpec, StageMesh, shard
-from planner.strategies import NodeStrategy, StrategyContext, replicated_strategy
-from planner.strategy_records import record_of
+from planner.sharding.op_rules import enumerate_strategies
+from planner.sharding.specs import REPLICATE, ShardingSpec, StageMesh, shard
+from planner.sharding.strategies import NodeStrategy, StrategyContext, replicated_strategy
 
 
 def data_parallel_stage(graph: OpGraph, setup: CostSetup, *, batch_size: int, devices: tuple[int, ...]) -> Stage:

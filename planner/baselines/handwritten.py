@@ -3,7 +3,7 @@
 * ``megatron`` (:func:`megatron_grid`): every ``(t, p, d)`` with ``t·p·d = D``, ``t`` dividing
   the devices per node: ``p`` stages of equal layer counts, each on ``t·d`` devices as a
   ``(d, t)`` mesh, data parallel over ``d`` and Megatron tensor parallel over ``t``
-  (:func:`planner.incumbents.megatron_choice`), with and without recomputation;
+  (:func:`planner.intra.incumbents.megatron_choice`), with and without recomputation;
 * ``uniform-pipeline`` (:func:`uniform_pipelines`): ``p`` stages of equal layer counts on
   equal submeshes, each stage with its best option (any mesh, any slot);
 * ``data-parallel``: ``(1, 1, D)`` of the grid.
@@ -11,9 +11,9 @@
 ``--degrees T,P,D`` (:func:`check_degrees`) makes ``megatron`` that one configuration, as users
 check their own, still choosing its microbatch count and recomputation.
 
-Each is scored per microbatch count on the span options of :mod:`planner.inter_op`
+Each is scored per microbatch count on the span options of :mod:`planner.inter.search`
 (:func:`approximate_step_s`: ``Σ t_s + (m − 1)·max t_s``, 1F1B memory), and the best is then
-priced exactly like the auto plan (:func:`planner.pipeline_plan.price_stages`).
+priced exactly like the auto plan (:func:`planner.inter.pricing.price_stages`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.cluster import Cluster
+from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.estimate import CostSetup
-from planner.inter_op import PipelineChoice, boundary_table, mesh_choices
-from planner.layer_costs import SLOTS
-from planner.pipeline_plan import StageSpec
+from planner.inter.layer_costs import SLOTS
+from planner.inter.pricing import StageSpec
+from planner.inter.search import PipelineChoice, boundary_table, mesh_choices
 
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 

@@ -1,0 +1,168 @@
+"""The ``plan`` command.
+
+``plan MODEL_FILE --cluster NAME|FILE --batch-size B ...`` plans a model; subcommands
+``profile``, ``calibrate``, ``compare``, ``run``, ``compile`` and ``show`` stand beside it.
+Every user error is one line on stderr and exit code 2; no output file is written unless the
+whole command succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from planner.cli.options import (
+    EXIT_USAGE,
+    UsageParser,
+    _one_line_warning,
+    add_cluster_options,
+    add_model_options,
+    add_search_options,
+    search_kwargs,
+)
+from planner.errors import AutoplanError
+from planner.plan import Plan
+
+SUBCOMMANDS = ("profile", "calibrate", "compare", "run", "compile", "show")
+_DESCRIPTION = """\
+Find how to train a PyTorch model on a cluster: pipeline stages, per-operator sharding and
+data parallelism, with an estimate of step time and memory per device.
+
+  plan MODEL_FILE --cluster NAME|FILE --batch-size B [options]   plan a model (this form)
+  plan profile MODEL_FILE --batch-size B [options]               per-node FLOPs, time, memory
+  plan calibrate [--out FILE]                                    measure this machine
+  plan compare MODEL_FILE --cluster NAME|FILE --batch-size B     every method, judged by one simulator
+  plan run PLAN.json [--steps N] [--check-parity]                 train with the plan on this machine
+  plan compile PLAN.json --out DIR                                write DIR/train.py for torchrun
+  plan show PLAN.json [--figure OUT.png] [--json]                 summary, simulated step, figure
+
+A model file defines build_model(**kwargs) -> nn.Module and example_inputs(batch_size) -> tuple
+of tensors (optionally loss_fn(output, inputs)); see examples/. Clusters: local-cpu,
+p3.16xlarge, dgx-a100, dgx-h100, or a .toml/.json file (`plan calibrate` writes one).
+Run `plan SUBCOMMAND --help` for a subcommand's options."""
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    from planner.api import METHODS
+
+    parser = UsageParser(
+        prog="plan",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_options(parser)
+    add_cluster_options(parser, required=True)
+    methods = "; ".join(f"{name}: {text}" for name, text in METHODS.items())
+    parser.add_argument("--method", default="auto", choices=tuple(METHODS), metavar="M", help=methods)
+    add_search_options(parser)
+    parser.add_argument("--explain", action="store_true", help="print each node's split, spec and seconds")
+    parser.add_argument(
+        "--out", default="plan.json", metavar="FILE", help="where to write the plan (default plan.json)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of a summary")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``plan`` console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    warnings.showwarning = _one_line_warning
+    try:
+        if args and args[0] in SUBCOMMANDS:
+            return _run_subcommand(args[0], args[1:])
+        return _run_plan(_plan_parser().parse_args(args))
+    except AutoplanError as error:
+        sys.stderr.write(f"plan: error: {error}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("plan: interrupted\n")
+        return 130
+
+
+def _run_subcommand(name: str, args: list[str]) -> int:
+    if name == "profile":
+        from planner.cli.profile import run_profile
+
+        return run_profile(args)
+    if name == "compare":
+        from planner.cli.compare import run_compare
+
+        return run_compare(args)
+    if name in ("run", "compile"):
+        from planner.cli.run import run_compile, run_run
+
+        return run_run(args) if name == "run" else run_compile(args)
+    if name == "show":
+        from planner.cli.show import run_show
+
+        return run_show(args)
+    from planner.cli.calibrate import run_calibrate
+
+    return run_calibrate(args)
+
+
+def _run_plan(options: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    from cost_models.cluster import load_cluster
+    from planner.api import plan_model_file
+    from planner.ir.model_file import parse_model_args
+    from planner.plan import save_plan
+    from planner.plan.report import plan_summary
+
+    cluster = load_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node)
+    model_args = parse_model_args(options.model_arg)
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+    console = Console(stderr=True)
+    bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+    task = bar.add_task(f"capturing {options.model_file} for {cluster.num_devices} devices", total=None)
+
+    def progress(what: str, done: int, total: int) -> None:
+        bar.update(task, description=what, completed=done, total=total)
+
+    with bar:
+        result = plan_model_file(
+            options.model_file,
+            cluster,
+            batch_size=options.batch_size,
+            model_args=model_args,
+            method=options.method,
+            progress=progress,
+            **search_kwargs(options),
+        )
+    out = Path(options.out)
+    save_plan(result, out)
+    if options.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(plan_summary(result))
+        print(f"wrote {out}")
+    if options.explain:
+        _print_explanation(result)
+    return 0
+
+
+def _print_explanation(result: Plan) -> None:
+    from rich.console import Console
+
+    from planner.cli.explain_table import explain_table
+    from planner.plan.explain import ExplainRow
+
+    console = Console(width=200, stderr=False)
+    for stage in result.stages:
+        if not stage.explanation:
+            console.print(f"stage {stage.index}: {result.method} has no per-node explanation")
+            continue
+        rows = [ExplainRow(**row) for row in stage.explanation]
+        mesh = "×".join(str(size) for size in stage.mesh_shape)
+        console.print(explain_table(rows, title=f"stage {stage.index} on mesh {mesh}: split per mesh axis"))
+
+
+def entry() -> NoReturn:
+    raise SystemExit(main())

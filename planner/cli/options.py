@@ -1,0 +1,146 @@
+"""What every ``plan`` subcommand shares: the one-line usage errors, the model, cluster and search
+options, and one-line warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+EXIT_USAGE = 2
+
+
+class UsageParser(argparse.ArgumentParser):
+    """Usage errors as one line (``plan: error: ... (see plan --help)``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_file", metavar="MODEL_FILE", help="Python file with build_model and example_inputs")
+    parser.add_argument("--batch-size", type=int, required=True, metavar="B", help="global batch size of one step")
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for build_model (repeatable), e.g. --model-arg size=1.3b",
+    )
+    parser.add_argument(
+        "--tracer", choices=("export", "fx"), default="export", help="graph capture: torch.export (default) or torch.fx"
+    )
+
+
+def add_cluster_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "--cluster",
+        required=required,
+        default=None if required else "local-cpu",
+        metavar="NAME|FILE",
+        help="preset (local-cpu, p3.16xlarge, dgx-a100, dgx-h100) or a cluster .toml/.json file",
+    )
+    parser.add_argument("--nodes", type=int, metavar="N", help="number of nodes (overrides the cluster's)")
+    parser.add_argument("--devices-per-node", type=int, metavar="M", help="devices per node (overrides the cluster's)")
+
+
+def add_search_options(parser: argparse.ArgumentParser) -> None:
+    """Options every method reads: costs, memory, pipeline search, Megatron degrees, RL budget."""
+    from planner.costing.setup import COST_MODELS
+
+    parser.add_argument(
+        "--optimizer", default=None, help="adam-mixed (16 B/param, default on GPUs), adam-fp32 (default on CPU), sgd"
+    )
+    parser.add_argument(
+        "--cost-model",
+        choices=COST_MODELS,
+        default="roofline",
+        help="roofline (analytical, any device) or profiled (times measured on this machine's CPU)",
+    )
+    parser.add_argument(
+        "--memory-fraction", type=float, default=1.0, metavar="F", help="share of device memory the plan may use"
+    )
+    parser.add_argument(
+        "--max-stages", type=int, default=None, metavar="K", help="most pipeline stages (default: no limit)"
+    )
+    parser.add_argument(
+        "--microbatches",
+        type=_microbatches,
+        default=None,
+        metavar="K|auto",
+        help="microbatches per step: a divisor of the batch, or auto (default: search the powers of two up to 64)",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=("auto", "1f1b", "gpipe"),
+        default="auto",
+        help="pipeline schedule; auto takes 1f1b (same time, never more memory)",
+    )
+    parser.add_argument(
+        "--remat",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="activation recomputation per stage: auto lets the search choose",
+    )
+    parser.add_argument("--zero", action="store_true", help="shard optimizer state and gradients over data axes (ZeRO)")
+    parser.add_argument(
+        "--ilp-time-limit", type=float, default=30.0, metavar="S", help="seconds per ILP solve (default 30)"
+    )
+    parser.add_argument(
+        "--degrees",
+        type=_degrees,
+        default=None,
+        metavar="T,P,D",
+        help="megatron: evaluate this one (tensor, pipeline, data) configuration instead of the grid",
+    )
+    parser.add_argument(
+        "--rl-budget-s", type=float, default=30.0, metavar="S", help="rl: seconds of training (default 30)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="rl: random seed (default 0)")
+
+
+def search_kwargs(options: argparse.Namespace) -> dict:
+    """The keyword options of :func:`planner.api.prepare` from parsed search options."""
+    return {
+        "tracer": options.tracer,
+        "optimizer": options.optimizer,
+        "cost_model": options.cost_model,
+        "memory_fraction": options.memory_fraction,
+        "max_stages": options.max_stages,
+        "microbatches": options.microbatches,
+        "schedule": options.schedule,
+        "remat": options.remat,
+        "zero": options.zero,
+        "ilp_time_limit_s": options.ilp_time_limit,
+        "degrees": options.degrees,
+        "rl_budget_s": options.rl_budget_s,
+        "seed": options.seed,
+    }
+
+
+def _degrees(text: str) -> tuple[int, int, int]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be three positive integers T,P,D (e.g. 2,4,2), got {text!r}")
+    return values  # type: ignore[return-value]
+
+
+def _microbatches(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}")
+    return value
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(f"plan: warning: {str(message).splitlines()[0]}\n")

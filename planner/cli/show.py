@@ -1,0 +1,165 @@
+"""``plan show PLAN.json [--figure out.png] [--json]``: what a plan does, in words, numbers and a figure.
+
+The plan's model is rebuilt from its model file (on the meta device), captured at the full batch
+(its fingerprint must be the plan's) and at the microbatch size, and the plan is replayed by the
+discrete-event simulator (:func:`planner.costing.lowering.simulate_plan`, roofline compute times on the
+plan's cluster): the simulated step, bubble and peak memory per device are printed beside the
+plan's summary (:func:`planner.plan.report.plan_summary`), or as JSON with ``--json``. ``--figure``
+draws the plan on its device grid and the simulated step as a Gantt chart
+(:mod:`planner.cli.plan_figure`). Bad input is one error line and exit 2, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cost_models.simulator import SimResult
+from cost_models.units import GIB, MIB
+from planner.errors import AutoplanError
+from planner.ir.graph import OpGraph
+from planner.plan import Plan, Stage
+
+if TYPE_CHECKING:
+    from planner.ir.model_file import ModelFile
+
+
+def _parser() -> argparse.ArgumentParser:
+    from planner.cli.options import UsageParser
+
+    parser = UsageParser(
+        prog="plan show",
+        description=(
+            "Summarise a plan and replay it in the discrete-event simulator (roofline compute times on the plan's "
+            "cluster): simulated step time, bubble and peak memory per device. --figure draws the stages on the "
+            "device grid with their meshes and a per-device timeline of the simulated step. The plan's model file "
+            "is rebuilt and checked against the plan's fingerprint."
+        ),
+    )
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
+    parser.add_argument("--figure", default=None, metavar="OUT.png", help="draw the plan and its timeline as a PNG")
+    parser.add_argument("--json", action="store_true", help="print stages and simulated numbers as JSON")
+    return parser
+
+
+def run_show(argv: Sequence[str]) -> int:
+    from planner.plan import load_plan
+    from planner.plan.report import plan_summary
+
+    options = _parser().parse_args(list(argv))
+    figure = _figure_path(options.figure)
+    plan = load_plan(options.plan)
+    result = simulate_recorded(plan)
+    if figure is not None:
+        from planner.cli.plan_figure import draw_plan
+
+        draw_plan(plan, result, figure)
+    if options.json:
+        print(json.dumps(show_json(plan, result), indent=2))
+        return 0
+    print(plan_summary(plan))
+    print(simulated_line(plan, result))
+    if figure is not None:
+        print(f"wrote {figure}")
+    return 0
+
+
+def _figure_path(text: str | None) -> Path | None:
+    if text is None:
+        return None
+    figure = Path(text)
+    if figure.suffix.lower() != ".png":
+        raise AutoplanError(f"--figure must name a .png file, got {figure}")
+    if not figure.parent.is_dir():
+        raise AutoplanError(f"--figure: directory {figure.parent} does not exist")
+    if figure.is_dir():
+        raise AutoplanError(f"--figure {figure} is a directory: name a .png file")
+    return figure
+
+
+def simulate_recorded(plan: Plan) -> SimResult:
+    """The plan's step in the simulator with every task's span, on the graph at its microbatch size."""
+    graph = microbatch_graph(plan)  # first: its cheap checks fail before torch is imported
+    from planner.costing.lowering import simulate_plan
+    from planner.costing.setup import CostSetup, make_compute_model
+
+    setup = CostSetup(cluster=plan.cluster, compute=make_compute_model(graph, plan.cluster, cost_model="roofline"),
+                      optimizer=plan.optimizer)  # fmt: skip
+    return simulate_plan(plan, graph, setup, record=True)
+
+
+def microbatch_graph(plan: Plan) -> OpGraph:
+    """Rebuild the plan's model, check it is the planned one, and capture it at the microbatch size."""
+    if plan.model.file is None:
+        raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
+    path = Path(plan.model.file)
+    if not path.is_file():
+        raise AutoplanError(f"the plan's model file {path} does not exist: run `plan show` from the directory the plan "
+                            "was made in, or re-plan the model")  # fmt: skip
+    from planner.ir.model_file import load_model_file  # imports torch: after the cheap checks
+    from planner.plan import validate_plan
+
+    model_file = load_model_file(path)
+    full = _capture_at(plan, model_file, plan.batch_size)
+    if full.fingerprint() != plan.model.fingerprint:
+        raise AutoplanError(
+            f"model fingerprint mismatch: the plan was made for model {plan.model.fingerprint}, but {path} with "
+            f"{dict(plan.model.args)} builds {full.fingerprint()}; re-plan the model"
+        )
+    validate_plan(plan, full)
+    size = plan.batch_size // plan.num_microbatches
+    if size == plan.batch_size:
+        return full
+    graph = _capture_at(plan, model_file, size)
+    if [(n.name, n.target) for n in graph.nodes] != [(n.name, n.target) for n in full.nodes]:
+        raise AutoplanError(f"the model captured at microbatch size {size} has different nodes from the planned "
+                            "capture: make the model's graph independent of the batch size")  # fmt: skip
+    return graph
+
+
+def _capture_at(plan: Plan, model_file: ModelFile, batch_size: int) -> OpGraph:
+    from planner.ir.capture import capture
+    from planner.ir.model_file import instantiate
+
+    model, inputs = instantiate(model_file, batch_size=batch_size, model_args=dict(plan.model.args))
+    return capture(model, inputs, tracer=plan.model.tracer)
+
+
+def stage_json(stage: Stage) -> dict[str, Any]:
+    sharded = sum(any(p.startswith("S") for p in spec) for spec in stage.param_placements.values())
+    return {
+        "index": stage.index,
+        "devices": list(stage.devices),
+        "mesh_shape": list(stage.mesh_shape),
+        "num_nodes": len(stage.nodes),
+        "num_params": len(stage.param_placements),
+        "num_params_sharded": sharded,
+        "remat": stage.remat,
+    }
+
+
+def show_json(plan: Plan, result: SimResult) -> dict[str, Any]:
+    return {
+        "method": plan.method,
+        "num_microbatches": plan.num_microbatches,
+        "schedule": plan.schedule,
+        "stages": [stage_json(stage) for stage in sorted(plan.stages, key=lambda s: s.index)],
+        "estimated_step_time_s": plan.estimate.step_time_s,
+        "simulated_step_time_s": result.step_time_s,
+        "bubble_fraction": result.bubble_fraction,
+        "peak_memory_bytes": result.max_memory_bytes,
+    }
+
+
+def simulated_line(plan: Plan, result: SimResult) -> str:
+    estimate = plan.estimate.step_time_s
+    versus = f" ({result.step_time_s / estimate - 1:+.0%} vs the estimate)" if estimate > 0 else ""
+    return (f"simulated: step {result.step_time_s:.4g} s{versus}, bubble {result.bubble_fraction:.0%}, peak "
+            f"{_size(result.max_memory_bytes)} per device (discrete-event simulator, roofline compute times)")  # fmt: skip
+
+
+def _size(num_bytes: float) -> str:
+    return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= 0.1 * GIB else f"{num_bytes / MIB:.1f} MiB"

@@ -1,0 +1,130 @@
+"""Step time, memory and throughput of a plan under one cost model, in seconds and bytes.
+
+A single-stage plan over ``d`` data-parallel devices (:func:`data_parallel_estimate`)::
+
+    step_time_s  = compute_s + grad_sync_s + bucket_copy_s + optimizer_s + step_overhead_s
+    compute_s    = Σ_v  t_v(fwd + bwd) scaled by 1/d for batch-carrying nodes   (compute.py);
+                   with measured times, Σ_v t_v of the graph at the batch of one replica
+    grad_sync_s  = Σ_params bucketed all-reduce(gradient bytes, d devices, slowest link) (communication.py)
+    bucket_copy_s = 4 · gradient bytes / memory bandwidth: DDP copies gradients into its buckets and
+                   back (``DDP_BUCKET_COPIES``; the executor runs pure data parallelism with DDP)
+    optimizer_s  = num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth
+    step_overhead_s = the device's calibrated host work once per step (every plan pays it)
+    memory_bytes = model state (memory.py, by optimizer) + saved activations / d
+                   + the largest operator output / d (working memory of the biggest kernel)
+
+Gradient synchronisation is charged in full after the backward pass: no overlap with compute
+is assumed yet, so the estimate errs long rather than short. Model FLOPs are those of the
+captured graph (forward + backward, no recomputation); TFLOP/s per device and model-FLOPs
+utilisation (MFU) divide them by step time, device count and the device's peak.
+"""
+
+from __future__ import annotations
+
+from cost_models.communication import bucketed_all_reduce_s
+from cost_models.memory import model_state_bytes, optimizer_bytes, saved_activation_bytes
+from cost_models.units import GIB
+from planner.costing.setup import CostSetup
+from planner.errors import AutoplanError
+from planner.ir.graph import OpGraph
+from planner.plan import Estimate
+
+# DDP (gradient_as_bucket_view=False, torch's default) copies each gradient into its bucket before the
+# all-reduce and back after it: two reads and two writes of every gradient byte.
+DDP_BUCKET_COPIES = 4
+
+
+def batched_values(graph: OpGraph) -> set[str]:
+    """Names of the values that carry the batch: graph inputs and everything computed from them."""
+    batched = {value.name for value in graph.inputs}
+    for node in graph.nodes:
+        if any(name in batched for name in node.inputs):
+            batched.add(node.name)
+    return batched
+
+
+def compute_s(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> float:
+    batched = batched_values(graph)
+    total = 0.0
+    for node in graph.nodes:
+        time = setup.compute.node_time(node)
+        total += time.scaled(1 / num_batch_shards).total_s if node.name in batched else time.total_s
+    return total
+
+
+def optimizer_step_s(num_params: float, setup: CostSetup) -> float:
+    """A memory-bound elementwise update: read and write weights and state, read gradients."""
+    per_param = optimizer_bytes(setup.optimizer)
+    device = setup.cluster.device
+    moved = num_params * (2 * (per_param.weights + per_param.state) + per_param.grads)
+    return moved / (device.memory_bandwidth * device.memory_efficiency)
+
+
+def activation_bytes(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> float:
+    saved = saved_activation_bytes(graph, activation_itemsize=setup.activation_itemsize)
+    itemsize = setup.activation_itemsize
+    largest = max(
+        (meta.numel * itemsize if itemsize and meta.is_floating else meta.nbytes for n in graph for meta in n.outputs),
+        default=0,
+    )
+    return (saved + largest) / num_batch_shards
+
+
+def data_parallel_estimate(
+    graph: OpGraph, setup: CostSetup, *, devices: tuple[int, ...], replica_graph: OpGraph | None = None
+) -> Estimate:
+    """``replica_graph``: the graph at one replica's batch, priced as it is instead of ``graph``'s
+    batch-carrying nodes scaled by ``1/d`` (for compute models whose times depend on shapes)."""
+    num_devices = len(devices)
+    per_param = optimizer_bytes(setup.optimizer)
+    if replica_graph is not None:
+        compute = compute_s(replica_graph, setup, num_batch_shards=1)
+    else:
+        compute = compute_s(graph, setup, num_batch_shards=num_devices)
+    link = setup.cluster.link_between(devices)
+    grad_sync = sum(
+        bucketed_all_reduce_s(p.meta.numel * per_param.grads, num_devices=num_devices, link=link) for p in graph.params
+    )
+    optimizer = optimizer_step_s(graph.num_params, setup)
+    device = setup.cluster.device
+    grad_bytes = sum(p.meta.numel * per_param.grads for p in graph.params)
+    copies = DDP_BUCKET_COPIES if num_devices > 1 else 0  # one device runs without DDP
+    bucket_copy = copies * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
+    step = compute + grad_sync + bucket_copy + optimizer + device.step_overhead_s
+    memory = model_state_bytes(graph.num_params, optimizer=setup.optimizer) + activation_bytes(
+        graph, setup, num_batch_shards=num_devices
+    )
+    return Estimate(
+        step_time_s=step,
+        per_stage_time_s=(step,),
+        memory_per_device_bytes=int(memory),
+        bubble_fraction=0.0,
+        tflops_per_device=model_tflops_per_device(graph, step_time_s=step, num_devices=num_devices),
+        mfu=mfu(graph, setup, step_time_s=step, num_devices=num_devices),
+        breakdown_s={
+            "compute_s": compute,
+            "grad_sync_s": grad_sync,
+            "bucket_copy_s": bucket_copy,
+            "optimizer_s": optimizer,
+        },
+    )
+
+
+def model_tflops_per_device(graph: OpGraph, *, step_time_s: float, num_devices: int) -> float:
+    return (graph.flops_fwd + graph.flops_bwd) / step_time_s / num_devices / 1e12
+
+
+def mfu(graph: OpGraph, setup: CostSetup, *, step_time_s: float, num_devices: int) -> float:
+    device = setup.cluster.device
+    peak = device.peak("bfloat16" if device.mixed_precision else "float32")
+    return model_tflops_per_device(graph, step_time_s=step_time_s, num_devices=num_devices) * 1e12 / peak
+
+
+def check_fits(estimate: Estimate, setup: CostSetup, *, what: str) -> None:
+    """Raise the user-facing "does not fit" error when the plan needs more memory than allowed."""
+    if estimate.memory_per_device_bytes > setup.memory_budget_bytes:
+        share = "" if setup.memory_fraction == 1.0 else f" (memory fraction {setup.memory_fraction:g})"
+        raise AutoplanError(
+            f"does not fit: {what} needs {estimate.memory_per_device_bytes / GIB:.1f} GiB per device, "
+            f"the device has {setup.memory_budget_bytes / GIB:.1f} GiB{share}"
+        )

@@ -1,0 +1,264 @@
+"""Every plan as a task graph for the simulator (:mod:`cost_models.simulator`).
+
+A plan's nodes are cut into *chunks*: maximal runs of consecutive nodes (graph order) on the
+same stage. A pipeline plan has one chunk per stage; an op placement has many. Per microbatch
+``i`` each chunk ``c`` gets a forward task ``F(c, i)`` and a backward task ``B(c, i)`` on its
+stage's resource (all of the stage's devices), with durations the sums of its nodes' work
+(:mod:`planner.costing.stage_work`; recomputation adds the forward again to ``B`` and keeps only the
+stage inputs). ``F`` allocates the chunk's activations, ``B`` frees them; the stage's model
+state is its base memory. After a stage's last backward one ``step`` task does its gradient
+sync and optimizer update plus the device's ``step_overhead_s``. Pure data parallelism
+(:func:`planner.costing.stage_work.runs_as_ddp`) is priced as the executor runs it, DDP on plain tensors: no
+sharded-operator dispatch, and DDP's gradient bucket copies in the step. Values crossing stages become
+transfer tasks on a link resource per ordered pair of stages, forward for the activation and backward
+for its gradient.
+
+* **Pipelines** (``gpipe``, ``1f1b``, and one stage with ``none``): stage ``s`` sends everything
+  live across its last node (:func:`planner.ir.layers.boundary_bytes`) to ``s + 1``, over
+  ``min(|s|, |s + 1|)`` parallel device pairs on the link joining them, then regroups it inside
+  the receiver's node (``latency + bytes / pairs / bandwidth + all-gather``, as the planner's
+  boundary cost). With several stages each task also pays half the device's
+  ``microbatch_overhead_s`` (the schedule's host work). Each stage runs its tasks in the fixed order of the
+  schedule (:func:`pipeline_order`): GPipe all forwards then all backwards; 1F1B
+  ``min(p − s − 1, m)`` warm-up forwards, then one forward one backward, then the backwards.
+* **Dataflow** (op placements): every crossing edge is its own transfer
+  (:attr:`~planner.baselines.placement.problem.PlacementProblem.transfer_s`) and each device runs
+  whichever of its tasks became ready first (FIFO, as TensorFlow's executor), so microbatches
+  overlap wherever the placement lets them.
+
+:func:`simulate_plan` judges a :class:`~planner.plan.Plan`; :func:`simulate_assignment` judges an
+op→device assignment of a placement problem without building a plan (the RL reward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from cost_models.communication import all_gather_s, p2p_s
+from cost_models.simulator import SimResult, TaskGraph, simulate
+from planner.costing.setup import CostSetup
+from planner.costing.stage_work import NodeWork, runs_as_ddp, stage_node_work
+from planner.ir.graph import OpGraph
+from planner.ir.layers import boundary_bytes
+from planner.plan import Plan, Stage
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    stage: int
+    fwd_s: float
+    bwd_s: float  # recomputation included
+    activation_bytes: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lowered:
+    num_devices: int
+    stage_devices: tuple[tuple[int, ...], ...]
+    state_bytes: tuple[float, ...]  # per stage
+    step_s: tuple[float, ...]  # per stage
+    chunks: tuple[Chunk, ...]  # in graph order
+    edges: dict[tuple[int, int], float]  # (chunk from, chunk to) -> bytes per microbatch
+    schedule: str  # gpipe, 1f1b, none or dataflow
+    num_microbatches: int
+    transfer_s: Callable[[int, int, float], float]  # (stage from, stage to, bytes) -> seconds
+    totals_s: Mapping[str, float] = field(default_factory=dict)  # per microbatch, summed over devices' stages
+
+
+def pipeline_order(schedule: str, *, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """``("F", i)`` / ``("B", i)`` in the order stage ``stage`` runs them."""
+    m = num_microbatches
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(num_stages - stage - 1, m)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warmup, m)]
+
+
+def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_step: bool = True) -> TaskGraph:
+    """The task graph of a lowered plan; the switches drop transfers or steps (to explain a gap)."""
+    graph = TaskGraph(num_devices=lowered.num_devices)
+    fixed = lowered.schedule in PIPELINE_SCHEDULES
+    stages = [
+        graph.add_resource(
+            f"stage {s}", devices=devices, order="fixed" if fixed else "ready", base_memory_bytes=lowered.state_bytes[s]
+        )
+        for s, devices in enumerate(lowered.stage_devices)
+    ]
+    links: dict[tuple[int, int], int] = {}
+
+    def link(a: int, b: int) -> int:
+        if (a, b) not in links:
+            links[a, b] = graph.add_resource(f"link {a}>{b}", order="ready")
+        return links[a, b]
+
+    def transfer(name: str, a: int, b: int, num_bytes: float, after: int) -> int:
+        seconds = lowered.transfer_s(a, b, num_bytes) if include_transfers else 0.0
+        return graph.add_task(name, resource=link(a, b), duration_s=seconds, deps=(after,))
+
+    chunks, m = lowered.chunks, lowered.num_microbatches
+    into: list[list[tuple[int, float]]] = [[] for _ in chunks]
+    for (u, v), num_bytes in sorted(lowered.edges.items()):
+        into[v].append((u, num_bytes))
+    forward = {}
+    for i in range(m):
+        for c, chunk in enumerate(chunks):
+            deps = []
+            for u, num_bytes in into[c]:
+                same = chunks[u].stage == chunk.stage
+                deps.append(forward[u, i] if same else transfer(f"F{i} {u}>{c}", chunks[u].stage, chunk.stage,
+                                                                   num_bytes, forward[u, i]))  # fmt: skip
+            forward[c, i] = graph.add_task(f"F{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.fwd_s,
+                                           deps=deps, alloc_bytes=chunk.activation_bytes)  # fmt: skip
+    out: list[list[tuple[int, float]]] = [[] for _ in chunks]
+    for (u, v), num_bytes in sorted(lowered.edges.items()):
+        out[u].append((v, num_bytes))
+    backward = {}
+    for i in range(m):
+        for c in reversed(range(len(chunks))):
+            chunk, deps = chunks[c], [forward[c, i]]
+            for v, num_bytes in out[c]:
+                same = chunks[v].stage == chunk.stage
+                deps.append(backward[v, i] if same else transfer(f"B{i} {v}>{c}", chunks[v].stage, chunk.stage,
+                                                                    num_bytes, backward[v, i]))  # fmt: skip
+            backward[c, i] = graph.add_task(f"B{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.bwd_s,
+                                            deps=deps, free_bytes=chunk.activation_bytes)  # fmt: skip
+    steps = {}
+    for s, resource in enumerate(stages):
+        mine = [backward[c, i] for c, chunk in enumerate(chunks) if chunk.stage == s for i in range(m)]
+        seconds = lowered.step_s[s] if include_step else 0.0
+        steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine)
+    if fixed:
+        _set_pipeline_orders(graph, lowered, stages, forward, backward, steps)
+    return graph
+
+
+def _set_pipeline_orders(graph: TaskGraph, lowered: Lowered, stages: list[int], forward: dict, backward: dict,
+                         steps: dict) -> None:  # fmt: skip
+    assert [chunk.stage for chunk in lowered.chunks] == list(range(len(stages))), "a pipeline has one chunk per stage"
+    schedule = "1f1b" if lowered.schedule == "none" else lowered.schedule
+    for s, resource in enumerate(stages):
+        order = pipeline_order(schedule, num_stages=len(stages), stage=s, num_microbatches=lowered.num_microbatches)
+        tasks = [forward[s, i] if kind == "F" else backward[s, i] for kind, i in order]
+        graph.set_order(resource, [*tasks, steps[s]])
+
+
+def simulate_lowered(lowered: Lowered, *, record: bool = False, include_transfers: bool = True,
+                     include_step: bool = True) -> SimResult:  # fmt: skip
+    tasks = build_tasks(lowered, include_transfers=include_transfers, include_step=include_step)
+    return simulate(tasks, record=record)
+
+
+def chunks_of(stage_of: Sequence[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for position, stage in enumerate(stage_of):
+        if runs and stage_of[runs[-1][-1]] == stage:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    return runs
+
+
+def lower_plan(plan: Plan, graph: OpGraph, setup: CostSetup) -> Lowered:
+    """``graph`` is the model at the plan's microbatch size (``batch_size / num_microbatches``)."""
+    return lower_stages(plan.stages, graph, setup, num_microbatches=plan.num_microbatches, schedule=plan.schedule,
+                        zero=plan.zero)  # fmt: skip
+
+
+def lower_stages(
+    plan_stages: Sequence[Stage], graph: OpGraph, setup: CostSetup, *, num_microbatches: int, schedule: str,
+    zero: bool = False,
+) -> Lowered:  # fmt: skip
+    """:func:`lower_plan` from a plan's parts (candidates that are not plans yet)."""
+    m = num_microbatches
+    stages = sorted(plan_stages, key=lambda s: s.index)
+    assert [stage.index for stage in stages] == list(range(len(stages))), "stages are numbered 0..S-1"
+    stage_of = {name: stage.index for stage in stages for name in stage.nodes}
+    work: dict[str, NodeWork] = {}
+    ddp = runs_as_ddp(stages, zero=zero)
+    for stage in stages:
+        work.update(stage_node_work(stage, graph, setup, zero=zero, ddp=ddp))
+    order = [stage_of[node.name] for node in graph.nodes]
+    runs = chunks_of(order)
+    chunks = tuple(_chunk(graph, run, order[run[0]], work, remat=stages[order[run[0]]].remat) for run in runs)
+    pipeline = schedule in PIPELINE_SCHEDULES and [c.stage for c in chunks] == list(range(len(stages)))
+    if pipeline and len(stages) > 1:  # the schedule's host work per stage and microbatch, half per pass
+        half = setup.cluster.device.microbatch_overhead_s / 2
+        chunks = tuple(replace(c, fwd_s=c.fwd_s + half, bwd_s=c.bwd_s + half) for c in chunks)
+    return Lowered(
+        num_devices=setup.cluster.num_devices,
+        stage_devices=tuple(stage.devices for stage in stages),
+        state_bytes=tuple(math.fsum(work[n].state_bytes for n in stage.nodes) for stage in stages),
+        step_s=tuple(
+            math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s for stage in stages
+        ),
+        chunks=chunks,
+        edges=_pipeline_edges(graph, runs, setup) if pipeline else _dataflow_edges(graph, runs, setup),
+        schedule=schedule if pipeline else "dataflow",
+        num_microbatches=m,
+        transfer_s=_stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
+        totals_s={
+            key: math.fsum(getattr(w, key) for w in work.values()) for key in ("compute_s", "comm_s", "reshard_s")
+        }
+        | {"step_s": math.fsum(work[n].step_s for n in stages[0].nodes)},
+    )
+
+
+def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork], *, remat: bool) -> Chunk:
+    nodes = [work[graph.nodes[p].name] for p in run]
+    fwd, bwd = math.fsum(w.fwd_s for w in nodes), math.fsum(w.bwd_s for w in nodes)
+    if remat:
+        return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd + fwd, activation_bytes=math.fsum(w.input_bytes for w in nodes))
+    return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd, activation_bytes=math.fsum(w.activation_bytes for w in nodes))
+
+
+def _value_bytes(setup: CostSetup, meta) -> float:
+    itemsize = setup.activation_itemsize
+    return float(meta.numel * itemsize if itemsize and meta.is_floating else meta.nbytes)
+
+
+def _pipeline_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> dict[tuple[int, int], float]:
+    cut = boundary_bytes(graph)
+    scale = 0.5 if setup.activation_itemsize == 2 else 1.0  # boundary_bytes counts fp32 outputs
+    return {(c, c + 1): cut[run[-1]] * scale for c, run in enumerate(runs[:-1]) if cut[run[-1]] > 0}
+
+
+def _dataflow_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> dict[tuple[int, int], float]:
+    chunk_of = {graph.nodes[p].name: c for c, run in enumerate(runs) for p in run}
+    sent: dict[tuple[str, int], float] = {}
+    for node in graph.nodes:
+        for name, meta in zip(node.inputs, node.input_metas, strict=True):
+            if name in chunk_of and chunk_of[name] != chunk_of[node.name]:
+                sent[name, chunk_of[node.name]] = _value_bytes(setup, meta)
+    edges: dict[tuple[int, int], float] = {}
+    for (name, c), num_bytes in sent.items():
+        edges[chunk_of[name], c] = edges.get((chunk_of[name], c), 0.0) + num_bytes
+    return edges
+
+
+def _stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipeline: bool) -> Callable:
+    cluster = setup.cluster
+
+    def transfer_s(a: int, b: int, num_bytes: float) -> float:
+        if num_bytes <= 0:
+            return 0.0
+        link = cluster.link_between([devices[a][0], devices[b][0]])
+        if not pipeline:
+            return p2p_s(num_bytes, link=link)
+        pairs = min(len(devices[a]), len(devices[b]))
+        group = min(len(devices[b]), cluster.devices_per_node)
+        regroup = all_gather_s(num_bytes * group / len(devices[b]), num_devices=group, link=cluster.intra_node)
+        return p2p_s(num_bytes / pairs, link=link) + regroup
+
+    return transfer_s
+
+
+def simulate_plan(plan: Plan, graph: OpGraph, setup: CostSetup, *, record: bool = False) -> SimResult:
+    """The simulated step of ``plan``; ``graph`` at its microbatch size, ``setup`` the plan's cost setup."""
+    return simulate_lowered(lower_plan(plan, graph, setup), record=record)

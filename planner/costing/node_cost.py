@@ -1,0 +1,97 @@
+"""What one node costs under one sharding strategy: seconds per microbatch, seconds per step, bytes.
+
+The intra-op ILP (:mod:`planner.intra.stage_problem`) prices every strategy of every node with
+:func:`node_cost`; the simulator (:mod:`planner.costing.stage_work`) prices the one strategy a plan stores
+with the same function, so what was searched and what is judged are one cost::
+
+    compute_s = t_v(fwd + bwd) / shards(s) + h · passes_v            compute — cost_models.compute
+    comm_s    = the strategy's own collectives (NodeStrategy.comm_s)
+    step_s    = grad_sync(s) + optimizer(local params) + h · params_v   once per step
+              (+ DDP_BUCKET_COPIES · gradient bytes / memory bandwidth when the stage runs as DDP)
+    state_bytes      = model state of v's parameters at their shard counts (planner.costing.setup / memory.py);
+                       with ``zero`` optimizer state and gradients also split over the sync axes
+    activation_bytes = v's output at its local size, when it is kept for backward
+
+``h`` is the device's calibrated ``sharded_op_overhead_s`` on a mesh of more than one device
+(:func:`sharded_dispatch_s`: the executor runs such stages on DTensors), 0 on one device and for a
+stage run as DDP; ``passes_v`` is 2 when v has floating inputs, else 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.memory import model_state_bytes, optimizer_bytes
+from planner.costing.estimate import DDP_BUCKET_COPIES, optimizer_step_s
+from planner.costing.setup import CostSetup
+from planner.ir.graph import OpGraph, OpNode
+from planner.sharding.specs import StageMesh
+from planner.sharding.strategies import NodeStrategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeCost:
+    compute_s: float
+    comm_s: float
+    step_s: float  # gradient sync + optimizer update, per step
+    state_bytes: float  # parameters, gradients and optimizer state
+    activation_bytes: float  # the output, when it is kept for backward
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
+
+
+def grad_values(graph: OpGraph) -> frozenset[str]:
+    """Values whose gradient is needed: the parameters and every floating value computed from one."""
+    needs = {p.name for p in graph.params}
+    for node in graph.nodes:
+        if node.output.is_floating and any(name in needs for name in node.inputs):
+            needs.add(node.name)
+    return frozenset(needs)
+
+
+def node_cost(
+    node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh, *, saved: bool, zero: bool = False,
+    ddp: bool = False,
+) -> NodeCost:  # fmt: skip
+    """The cost of ``node`` under ``strategy`` on ``mesh``; ``saved``: its output is kept for backward."""
+    graph_time = setup.compute.node_time(node).scaled(1 / strategy.compute_shards)
+    activation = mesh.local_bytes(node.output, strategy.output) if saved else 0.0
+    state = 0.0
+    sync_axes = dict(strategy.grad_sync_axes)
+    local_params = 0.0
+    for name, spec in strategy.params:
+        numel = _param_numel(node, name)
+        shards = spec.num_shards(mesh.mesh_shape)
+        data_shards = 1
+        for axis in sync_axes.get(name, ()):
+            data_shards *= mesh.mesh_shape[axis]
+        zero_shards = shards * data_shards if zero else shards
+        state += model_state_bytes(
+            numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=zero_shards, state_shards=zero_shards
+        )
+        local_params += numel / zero_shards
+    dispatch_s = 0.0 if ddp else sharded_dispatch_s(setup, mesh=mesh)
+    step_s = strategy.grad_sync_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
+    if ddp:  # DDP copies each gradient into its bucket and back
+        device = setup.cluster.device
+        grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
+        step_s += DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
+    passes = 2 if any(meta.is_floating for meta in node.input_metas) else 1
+    return NodeCost(
+        compute_s=graph_time.total_s + dispatch_s * passes,
+        comm_s=strategy.comm_s,
+        step_s=step_s,
+        state_bytes=state,
+        activation_bytes=activation,
+    )
+
+
+def sharded_dispatch_s(setup: CostSetup, *, mesh: StageMesh) -> float:
+    """Host time of one operator call on sharded tensors: 0 on a one-device stage (plain tensors)."""
+    return 0.0 if len(mesh.devices) == 1 else setup.cluster.device.sharded_op_overhead_s
+
+
+def _param_numel(node: OpNode, name: str) -> int:
+    return next(meta.numel for value, meta in zip(node.inputs, node.input_metas, strict=True) if value == name)

@@ -1,0 +1,124 @@
+"""A node's strategy as the plan stores it (:class:`~planner.plan.NodeSharding`), and back.
+
+:func:`record_of` writes down what the search chose: the spec of every operand (parameters
+included), the output spec, the compute split and the collectives, each naming the operand it
+moves. :func:`strategy_of` reads a record back as the :class:`~planner.sharding.strategies.NodeStrategy`
+the cost model prices, computing its seconds from the record alone, term by term as
+:func:`planner.sharding.strategies._finish` does (on mesh axis ``a`` of ``n`` devices, α-β formulas of
+:mod:`cost_models.communication`):
+
+* ``comm_s`` = Σ forward collectives ``all_reduce(local bytes of the output, a)``
+  + Σ per input Σ backward collectives ``all_reduce(local bytes of that input, a)``;
+* ``grad_sync_s`` = Σ per parameter Σ sync collectives
+  ``bucketed all_reduce(numel · grad itemsize / shards of its spec, a)``;
+* ``params`` and ``grad_sync_axes`` from the parameter operands and their sync collectives.
+
+So the simulator prices exactly the strategy the plan holds, never one re-derived from specs.
+:func:`check_records` refuses a record that no sharding rule of its operator produces (a plan
+edited by hand): its seconds would not describe what DTensor does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from planner.ir.graph import OpGraph, OpNode, ValueKind
+from planner.ir.layers import collapse_identical_layers
+from planner.plan import Collective, NodeSharding, PlanError, Stage
+from planner.sharding.op_rules import enumerate_strategies
+from planner.sharding.specs import ShardingSpec, StageMesh
+from planner.sharding.strategies import NodeStrategy, StrategyContext
+
+
+def record_of(node: OpNode, strategy: NodeStrategy) -> NodeSharding:
+    """The plan's record of ``strategy`` (one of ``node``'s); nodes of identical layers share positions,
+    so the record of a representative is the record of each copy."""
+    position_of = {name: node.inputs.index(name) for name in node.inputs}
+    collectives = [Collective(kind=kind, axis=axis, phase=phase, operand=operand)
+                   for kind, axis, phase, operand in strategy.collectives]  # fmt: skip
+    for name, axes in strategy.grad_sync_axes:
+        collectives += [
+            Collective(kind="all_reduce", axis=axis, phase="sync", operand=position_of[name]) for axis in axes
+        ]
+    return NodeSharding(
+        split=strategy.name,
+        input_specs=tuple(None if spec is None else spec.placements for spec in strategy.operands),
+        output_spec=strategy.output.placements,
+        compute_shards=strategy.compute_shards,
+        collectives=tuple(collectives),
+    )
+
+
+def strategy_of(node: OpNode, record: NodeSharding, context: StrategyContext) -> NodeStrategy:
+    """The strategy ``record`` describes, priced on ``context.mesh`` (see the module docstring)."""
+    graph, mesh = context.graph, context.mesh
+    operands = tuple(None if spec is None else ShardingSpec(tuple(spec)) for spec in record.input_specs)
+    output = ShardingSpec(tuple(record.output_spec))
+    by_phase: dict[str, list[Collective]] = {"forward": [], "backward": [], "sync": []}
+    for collective in record.collectives:
+        by_phase[collective.phase].append(collective)
+    comm_s = 0.0
+    for collective in by_phase["forward"]:
+        comm_s += _collective_s(collective.kind, mesh.local_bytes(node.output, output), collective.axis, mesh)
+    inputs: list[ShardingSpec | None] = []
+    params: dict[str, ShardingSpec] = {}
+    sync_axes: dict[str, tuple[int, ...]] = {}
+    grad_sync_s = 0.0
+    for position, (name, meta, spec) in enumerate(zip(node.inputs, node.input_metas, operands, strict=True)):
+        kind = graph.value_kind(name)
+        if kind not in (ValueKind.PARAM, ValueKind.BUFFER):
+            inputs.append(spec)
+            moved = [c for c in by_phase["backward"] if c.operand == position]
+            if spec is not None:
+                comm_s += sum(_collective_s(c.kind, mesh.local_bytes(meta, spec), c.axis, mesh) for c in moved)
+            continue
+        inputs.append(None)
+        if kind == ValueKind.BUFFER or name in params:
+            continue
+        params[name] = spec if spec is not None else ShardingSpec.replicated(mesh.num_axes)
+        axes = tuple(c.axis for c in by_phase["sync"] if c.operand == position)
+        sync_axes[name] = axes
+        if spec is not None:
+            grad_bytes = meta.numel * context.grad_itemsize / spec.num_shards(mesh.mesh_shape)
+            grad_sync_s += sum(mesh.grad_sync_s(grad_bytes, axis) for axis in axes)
+    own = [c for c in record.collectives if c.phase != "sync"]
+    return NodeStrategy(
+        name=record.split,
+        output=output,
+        inputs=tuple(inputs),
+        params=tuple(params.items()),
+        compute_shards=record.compute_shards,
+        comm_s=comm_s,
+        grad_sync_s=grad_sync_s,
+        grad_sync_axes=tuple(sync_axes.items()),
+        collectives=tuple((c.kind, c.axis, c.phase, c.operand) for c in own),
+        operands=operands,
+    )
+
+
+def _collective_s(kind: str, num_bytes: float, axis: int, mesh: StageMesh) -> float:
+    if kind == "all_reduce":
+        return mesh.all_reduce_s(num_bytes, axis)
+    if kind == "all_to_all":
+        return mesh.all_to_all_s(num_bytes, axis)
+    return mesh.all_gather_s(num_bytes, axis)  # all-gather and reduce-scatter move the same bytes
+
+
+def check_records(stage: Stage, local: OpGraph, context: StrategyContext) -> None:
+    """Raise :class:`PlanError` naming the first node of ``stage`` (``local``: its subgraph) whose stored
+    record no sharding rule of its operator produces on the stage's mesh."""
+    collapsed = collapse_identical_layers(local)
+    allowed: dict[str, Mapping[NodeSharding, None]] = {}
+    for node in local.nodes:
+        rep = collapsed.representative[node.name]
+        if rep not in allowed:
+            rep_node = local.node(rep)
+            allowed[rep] = dict.fromkeys(record_of(rep_node, s) for s in enumerate_strategies(rep_node, context)[0])
+        record = stage.strategies[node.name]
+        if record not in allowed[rep]:
+            raise PlanError(
+                f"stage {stage.index}: node {node.name} ({node.target}) has strategy {record.split!r} with input specs "
+                f"{[list(s) if s is not None else None for s in record.input_specs]} and output spec "
+                f"{list(record.output_spec)}, which no sharding rule produces on mesh {list(stage.mesh_shape)}: "
+                "re-plan rather than edit a plan's strategies by hand"
+            )

@@ -1,0 +1,74 @@
+"""Everything that turns a plan into seconds and bytes: the cluster, the compute model, the optimizer.
+
+:class:`CostSetup` is shared by every search and by the simulator. :func:`make_compute_model` picks
+the compute model: the roofline of the cluster's device (any device), or node times measured on
+this machine's CPU (``profiled``, :mod:`cost_models.profiler`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cost_models.cluster import Cluster
+from cost_models.compute import ComputeModel, RooflineCompute
+from planner.errors import AutoplanError
+from planner.ir.graph import OpGraph
+
+COST_MODELS = ("roofline", "profiled")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostSetup:
+    """Everything that turns a plan into seconds and bytes."""
+
+    cluster: Cluster
+    compute: ComputeModel
+    optimizer: str
+    memory_fraction: float = 1.0
+
+    @property
+    def activation_itemsize(self) -> int | None:
+        return 2 if self.cluster.device.mixed_precision else None
+
+    @property
+    def memory_budget_bytes(self) -> float:
+        return self.cluster.device.memory_bytes * self.memory_fraction
+
+
+def default_optimizer(cluster: Cluster) -> str:
+    return "adam-mixed" if cluster.device.mixed_precision else "adam-fp32"
+
+
+def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, repeats: int = 5) -> ComputeModel:
+    """The roofline for ``cluster``'s device, or node times measured on this machine's CPU.
+
+    Measuring runs one thread (one local device per core, as ``local-cpu`` assumes) and uses the
+    on-disk profile cache; nodes of other graphs (other microbatch sizes) are measured when first
+    priced; nodes it cannot time fall back to the roofline. Measured times are multiplied by the
+    device's ``shared_slowdown`` (a calibrated cluster of more processes than cores).
+    """
+    roofline = RooflineCompute(device=cluster.device)
+    if cost_model == "roofline":
+        return roofline
+    if cost_model != "profiled":
+        raise AutoplanError(f"unknown cost model {cost_model!r}: use one of {', '.join(COST_MODELS)}")
+    if not cluster.device.name.startswith("cpu"):
+        raise AutoplanError(
+            f"measured times are for this machine's CPU, but cluster {cluster.name} has {cluster.device.name} "
+            "devices: use the roofline, or --cluster local-cpu / a file from `plan calibrate`"
+        )
+    from cost_models.compute import ProfiledCompute
+    from cost_models.profiler import NodeMeasurer, ProfileCache, profile_graph
+
+    cache = ProfileCache(device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = profile_graph(graph, repeats=repeats, cache=cache)
+    finally:
+        torch.set_num_threads(threads)
+    device = cluster.device
+    return ProfiledCompute(table=result.times, fallback=roofline, measure=NodeMeasurer(cache=cache, repeats=repeats),
+                           slowdown=device.shared_slowdown, overhead_s=device.kernel_overhead_s)  # fmt: skip

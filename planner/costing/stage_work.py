@@ -1,0 +1,172 @@
+"""What one microbatch costs on each node of a plan, read from the strategies the plan stores.
+
+The simulator judges a plan by what it *says*, not by how the planner found it. For each stage
+:func:`stage_strategies` reads every node's stored record (:class:`~planner.plan.NodeSharding`)
+back as the strategy the search chose (:func:`planner.costing.records.strategy_of`: nothing is
+re-derived or re-chosen), and :func:`stage_node_work` prices it with the ILP's own node cost
+(:func:`planner.costing.node_cost.node_cost`) plus the resharding of its inputs from their producers'
+stored output specs (:func:`planner.sharding.specs.reshard_s`). A node's work is then
+
+* ``fwd_s`` = compute × fwd/(fwd+bwd) of the compute model + half its own collectives + half the
+  resharding of its inputs; ``bwd_s`` = the rest (collectives and resharding have a forward and a
+  backward half: the all-reduce of a row-split matmul forward, of a column-split one's input
+  gradient backward);
+* ``step_s`` = gradient sync + optimizer update, once per step; ``state_bytes`` and
+  ``activation_bytes`` as the intra-op problem charges them.
+
+:func:`explain_stage` turns the same work into the plan's explanation rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cost_models.memory import saved_values
+from planner.costing.node_cost import grad_values, node_cost
+from planner.costing.records import check_records, record_of, strategy_of
+from planner.costing.setup import CostSetup
+from planner.ir.graph import OpGraph, ValueKind, subgraph
+from planner.ir.layers import collapse_identical_layers
+from planner.plan import NodeSharding, Stage
+from planner.plan.explain import ExplainRow
+from planner.sharding.op_rules import enumerate_strategies, split_label
+from planner.sharding.specs import StageMesh, reshard_s
+from planner.sharding.strategies import NodeStrategy, StrategyContext
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeWork:
+    fwd_s: float
+    bwd_s: float
+    step_s: float
+    state_bytes: float
+    activation_bytes: float
+    input_bytes: float = 0.0  # stage inputs this node reads (what recomputation keeps)
+    compute_s: float = 0.0  # the parts of fwd_s + bwd_s, for explanations
+    comm_s: float = 0.0
+    reshard_s: float = 0.0
+
+
+def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...], *, zero: bool) -> bool:
+    """Pure data parallelism, which the executor runs with DDP on plain tensors: one stage on several
+    devices, every parameter replicated, optimizer state not sharded (``zero`` runs FSDP)."""
+    return (
+        len(stages) == 1 and len(stages[0].devices) > 1 and not zero
+        and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
+    )  # fmt: skip
+
+
+def stage_context(stage: Stage, graph: OpGraph, setup: CostSetup) -> StrategyContext:
+    """The stage's subgraph on its mesh, as the intra-op problem sees it (``graph`` at the microbatch size)."""
+    mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
+                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    local = subgraph(graph, list(stage.nodes))
+    return StrategyContext(graph=local, mesh=mesh, grad_values=grad_values(local),
+                           grad_itemsize=2 if setup.cluster.device.mixed_precision else 4)  # fmt: skip
+
+
+def stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str, NodeStrategy]:
+    """Node name -> the strategy ``stage`` stores for it, priced on the stage's mesh."""
+    context = stage_context(stage, graph, setup)
+    return {node.name: strategy_of(node, stage.strategies[node.name], context) for node in context.graph.nodes}
+
+
+def one_device_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str, NodeSharding]:
+    """The records of a one-device stage: every node as it is, its first (unsplit) strategy."""
+    assert math.prod(stage.mesh_shape) == 1, "only a one-device stage has a single natural strategy"
+    context = stage_context(stage, graph, setup)
+    collapsed = collapse_identical_layers(context.graph)
+    by_rep: dict[str, NodeSharding] = {}
+    for node in context.graph.nodes:
+        rep = collapsed.representative[node.name]
+        if rep not in by_rep:
+            rep_node = context.graph.node(rep)
+            by_rep[rep] = record_of(rep_node, enumerate_strategies(rep_node, context)[0][0])
+    return {node.name: by_rep[collapsed.representative[node.name]] for node in context.graph.nodes}
+
+
+def check_stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> None:
+    """Raise PlanError if a stored strategy is not one the sharding rules produce (a hand-edited plan)."""
+    check_records(stage, subgraph(graph, list(stage.nodes)), stage_context(stage, graph, setup))
+
+
+def stage_node_work(
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: bool = False, ddp: bool = False
+) -> dict[str, NodeWork]:
+    """Node name -> its work per microbatch on ``stage`` (``graph`` at the microbatch size); ``ddp``: see
+    :func:`runs_as_ddp`."""
+    context = stage_context(stage, graph, setup)
+    local, mesh = context.graph, context.mesh
+    chosen = {node.name: strategy_of(node, stage.strategies[node.name], context) for node in local.nodes}
+    saved = saved_values(local)
+    first_reader: dict[str, str] = {}
+    for node in local.nodes:
+        for value in node.inputs:
+            first_reader.setdefault(value, node.name)
+    work: dict[str, NodeWork] = {}
+    for node in local.nodes:
+        strategy = chosen[node.name]
+        cost = node_cost(node, strategy, setup, mesh, saved=node.name in saved, zero=zero, ddp=ddp)
+        reshard = _reshard_in(local, mesh, node.name, strategy, chosen, context.grad_values)
+        time = setup.compute.node_time(node)
+        forward = time.fwd_s / time.total_s if time.total_s > 0 else 1.0
+        fixed = (cost.comm_s + reshard) / 2
+        work[node.name] = NodeWork(
+            fwd_s=cost.compute_s * forward + fixed,
+            bwd_s=cost.compute_s * (1 - forward) + fixed,
+            step_s=cost.step_s,
+            state_bytes=cost.state_bytes,
+            activation_bytes=cost.activation_bytes,
+            input_bytes=_input_bytes(local, mesh, node.name, strategy, first_reader),
+            compute_s=cost.compute_s,
+            comm_s=cost.comm_s,
+            reshard_s=reshard,
+        )
+    return work
+
+
+def explain_stage(stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: bool = False) -> tuple[ExplainRow, ...]:
+    """One row per node of ``stage``: its split, output spec and the seconds and bytes it costs."""
+    work = stage_node_work(stage, graph, setup, zero=zero)
+    rows = []
+    for name in stage.nodes:
+        node, w, record = graph.node(name), work[name], stage.strategies[name]
+        rows.append(ExplainRow(node=name, target=node.target, strategy=split_label(node, record.split),
+                               spec=f"[{', '.join(record.output_spec)}]", compute_s=w.compute_s, comm_s=w.comm_s,
+                               step_s=w.step_s, reshard_s=w.reshard_s,
+                               memory_bytes=w.state_bytes + w.activation_bytes))  # fmt: skip
+    return tuple(rows)
+
+
+def _reshard_in(
+    graph: OpGraph, mesh: StageMesh, name: str, strategy: NodeStrategy, chosen: Mapping[str, NodeStrategy],
+    grad: frozenset[str],
+) -> float:  # fmt: skip
+    """Seconds to bring the node's inputs from their producers' specs to the ones it needs."""
+    total = 0.0
+    node = graph.node(name)
+    for position, (value, meta) in enumerate(zip(node.inputs, node.input_metas, strict=True)):
+        need = strategy.inputs[position]
+        if need is None or graph.value_kind(value) != ValueKind.NODE:
+            continue
+        total += reshard_s(chosen[value].output, need, meta, mesh, requires_grad=value in grad)
+    return total
+
+
+def _input_bytes(
+    graph: OpGraph, mesh: StageMesh, name: str, strategy: NodeStrategy, first_reader: Mapping[str, str]
+) -> float:
+    """Stage inputs (values from other stages or the data) this node reads, at its local size;
+    a value read by several nodes is counted by its first reader only."""
+    total = 0.0
+    node = graph.node(name)
+    for position, value in enumerate(node.inputs):
+        if graph.value_kind(value) != ValueKind.INPUT:
+            continue
+        if first_reader[value] != name or node.inputs.index(value) != position:
+            continue
+        meta, need = graph.value(value).meta, strategy.inputs[position]
+        total += mesh.local_bytes(meta, need) if need is not None else mesh.tensor_bytes(meta)
+    return total

@@ -1,0 +1,137 @@
+"""Cost options of one layer on one logical mesh, for composing pipeline stages (Alpa §5).
+
+A layer (:func:`planner.ir.layers.graph_layers`) is cut out of the graph as its own
+:class:`~planner.ir.graph.OpGraph` (:func:`subgraph`): values from other layers become graph
+inputs, so the stage problem (:func:`planner.intra.stage_problem.build_stage_problem`) prices its
+operators alone. :func:`layer_table` builds that problem once and reads off a fixed list of
+*slots*, each an assignment of strategies:
+
+* ``λ = κ·t₀/M₀`` for κ in :data:`LAMBDA_STEPS`: the exact minimum of ``time + λ·memory``
+  (:func:`planner.intra.ilp.solve_unconstrained`, variable elimination) — a Lagrangian sweep of the
+  memory row that gives supported (time, memory) Pareto points; ``t₀, M₀`` are the time and
+  memory of the ``λ = 0`` optimum;
+* the data-parallel and Megatron assignments (:mod:`planner.intra.incumbents`), so no hand-written
+  layout is outside the search;
+
+and each slot with and without activation recomputation (:func:`_option`):
+
+* no recomputation: time = the problem's objective; activations kept = saved outputs' bytes;
+* recomputation: time + the forward compute once more (a third of forward+backward);
+  activations kept = the layer's inputs at their local size.
+
+A stage of several layers takes the same slot in each (:mod:`planner.inter.search`), so its time
+and memory are sums over its layers. Values crossing between layers are charged no
+resharding here; the chosen plan is re-priced on whole stages afterwards
+(:mod:`planner.inter.pricing`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from planner.costing.setup import CostSetup
+from planner.intra.ilp import solve_unconstrained
+from planner.intra.incumbents import data_parallel_choice, megatron_choice
+from planner.intra.problem import evaluate
+from planner.intra.stage_problem import IntraOpOptions, StageProblem, build_stage_problem
+from planner.ir.graph import OpGraph
+from planner.sharding.specs import StageMesh
+
+LAMBDA_STEPS = (0.0, 0.25, 1.0, 4.0)
+SOURCES = (*(f"λ={kappa:g}" for kappa in LAMBDA_STEPS), "data-parallel", "megatron")
+SLOTS = tuple((source, remat) for remat in (False, True) for source in SOURCES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerOption:
+    time_s: float  # forward + backward of one microbatch, gradient sync amortised
+    state_bytes: float
+    activation_bytes: float  # kept per in-flight microbatch
+    remat: bool
+    choice: tuple[int, ...]  # strategy per variable of the table's problem
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerTable:
+    """One layer's problem on one mesh and its option per slot (None where the slot has none)."""
+
+    problem: StageProblem
+    options: tuple[LayerOption | None, ...]  # aligned with SLOTS
+
+    def arrays(self) -> np.ndarray:
+        """(3, slots): time, state and activation bytes; inf time for an empty slot."""
+        out = np.zeros((3, len(SLOTS)))
+        for w, option in enumerate(self.options):
+            out[:, w] = (
+                (np.inf, 0.0, 0.0) if option is None else (option.time_s, option.state_bytes, option.activation_bytes)
+            )
+        return out
+
+
+def split_costs(problem: StageProblem, choice: tuple[int, ...]) -> tuple[float, float, float]:
+    """(state bytes, activation bytes, compute seconds) of an assignment, over every node of the graph."""
+    state = activation = compute = 0.0
+    for node in problem.graph.nodes:
+        variable = problem.variables.index(problem.representative[node.name])
+        cost = problem.costs[variable][choice[variable]]
+        state, activation, compute = (
+            state + cost.state_bytes,
+            activation + cost.activation_bytes,
+            compute + cost.compute_s,
+        )
+    return state, activation, compute
+
+
+def input_bytes(problem: StageProblem, choice: tuple[int, ...]) -> float:
+    """The layer's inputs at the local size its first reader wants: what recomputation keeps."""
+    graph, mesh, total = problem.graph, problem.mesh, 0.0
+    for value in graph.inputs:
+        reader = next(n for n in graph.nodes if value.name in n.inputs)
+        variable = problem.variables.index(problem.representative[reader.name])
+        spec = problem.strategies[variable][choice[variable]].inputs[reader.inputs.index(value.name)]
+        total += mesh.local_bytes(value.meta, spec) if spec is not None else mesh.tensor_bytes(value.meta)
+    return total
+
+
+def _option(problem: StageProblem, choice: tuple[int, ...], *, source: str, remat: bool) -> LayerOption:
+    time_s, _ = evaluate(problem.problem, choice)
+    state, activation, compute = split_costs(problem, choice)
+    if remat:
+        time_s, activation = time_s + compute / 3, input_bytes(problem, choice)
+    return LayerOption(
+        time_s=time_s, state_bytes=state, activation_bytes=activation, remat=remat, choice=choice, source=source
+    )
+
+
+def _lagrangian_choices(problem: StageProblem, options: IntraOpOptions) -> list[tuple[int, ...]]:
+    """The exact minimiser of time + λ·memory for each λ of :data:`LAMBDA_STEPS`."""
+    base = problem.problem
+    first = solve_unconstrained(base, time_limit_s=options.time_limit_s).choice
+    time_s, memory = evaluate(base, first)
+    choices = [first]
+    for kappa in LAMBDA_STEPS[1:]:
+        if memory <= 0 or time_s <= 0:
+            choices.append(first)
+            continue
+        scale = kappa * time_s / memory
+        costs = tuple(
+            tuple(c + scale * m for c, m in zip(cs, ms, strict=True))
+            for cs, ms in zip(base.node_costs, base.node_memory, strict=True)
+        )
+        weighted = replace(base, node_costs=costs, memory_budget=None)
+        choices.append(solve_unconstrained(weighted, time_limit_s=options.time_limit_s).choice)
+    return choices
+
+
+def layer_table(layer: OpGraph, setup: CostSetup, mesh: StageMesh, *, options: IntraOpOptions) -> LayerTable:
+    """The options of ``layer`` on ``mesh`` at its microbatch size, one per slot of :data:`SLOTS`."""
+    problem = build_stage_problem(layer, setup, mesh, options)
+    choices = [*_lagrangian_choices(problem, options), data_parallel_choice(problem), megatron_choice(problem)]
+    found: list[LayerOption | None] = []
+    for source, remat in SLOTS:
+        choice = choices[SOURCES.index(source)]
+        found.append(None if choice is None else _option(problem, choice, source=source, remat=remat))
+    return LayerTable(problem=problem, options=tuple(found))

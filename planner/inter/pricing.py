@@ -1,0 +1,252 @@
+"""Turn chosen stages into plan stages, and price them exactly on whole stages.
+
+The search composes per-layer options and charges nothing between layers of a stage
+(:mod:`planner.inter.layer_costs`). Here each stage ``s`` of a candidate is rebuilt as one stage
+problem on its real devices (:func:`planner.intra.stage_problem.build_stage_problem` on the stage's
+subgraph, identical layers collapsed) and its strategies are read off the layer tables
+(:func:`_composed_choice`). Then, per stage:
+
+* unless it recomputes, the exact unconstrained optimum of the whole stage replaces the
+  composition when it is faster and still fits with its in-flight microbatches; a plan of one
+  stage that does not fit so is re-solved by the memory-constrained ILP, started from the
+  composition (:func:`_refined_choice`), so one-stage plans are those of the intra-op ILP;
+* ``t_s`` = the stage problem's objective for the choice (inter-layer resharding included)
+  without its amortised gradient sync and optimizer update ``u_s`` (:func:`_step_s`), plus a third
+  of its compute when it recomputes, plus the boundary to the next stage, plus the device's
+  calibrated ``microbatch_overhead_s`` when there are several stages (the pipeline schedule's
+  per-microbatch actions and P2P bookkeeping on the host);
+* memory = state + activations × in flight (``min(S − s, m)`` for 1F1B, ``m`` for GPipe;
+  with recomputation the activations are the stage's layer inputs). With fewer microbatches
+  than stages 1F1B has no steady state and its timeline is GPipe's, so the plan says ``gpipe``
+  (what torch's 1F1B schedule requires, and what the executor then runs).
+
+Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s + o`` (``o`` the device's calibrated
+``step_overhead_s``; every stage syncs once, after its last
+backward, in parallel with the others) and bubble ``1 − m·Σ t_s / (S·T)`` (:func:`price_stages`).
+A candidate that no longer fits is dropped (None).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from planner.costing.estimate import mfu, model_tflops_per_device
+from planner.costing.setup import CostSetup
+from planner.costing.stage_work import explain_stage
+from planner.inter.device_blocks import Submesh, assign_devices
+from planner.inter.layer_costs import SLOTS, input_bytes, split_costs
+from planner.inter.search import Layering, LayerTables, SpanOptions, boundary_table, mesh_choices
+from planner.inter.stage_dp import StagePlan
+from planner.intra.ilp import solve_strategy_ilp, solve_unconstrained
+from planner.intra.problem import MemoryBudgetError, StrategySolution, evaluate
+from planner.intra.solve import IntraOpResult
+from planner.intra.stage_problem import IntraOpOptions, StageProblem, build_stage_problem
+from planner.intra.to_stage import stage_from_result
+from planner.ir.graph import OpGraph, subgraph
+from planner.plan import Estimate, Stage
+from planner.sharding.specs import StageMesh
+
+EXACT_LIMIT_S = 10.0  # the one-stage memory-constrained ILP, at most
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    first: int
+    last: int
+    submesh: Submesh
+    mesh_shape: tuple[int, ...]
+    slot: int  # index into layer_costs.SLOTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class PricedPipeline:
+    stages: tuple[Stage, ...]
+    estimate: Estimate
+    num_microbatches: int
+    schedule: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class _PricedStage:
+    result: IntraOpResult
+    time_s: float  # per microbatch, without the gradient sync and optimizer step
+    step_s: float  # gradient sync + optimizer update, once per step
+    memory_bytes: float
+    remat: bool
+
+
+def _composed_choice(
+    problem: StageProblem, graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, m: int
+) -> tuple[int, ...]:
+    owner = {
+        name: (index, position) for index, names in enumerate(layers.layers) for position, name in enumerate(names)
+    }
+    choice = []
+    for v, name in enumerate(problem.variables):
+        layer, position = owner[name]
+        kind = layers.kinds[layer]
+        table = tables.get(graph, layers, kind, spec.submesh, spec.mesh_shape, m)
+        option = table.options[spec.slot]
+        assert option is not None, f"slot {SLOTS[spec.slot]} has no option"
+        kind_name = layers.layers[kind][position]
+        tv = table.problem.variables.index(table.problem.representative[kind_name])
+        wanted = table.problem.strategies[tv][option.choice[tv]]
+        names = [strategy.name for strategy in problem.strategies[v]]
+        choice.append(names.index(wanted.name) if wanted.name in names else option.choice[tv])
+    return tuple(choice)
+
+
+def _memory(problem: StageProblem, choice: tuple[int, ...], *, remat: bool, in_flight: int) -> tuple[float, float]:
+    """(memory bytes per device, compute seconds) of a choice with ``in_flight`` microbatches."""
+    state, activation, compute = split_costs(problem, choice)
+    if remat:
+        activation = input_bytes(problem, choice)
+    return state + activation * in_flight, compute
+
+
+def _refined_choice(
+    problem: StageProblem, choice: tuple[int, ...], *, in_flight: int, budget: float, exact_limit_s: float | None
+) -> tuple[int, ...]:
+    """The stage's unconstrained optimum if it fits; else, with ``exact_limit_s``, the memory-constrained
+    ILP (memory row: state + activations × in flight) started from ``choice``; else ``choice``."""
+    better = solve_unconstrained(problem.problem).choice
+    if _memory(problem, better, remat=False, in_flight=in_flight)[0] <= budget:
+        return better if evaluate(problem.problem, better)[0] < evaluate(problem.problem, choice)[0] else choice
+    if exact_limit_s is None:
+        return choice
+    memory = tuple(tuple(c.state_bytes + c.activation_bytes * in_flight for c in row) for row in problem.costs)
+    constrained = replace(problem.problem, node_memory=memory, memory_budget=budget)
+    try:
+        return solve_strategy_ilp(constrained, time_limit_s=exact_limit_s, incumbents=[choice]).choice
+    except MemoryBudgetError:
+        return choice
+
+
+def _price_stage(
+    graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, *, devices: tuple[int, ...], m: int,
+    in_flight: int, refine: bool, exact: bool,
+) -> _PricedStage:  # fmt: skip
+    setup, options = tables.setup, tables.options
+    names = [name for names in layers.layers[spec.first : spec.last + 1] for name in names]
+    mesh = StageMesh(cluster=setup.cluster, devices=devices, mesh_shape=spec.mesh_shape,
+                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    intra = IntraOpOptions(num_microbatches=m, zero=options.zero, time_limit_s=options.ilp_time_limit_s)
+    problem = build_stage_problem(subgraph(graph, names), setup, mesh, intra)
+    remat = SLOTS[spec.slot][1]
+    choice = _composed_choice(problem, graph, layers, tables, spec, m)
+    if refine and not remat:
+        limit = min(options.ilp_time_limit_s, EXACT_LIMIT_S) if exact else None
+        choice = _refined_choice(problem, choice, in_flight=in_flight, budget=setup.memory_budget_bytes,
+                                 exact_limit_s=limit)  # fmt: skip
+    objective, _ = evaluate(problem.problem, choice)
+    memory, compute = _memory(problem, choice, remat=remat, in_flight=in_flight)
+    step_s = _step_s(problem, choice)
+    time_s = objective - step_s / m + (compute / 3 if remat else 0.0)
+    solution = StrategySolution(choice=choice, objective=objective, memory_bytes=memory, optimal=False,
+                                num_variables=0, num_constraints=0, build_s=0.0, solve_s=0.0, status="composed")  # fmt: skip
+    result = IntraOpResult(stage=problem, choice=choice, objective_s=objective, memory_bytes=memory,
+                           solution=solution, incumbent_objectives_s={}, build_s=0.0)  # fmt: skip
+    return _PricedStage(result=result, time_s=time_s, step_s=step_s, memory_bytes=memory, remat=remat)
+
+
+def _step_s(problem: StageProblem, choice: tuple[int, ...]) -> float:
+    """Gradient sync and optimizer update of the stage's choice, once per step."""
+    total = 0.0
+    for node in problem.graph.nodes:
+        variable = problem.variables.index(problem.representative[node.name])
+        total += problem.costs[variable][choice[variable]].step_s
+    return total
+
+
+def price_stages(
+    *, full_graph: OpGraph, graph: OpGraph, layers: Layering, tables: LayerTables, specs: list[StageSpec], m: int,
+    schedule: str, refine: bool = True,
+) -> PricedPipeline | None:  # fmt: skip
+    """The exact estimate of a candidate (see the module docstring); None if a stage does not fit.
+
+    ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself)."""
+    setup = tables.setup
+    cluster = setup.cluster
+    ranks = assign_devices([spec.submesh for spec in specs], num_nodes=cluster.num_nodes,
+                           devices_per_node=cluster.devices_per_node)  # fmt: skip
+    boundary = boundary_table(graph, layers, setup)
+    count, priced, times = len(specs), [], []
+    if schedule == "1f1b" and m < count:  # no steady state: the same timeline as GPipe, which is what runs
+        schedule = "gpipe"
+    for s, spec in enumerate(specs):
+        in_flight = m if schedule == "gpipe" else min(count - s, m)
+        stage = _price_stage(graph, layers, tables, spec, devices=ranks[s], m=m, in_flight=in_flight,
+                             refine=refine, exact=count == 1)  # fmt: skip
+        if stage.memory_bytes > setup.memory_budget_bytes:
+            return None
+        after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
+        priced.append(stage)
+        times.append(stage.time_s + after + (cluster.device.microbatch_overhead_s if count > 1 else 0.0))
+    total, longest = math.fsum(times), max(times)
+    step = total + (m - 1) * longest + max(stage.step_s for stage in priced) + cluster.device.step_overhead_s
+    stages = _plan_stages(priced, full_graph, graph, setup, zero=tables.options.zero)
+    return PricedPipeline(
+        stages=stages,
+        estimate=_estimate(full_graph, setup, priced, stages, times, step=step, m=m),
+        num_microbatches=m,
+        schedule="none" if count == 1 and m == 1 else schedule,
+    )
+
+
+def _plan_stages(
+    priced: list[_PricedStage], full_graph: OpGraph, graph: OpGraph, setup: CostSetup, *, zero: bool
+) -> tuple[Stage, ...]:
+    """Plan stages (``graph``: at the microbatch size, for the explanation rows); a parameter read in
+    several stages (tied weights) is placed in the first."""
+    stages, placed = [], set()
+    for index, stage in enumerate(priced):
+        base = stage_from_result(stage.result, index=index)
+        placements = {name: spec for name, spec in base.param_placements.items() if name not in placed}
+        placed.update(placements)
+        rows = tuple(row.to_json() for row in explain_stage(base, graph, setup, zero=zero))
+        stages.append(replace(base, param_placements=placements, remat=stage.remat, explanation=rows))
+    missing = [name for name in full_graph.param_names if name not in placed]
+    if missing:  # parameters no node reads: replicated on the first stage
+        first = stages[0]
+        extra = {name: ("R",) * len(first.mesh_shape) for name in missing}
+        stages[0] = replace(first, param_placements={**first.param_placements, **extra})
+    return tuple(stages)
+
+
+def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stages: tuple[Stage, ...],
+              times: list[float], *, step: float, m: int) -> Estimate:  # fmt: skip
+    num_devices, count = setup.cluster.num_devices, len(times)
+    longest = max(times)
+    if count == 1 and m == 1:
+        rows = stages[0].explanation
+        breakdown = {
+            "compute_s": sum(r["compute_s"] for r in rows), "comm_s": sum(r["comm_s"] for r in rows),
+            "grad_sync_and_optimizer_s": sum(r["step_s"] for r in rows),
+            "reshard_s": sum(r["reshard_s"] for r in rows),
+            "recompute_s": times[0] + priced[0].step_s - priced[0].result.objective_s,
+        }  # fmt: skip
+    else:
+        sync = max(stage.step_s for stage in priced)
+        breakdown = {"steady_s": m * longest, "fill_and_drain_s": math.fsum(times) - longest,
+                     "grad_sync_and_optimizer_s": sync}  # fmt: skip
+    return Estimate(
+        step_time_s=step,
+        per_stage_time_s=tuple(times),
+        memory_per_device_bytes=int(max(stage.memory_bytes for stage in priced)),
+        bubble_fraction=1.0 - m * math.fsum(times) / (count * step) if step > 0 else 0.0,
+        tflops_per_device=model_tflops_per_device(graph, step_time_s=step, num_devices=num_devices),
+        mfu=mfu(graph, setup, step_time_s=step, num_devices=num_devices),
+        breakdown_s=breakdown,
+    )
+
+
+def specs_from_dp(plan: StagePlan, spans: SpanOptions, setup: CostSetup) -> list[StageSpec]:
+    """StageSpecs of a DP plan whose option labels index ``spans.labels``."""
+    meshes = [submesh for submesh, _ in mesh_choices(setup)]
+    specs = []
+    for stage in plan.stages:
+        j = meshes.index(stage.submesh)
+        shape, slot = spans.labels[j][stage.option.label]
+        specs.append(StageSpec(first=stage.first, last=stage.last, submesh=stage.submesh, mesh_shape=shape, slot=slot))
+    return specs

@@ -1,0 +1,257 @@
+"""The two-level search: pipeline stages by DP over layer options from the intra-op problem (Alpa §5).
+
+For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size ``b = B/m``
+(:class:`planner.ir.rebatch.MicrobatchGraphs`):
+
+1. Layers ``0..L−1`` (:func:`layering`): repeated blocks from module paths, or Alpa's
+   clustering; identical layers share a *kind* and are solved once.
+2. Submeshes ``j`` (:func:`planner.inter.stage_dp.submeshes`) and their logical meshes ``q``
+   (:func:`planner.intra.single_stage.logical_meshes`); per (kind, j, q) a
+   :class:`~planner.inter.layer_costs.LayerTable` of slots ``w`` (:class:`LayerTables`).
+3. Span options by prefix sums over layers (:func:`option_arrays`)::
+
+       time(k, i, j, (q, w)) = Σ_{ℓ=k..i} time_w(kind ℓ, j, q)     (and state, activation bytes)
+
+   ``--remat on|off`` keeps only the slots with or without recomputation.
+4. Boundary between consecutive stages (:func:`boundary_table`): the activation ``A_i`` crossing
+   after layer ``i`` (:func:`planner.ir.layers.boundary_bytes`, floats at the training itemsize)
+   goes forward and its gradient back, split over ``p = min(|j|, |j'|)`` device pairs, over the
+   intra-node link when both submeshes fit in one node and the inter-node link otherwise; the
+   receiver then regroups it inside each node (an all-gather over ``min(|j'|, M)`` devices), the
+   most resharding any layout of the receiver needs::
+
+       b(i, j, j') = 2·[α + (A_i/p)·β_link + all_gather(A_i·n/|j'|, n = min(|j'|, M), intra)]
+
+5. :func:`planner.inter.stage_dp.solve_stages` picks stages, submeshes and options for the least
+   ``Σ t_s + (m − 1)·max t_s`` under 1F1B (or GPipe) memory.
+
+The best ``m`` wins; its plan is re-priced on whole stages by :mod:`planner.inter.pricing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.communication import all_gather_s
+from planner.costing.setup import CostSetup
+from planner.errors import AutoplanError
+from planner.inter.device_blocks import Submesh
+from planner.inter.layer_costs import SLOTS, LayerTable, layer_table
+from planner.inter.stage_dp import OptionArrays, StagePlan, solve_stages, submeshes
+from planner.intra.single_stage import logical_meshes
+from planner.intra.stage_problem import IntraOpOptions
+from planner.ir.graph import OpGraph, subgraph
+from planner.ir.layers import boundary_bytes, collapse_identical_layers, graph_layers
+from planner.ir.rebatch import MicrobatchGraphs
+from planner.sharding.specs import StageMesh
+
+MAX_AUTO_MICROBATCHES = 64
+MAX_LAYERS = 32
+REMAT_MODES = ("auto", "on", "off")
+SCHEDULE_MODES = ("auto", "1f1b", "gpipe")
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineOptions:
+    max_stages: int | None = None
+    microbatches: int | None = None  # None: search the counts of :func:`microbatch_counts`
+    schedule: str = "auto"
+    remat: str = "auto"
+    zero: bool = False
+    ilp_time_limit_s: float = 30.0
+    degrees: tuple[int, int, int] | None = None  # megatron: evaluate this (tensor, pipeline, data) only
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layering:
+    layers: tuple[tuple[str, ...], ...]  # node names per layer, in order
+    kinds: tuple[int, ...]  # per layer, the layer whose table it uses (the first of its run)
+
+
+def layering(graph: OpGraph, *, max_layers: int = MAX_LAYERS) -> Layering:
+    """Layers of :func:`planner.ir.layers.graph_layers`; above ``max_layers``, consecutive identical layers
+    are grouped ``g = ⌈L / max_layers⌉`` at a time (Alpa also plans over a few coarse layers)."""
+    layers = [tuple(names) for names in graph_layers(graph)]
+    representative = collapse_identical_layers(graph).representative
+    shapes = [tuple(representative[name] for name in names) for names in layers]
+    if len(layers) > max_layers:
+        group = -(-len(layers) // max_layers)
+        merged: list[tuple[str, ...]] = []
+        merged_shapes: list[tuple[str, ...]] = []
+        run_start = 0
+        for index in range(len(layers) + 1):
+            if index == len(layers) or shapes[index] != shapes[run_start]:
+                for first in range(run_start, index, group):
+                    last = min(first + group, index)
+                    merged.append(tuple(name for names in layers[first:last] for name in names))
+                    merged_shapes.append(tuple(name for shape in shapes[first:last] for name in shape))
+                run_start = index
+        layers, shapes = merged, merged_shapes
+    first_of = {}
+    kinds = tuple(first_of.setdefault(shape, index) for index, shape in enumerate(shapes))
+    return Layering(layers=tuple(layers), kinds=kinds)
+
+
+def microbatch_counts(batch_size: int, requested: int | None) -> list[int]:
+    """``[requested]`` (it must divide the batch), else the powers of two dividing it, up to 64."""
+    if requested is not None:
+        if requested < 1 or batch_size % requested:
+            raise AutoplanError(f"--microbatches {requested} must be a positive divisor of the batch size {batch_size}")
+        return [requested]
+    counts, m = [], 1
+    while m <= min(batch_size, MAX_AUTO_MICROBATCHES) and batch_size % m == 0:
+        counts.append(m)
+        m *= 2
+    return counts
+
+
+def canonical_mesh(setup: CostSetup, submesh: Submesh, shape: tuple[int, ...]) -> StageMesh:
+    """The submesh on ranks ``0..|j|−1``: where it sits does not change its links."""
+    devices = tuple(range(submesh.size))
+    return StageMesh(
+        cluster=setup.cluster, devices=devices, mesh_shape=shape, activation_itemsize=setup.activation_itemsize
+    )
+
+
+class LayerTables:
+    """:class:`LayerTable` per (kind, submesh, logical mesh, m), built once; counts the solves."""
+
+    def __init__(self, setup: CostSetup, options: PipelineOptions) -> None:
+        self.setup, self.options = setup, options
+        self._tables: dict[tuple, LayerTable] = {}
+        self._meshes: dict[tuple, StageMesh] = {}
+        self.num_solves = 0
+
+    def get(self, graph: OpGraph, layers: Layering, kind: int, submesh: Submesh, shape: tuple[int, ...], m: int
+            ) -> LayerTable:  # fmt: skip
+        key = (kind, submesh, shape, m)
+        if key not in self._tables:
+            mesh_key = (submesh, shape)
+            if mesh_key not in self._meshes:
+                self._meshes[mesh_key] = canonical_mesh(self.setup, submesh, shape)
+            intra = IntraOpOptions(
+                num_microbatches=m, zero=self.options.zero, time_limit_s=self.options.ilp_time_limit_s
+            )
+            part = subgraph(graph, list(layers.layers[kind]))
+            self._tables[key] = layer_table(part, self.setup, self._meshes[mesh_key], options=intra)
+            self.num_solves += 1
+        return self._tables[key]
+
+
+def mesh_choices(setup: CostSetup) -> list[tuple[Submesh, list[tuple[int, ...]]]]:
+    cluster = setup.cluster
+    return [
+        (submesh, logical_meshes(submesh.size, cluster.devices_per_node))
+        for submesh in submeshes(cluster.num_nodes, cluster.devices_per_node)
+    ]
+
+
+def allowed_slots(remat: str) -> np.ndarray:
+    if remat not in REMAT_MODES:
+        raise AutoplanError(f"--remat must be one of {', '.join(REMAT_MODES)}, got {remat!r}")
+    return np.array([remat == "auto" or (remat == "on") == slot_remat for _, slot_remat in SLOTS])
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpanOptions:
+    arrays: OptionArrays
+    labels: tuple[tuple[tuple[tuple[int, ...], int], ...], ...]  # per submesh, option index -> (mesh shape, slot)
+
+
+def option_arrays(
+    graph: OpGraph, layers: Layering, tables: LayerTables, m: int, *, progress: Progress | None = None
+) -> SpanOptions:
+    """Span options for every (first, last, submesh) by prefix sums of per-layer slots."""
+    choices = mesh_choices(tables.setup)
+    num_layers, slots = len(layers.layers), len(SLOTS)
+    width = max(len(shapes) for _, shapes in choices) * slots
+    shape = (num_layers, num_layers, len(choices), width)
+    times, state, activation = np.full(shape, np.inf), np.zeros(shape), np.zeros(shape)
+    allowed, upper = allowed_slots(tables.options.remat), np.triu(np.ones((num_layers, num_layers), dtype=bool))
+    labels, done, total = [], 0, sum(len(shapes) for _, shapes in choices)
+    for j, (submesh, shapes) in enumerate(choices):
+        labels.append(tuple((q, w) for q in shapes for w in range(slots)))
+        for index, q in enumerate(shapes):
+            per_layer = np.stack([tables.get(graph, layers, kind, submesh, q, m).arrays() for kind in layers.kinds])
+            per_layer[:, 0, ~allowed] = np.inf
+            cumulative = np.concatenate([np.zeros((1, 3, slots)), np.cumsum(per_layer, axis=0)])
+            with np.errstate(invalid="ignore"):  # inf − inf where a slot is empty: set to inf below
+                spans = cumulative[None, 1:] - cumulative[:-1, None]  # [k, i] = Σ_{k..i}, valid for k ≤ i
+            columns = slice(index * slots, (index + 1) * slots)
+            times[:, :, j, columns] = np.where(upper[..., None], spans[:, :, 0], np.inf)
+            state[:, :, j, columns], activation[:, :, j, columns] = spans[:, :, 1], spans[:, :, 2]
+            done += 1
+            if progress is not None:
+                progress(f"layer options, {m} microbatches", done, total)
+    times[~np.isfinite(times)] = np.inf  # inf − inf in the prefix sums
+    return SpanOptions(
+        arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation), labels=tuple(labels)
+    )
+
+
+def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callable[[int, Submesh, Submesh], float]:
+    """``b(i, j, j')`` of the module docstring, for the graph at the microbatch size."""
+    cut = boundary_bytes(graph)
+    position = {node.name: index for index, node in enumerate(graph.nodes)}
+    scale = 0.5 if setup.cluster.device.mixed_precision else 1.0
+    crossing = [cut[position[names[-1]]] * scale for names in layers.layers]
+    cluster, per_node = setup.cluster, setup.cluster.devices_per_node
+
+    def boundary_s(i: int, sender: Submesh, receiver: Submesh) -> float:
+        num_bytes = crossing[i]
+        if num_bytes <= 0:
+            return 0.0
+        one_node = sender.num_nodes == receiver.num_nodes == 1 and sender.size + receiver.size <= per_node
+        link = cluster.intra_node if one_node or cluster.num_nodes == 1 else cluster.inter_node
+        pairs = min(sender.size, receiver.size)
+        group = min(receiver.size, per_node)
+        regroup = all_gather_s(num_bytes * group / receiver.size, num_devices=group, link=cluster.intra_node)
+        return 2 * (link.latency_s + num_bytes / pairs / link.bandwidth + regroup)
+
+    return boundary_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineChoice:
+    num_microbatches: int
+    schedule: str
+    graph: OpGraph  # at the microbatch size
+    layers: Layering
+    stage_plan: StagePlan | None  # None: the DP found nothing that fits at this count
+    spans: SpanOptions
+    failure: str = ""
+
+
+def search_pipeline(
+    graphs: MicrobatchGraphs,
+    setup: CostSetup,
+    tables: LayerTables,
+    *,
+    options: PipelineOptions,
+    progress: Progress | None = None,
+) -> list[PipelineChoice]:
+    """Per microbatch count, the layer options and the DP's best plan (None where nothing fits)."""
+    if options.schedule not in SCHEDULE_MODES:
+        raise AutoplanError(f"--schedule must be one of {', '.join(SCHEDULE_MODES)}, got {options.schedule!r}")
+    schedule = "gpipe" if options.schedule == "gpipe" else "1f1b"  # same latency, 1F1B never needs more memory
+    cluster, found = setup.cluster, []
+    for m in microbatch_counts(graphs.batch_size, options.microbatches):
+        graph = graphs.at(graphs.batch_size // m)
+        layers = layering(graph)
+        spans = option_arrays(graph, layers, tables, m, progress=progress)
+        plan, failure = None, ""
+        try:
+            plan = solve_stages(
+                num_layers=len(layers.layers), num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
+                num_microbatches=m, costs=spans.arrays, memory_budget_bytes=setup.memory_budget_bytes,
+                max_stages=options.max_stages, boundary_s=boundary_table(graph, layers, setup), schedule=schedule,
+            )  # fmt: skip
+        except AutoplanError as error:
+            failure = f"{m} microbatches: {error}"
+        found.append(PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers,
+                                    stage_plan=plan, spans=spans, failure=failure))  # fmt: skip
+    return found

@@ -1,0 +1,374 @@
+"""nn.Module + example inputs -> :class:`~planner.ir.graph.OpGraph`.
+
+Two tracers produce the same IR:
+
+* ``export`` (default): ``torch.export.export(model, inputs, strict=False)``, the training
+  IR — ATen operators such as ``aten.linear.default`` and
+  ``aten.scaled_dot_product_attention.default``. Works on HF transformers models.
+* ``fx``: ``torch.fx`` symbolic tracing with every module traced through, so ``nn.Linear``
+  becomes ``torch._C._nn.linear`` on its ``get_attr`` weight; then an interpretation on meta
+  tensors gives shapes and folds shape arithmetic into constants.
+
+Models built under ``with torch.device("meta"):`` are captured without allocating weights:
+every operator is re-run on meta tensors by :func:`planner.ir.node_call.trace_on_meta` (once per
+distinct signature — identical layers cost one call) for output shapes and FLOPs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+from planner.errors import AutoplanError
+from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind, op_base_name
+from planner.ir.node_call import (
+    MetaResult,
+    bind_call,
+    resolve_target,
+    target_name,
+    tensor_meta,
+    torch_dtype,
+    trace_on_meta,
+)
+from planner.ir.op_kinds import classify
+
+TRACERS = ("export", "fx")
+
+
+def capture(model: torch.nn.Module, example_inputs: Sequence[Any], *, tracer: str = "export") -> OpGraph:
+    """Trace ``model`` on ``example_inputs`` into an :class:`OpGraph`.
+
+    Raises :class:`AutoplanError` naming the tracer and the first line of its complaint when
+    the model cannot be captured.
+    """
+    if tracer not in TRACERS:
+        raise AutoplanError(f"unknown tracer {tracer!r}: choose one of {', '.join(TRACERS)}")
+    inputs = tuple(example_inputs)
+    if _on_meta(model):
+        inputs = tuple(tree_map(_to_meta, list(inputs)))
+    builder = _GraphBuilder()
+    if tracer == "export":
+        _capture_export(model, inputs, builder)
+    else:
+        _capture_fx(model, inputs, builder)
+    return builder.finish()
+
+
+def _on_meta(model: torch.nn.Module) -> bool:
+    return any(tensor.is_meta for tensor in (*model.parameters(), *model.buffers()))
+
+
+def _to_meta(value: Any) -> Any:
+    return value.to("meta") if isinstance(value, torch.Tensor) else value
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
+
+
+class _GraphBuilder:
+    """Collects values and nodes; costs each distinct operator signature once."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, GraphValue] = {}
+        self.metas: dict[str, TensorMeta] = {}
+        self.nodes: list[OpNode] = []
+        self.outputs: list[str] = []
+        self.multi_outputs: dict[str, tuple[TensorMeta, ...]] = {}
+        self._meta_cache: dict[str, MetaResult | None] = {}
+
+    def add_value(self, *, name: str, kind: ValueKind, meta: TensorMeta) -> None:
+        self.values[name] = GraphValue(name=name, kind=kind, meta=meta)
+        self.metas[name] = meta
+
+    def add_node(
+        self,
+        *,
+        name: str,
+        target: str,
+        args: tuple[Any, ...],
+        kwargs: tuple[tuple[str, Any], ...],
+        inputs: tuple[str, ...],
+        module_path: str,
+        known_outputs: tuple[TensorMeta, ...] | None = None,
+    ) -> None:
+        input_metas = tuple(self.metas[value] for value in inputs)
+        if op_base_name(target) == "getitem" and inputs and inputs[0] in self.multi_outputs:
+            input_metas = (self.multi_outputs[inputs[0]][args[1]],)
+            result: MetaResult | None = MetaResult(outputs=input_metas, flops_fwd=0, flops_bwd=0)
+        else:
+            result = self._trace(target, args, kwargs, input_metas)
+        if result is None and known_outputs is None:
+            raise AutoplanError(f"cannot run operator {target} (node {name}) on meta tensors to get its shapes")
+        outputs = result.outputs if result is not None else known_outputs
+        assert outputs is not None
+        if len(outputs) > 1:
+            self.multi_outputs[name] = outputs
+        kind = classify(op_base_name(target), input_metas, outputs)
+        params = tuple(
+            dict.fromkeys(v for v in inputs if self.values.get(v, None) and self.values[v].kind == ValueKind.PARAM)
+        )
+        moved = 0 if kind == NodeKind.VIEW else sum(m.nbytes for m in (*input_metas, *outputs))
+        node = OpNode(
+            name=name,
+            target=target,
+            kind=kind,
+            inputs=inputs,
+            input_metas=input_metas,
+            outputs=outputs,
+            params=params,
+            args=args,
+            kwargs=kwargs,
+            flops_fwd=result.flops_fwd if result else 0,
+            flops_bwd=result.flops_bwd if result else 0,
+            bytes_moved=moved,
+            module_path=module_path,
+        )
+        self.nodes.append(node)
+        self.metas[name] = outputs[0]
+
+    def _trace(self, target: str, args: Any, kwargs: Any, input_metas: tuple[TensorMeta, ...]) -> MetaResult | None:
+        key = f"{target}|{input_metas}|{args!r}|{kwargs!r}"
+        if key not in self._meta_cache:
+            try:
+                self._meta_cache[key] = trace_on_meta(target, args, kwargs, input_metas)
+            except Exception as error:
+                warnings.warn(f"could not run {target} on meta tensors ({_first_line(error)})", stacklevel=2)
+                self._meta_cache[key] = None
+        return self._meta_cache[key]
+
+    def finish(self) -> OpGraph:
+        by_kind = {kind: [v for v in self.values.values() if v.kind == kind] for kind in ValueKind}
+        return OpGraph(
+            nodes=tuple(self.nodes),
+            inputs=tuple(by_kind[ValueKind.INPUT]),
+            params=tuple(by_kind[ValueKind.PARAM]),
+            buffers=tuple(by_kind[ValueKind.BUFFER]),
+            outputs=tuple(self.outputs),
+        )
+
+
+def _freeze_args(
+    args: Any, kwargs: dict[str, Any], lookup: Callable[[fx.Node], Any]
+) -> tuple[tuple[Any, ...], tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """Replace tensor-valued fx nodes by TensorArg, other nodes by their constant value."""
+    inputs: list[str] = []
+
+    def freeze(value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            resolved = lookup(value)
+            if isinstance(resolved, str):
+                inputs.append(resolved)
+                return TensorArg(len(inputs) - 1)
+            return resolved
+        if isinstance(value, list | tuple):
+            return tuple(freeze(item) for item in value)
+        if isinstance(value, dict):
+            return tuple((key, freeze(item)) for key, item in value.items())
+        if isinstance(value, slice):
+            return slice(freeze(value.start), freeze(value.stop), freeze(value.step))
+        return value
+
+    frozen_args = tuple(freeze(arg) for arg in args)
+    frozen_kwargs = tuple((key, freeze(value)) for key, value in kwargs.items())
+    return frozen_args, frozen_kwargs, tuple(inputs)
+
+
+def _module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return path if isinstance(path, str) else str(path)
+
+
+def _val_metas(value: Any) -> tuple[TensorMeta, ...]:
+    flat, _ = tree_flatten(value)
+    return tuple(tensor_meta(item) for item in flat if isinstance(item, torch.Tensor))
+
+
+def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _GraphBuilder) -> None:
+    from torch.export import export
+    from torch.export.graph_signature import InputKind
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # export prints the failing graph on errors
+            program = export(model, inputs, strict=False)
+    except Exception as error:
+        raise AutoplanError(
+            f"torch.export could not capture the model ({_first_line(error)}); try --tracer fx"
+        ) from None
+    if _has_opaque_calls(program.graph):
+        try:  # lowers predispatch vmap (HF transformers 4.5x masks) and higher-order ops to plain ATen
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch's own LeafSpec deprecation
+                program = program.run_decompositions({})
+        except Exception as error:
+            raise AutoplanError(f"torch.export could not lower the model to ATen ({_first_line(error)})") from None
+    kinds = {InputKind.PARAMETER: ValueKind.PARAM, InputKind.USER_INPUT: ValueKind.INPUT}
+    canonical = _canonical_names(model)
+    names: dict[str, str] = {}
+    for spec in program.graph_signature.input_specs:
+        placeholder = spec.arg.name
+        names[placeholder] = canonical(spec.target) if spec.target is not None else placeholder
+    constants: dict[str, Any] = {}
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            spec = next(s for s in program.graph_signature.input_specs if s.arg.name == node.name)
+            value = node.meta.get("val")
+            if not isinstance(value, torch.Tensor):
+                constants[node.name] = value
+                continue
+            builder.add_value(
+                name=names[node.name], kind=kinds.get(spec.kind, ValueKind.BUFFER), meta=tensor_meta(value)
+            )
+        elif node.op == "call_function":
+            value = node.meta.get("val")
+            metas = _val_metas(value)
+            if not metas:
+                constants[node.name] = value
+                continue
+
+            def lookup(arg: fx.Node) -> Any:
+                return constants[arg.name] if arg.name in constants else names.get(arg.name, arg.name)
+
+            args, kwargs, node_inputs = _freeze_args(node.args, dict(node.kwargs), lookup)
+            builder.add_node(
+                name=node.name,
+                target=target_name(node.target),
+                args=args,
+                kwargs=kwargs,
+                inputs=node_inputs,
+                module_path=_module_path(node),
+                known_outputs=metas,
+            )
+        elif node.op == "output":
+            flat, _ = tree_flatten(node.args)
+            builder.outputs.extend(names.get(n.name, n.name) for n in flat if isinstance(n, fx.Node))
+
+
+def _has_opaque_calls(graph: fx.Graph) -> bool:
+    """True when the graph holds calls that are not ATen operators: vmap levels, higher-order ops."""
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            return True
+        if node.op == "call_function" and (
+            isinstance(node.target, torch._ops.HigherOrderOperator)
+            or str(getattr(node.target, "__module__", "")).startswith("torch._functorch")
+        ):
+            return True
+    return False
+
+
+def _canonical_names(model: torch.nn.Module) -> Callable[[str], str]:
+    """Export names a tied parameter by any of its paths; map each to ``named_parameters()``'s name."""
+    first = {id(tensor): name for name, tensor in (*model.named_parameters(), *model.named_buffers())}
+
+    def canonical(target: str) -> str:
+        try:
+            tensor = _attr(model, target)
+        except AttributeError:
+            return target  # a lifted constant: no attribute of the model
+        return first.get(id(tensor), target)
+
+    return canonical
+
+
+class _ThroughTracer(fx.Tracer):
+    """Traces into every module, so standard layers become functional calls on weights."""
+
+    def is_leaf_module(self, module: torch.nn.Module, module_qualified_name: str) -> bool:
+        return False
+
+
+def _capture_fx(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _GraphBuilder) -> None:
+    try:
+        graph = _ThroughTracer().trace(model)
+    except Exception as error:
+        raise AutoplanError(f"torch.fx could not trace the model ({_first_line(error)}); try --tracer export") from None
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    env: dict[str, Any] = {}
+    remaining = list(inputs)
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            value = remaining.pop(0) if remaining else node.args[0] if node.args else None
+            env[node.name] = value
+            if isinstance(value, torch.Tensor):
+                builder.add_value(name=node.name, kind=ValueKind.INPUT, meta=tensor_meta(value))
+                env[node.name] = (node.name, value)
+        elif node.op == "get_attr":
+            _fx_get_attr(node, model, params, buffers, env, builder)
+        elif node.op in ("call_function", "call_method"):
+            _fx_call(node, env, builder)
+        elif node.op == "output":
+            flat, _ = tree_flatten(node.args)
+            builder.outputs.extend(n.name for n in flat if isinstance(n, fx.Node) and n.name in builder.metas)
+        elif node.op == "call_module":
+            raise AutoplanError(f"torch.fx kept module {node.target} opaque; try --tracer export")
+
+
+def _fx_get_attr(
+    node: fx.Node, model: torch.nn.Module, params: dict, buffers: dict, env: dict, builder: _GraphBuilder
+) -> None:
+    target = str(node.target)
+    value = params.get(target)
+    kind = ValueKind.PARAM
+    if value is None:
+        value = buffers.get(target)
+        kind = ValueKind.BUFFER
+    if value is None:
+        value = _attr(model, target)
+    if not isinstance(value, torch.Tensor):
+        env[node.name] = value
+        return
+    if target not in builder.values:
+        builder.add_value(name=target, kind=kind, meta=tensor_meta(value))
+    env[node.name] = (target, value)
+
+
+def _attr(model: torch.nn.Module, target: str) -> Any:
+    found: Any = model
+    for part in target.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _fx_call(node: fx.Node, env: dict, builder: _GraphBuilder) -> None:
+    is_method = node.op == "call_method"
+    target = target_name(node.target, is_method=is_method)
+
+    def lookup(arg: fx.Node) -> Any:
+        value = env[arg.name]
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
+            return value[0]  # a tensor value: its graph name
+        return value
+
+    args, kwargs, node_inputs = _freeze_args(node.args, dict(node.kwargs), lookup)
+    function = resolve_target(target)
+    tensors = [
+        torch.empty(builder.metas[n].shape, dtype=torch_dtype(builder.metas[n].dtype), device="meta")
+        for n in node_inputs
+    ]
+    call_args, call_kwargs = bind_call(args, kwargs, tensors, device="meta")
+    try:
+        result = function(*call_args, **call_kwargs)
+    except Exception as error:
+        raise AutoplanError(
+            f"could not run {target} (node {node.name}) on meta tensors: {_first_line(error)}"
+        ) from None
+    if isinstance(result, torch.Tensor) or _val_metas(result):
+        builder.add_node(
+            name=node.name, target=target, args=args, kwargs=kwargs, inputs=node_inputs, module_path=_module_path(node)
+        )
+        env[node.name] = (node.name, result)
+    else:
+        env[node.name] = result

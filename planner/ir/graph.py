@@ -1,0 +1,275 @@
+"""The immutable intermediate representation every planner works on.
+
+An :class:`OpGraph` is a captured training forward pass: its nodes are operators in
+topological order, each with the shapes and dtypes of what it reads and writes, the
+parameters it uses (fully qualified names from ``named_parameters()``), its forward and
+backward FLOPs, the bytes it moves and the module it came from. Values are named: a node's
+output is named after the node, a graph input after its placeholder, a parameter by its
+fully qualified name. Nothing here holds a tensor, so a graph of a 39B-parameter model is a
+few megabytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import networkx as nx
+
+
+class NodeKind(enum.StrEnum):
+    """What an operator does, as far as parallelization cares."""
+
+    MATMUL = "matmul"
+    EMBEDDING = "embedding"
+    NORM = "norm"
+    SOFTMAX = "softmax"
+    ATTENTION = "attention"
+    CONV = "conv"
+    POOL = "pool"
+    ELEMENTWISE = "elementwise"
+    VIEW = "view"
+    REDUCTION = "reduction"
+    INDEX = "index"
+    CREATION = "creation"
+    OTHER = "other"
+
+
+class ValueKind(enum.StrEnum):
+    INPUT = "input"
+    PARAM = "param"
+    BUFFER = "buffer"
+    NODE = "node"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TensorMeta:
+    """Shape and dtype of one tensor (dtype as torch names it, without ``torch.``)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE.get(self.dtype, 4)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def is_floating(self) -> bool:
+        return self.dtype in _FLOATING
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype}
+
+
+_ITEMSIZE = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "complex64": 8,
+}
+_FLOATING = {"float64", "float32", "float16", "bfloat16"}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorArg:
+    """Stands in an operator's argument structure for its ``index``-th tensor input."""
+
+    index: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GraphValue:
+    """A graph input, parameter or buffer: a named tensor that no node produces."""
+
+    name: str
+    kind: ValueKind
+    meta: TensorMeta
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpNode:
+    """One operator of the captured forward pass.
+
+    ``inputs`` names the values the operator reads, in the order ``TensorArg`` indices refer
+    to; ``args`` and ``kwargs`` keep the operator's full call with tensors replaced by
+    ``TensorArg``. ``outputs`` has one entry per tensor the operator returns.
+    """
+
+    name: str
+    target: str
+    kind: NodeKind
+    inputs: tuple[str, ...]
+    input_metas: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    params: tuple[str, ...] = ()
+    args: tuple[Any, ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    flops_fwd: int = 0
+    flops_bwd: int = 0
+    bytes_moved: int = 0
+    module_path: str = ""
+
+    @property
+    def output(self) -> TensorMeta:
+        return self.outputs[0]
+
+    @property
+    def op_name(self) -> str:
+        """The operator's short name: ``linear`` for ``aten.linear.default``."""
+        return op_base_name(self.target)
+
+    def signature(self) -> str:
+        """What determines this node's cost: the same signature means the same time."""
+        metas = ",".join(f"{m.dtype}{list(m.shape)}" for m in self.input_metas)
+        return f"{self.target}({metas};{self.args!r};{self.kwargs!r})"
+
+
+def op_base_name(target: str) -> str:
+    """``aten.linear.default`` -> ``linear``; ``torch.nn.functional.gelu`` -> ``gelu``."""
+    parts = target.split(".")
+    if parts[0] == "aten" and len(parts) >= 2:
+        return parts[1]
+    return parts[-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpGraph:
+    """Nodes in topological order plus the values that enter the graph from outside."""
+
+    nodes: tuple[OpNode, ...]
+    inputs: tuple[GraphValue, ...]
+    params: tuple[GraphValue, ...]
+    buffers: tuple[GraphValue, ...] = ()
+    outputs: tuple[str, ...] = ()
+    _index: Mapping[str, OpNode] = field(init=False, repr=False, compare=False)
+    _values: Mapping[str, GraphValue] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index = {node.name: node for node in self.nodes}
+        values = {v.name: v for v in (*self.inputs, *self.params, *self.buffers)}
+        assert len(index) == len(self.nodes), "node names must be unique"
+        object.__setattr__(self, "_index", MappingProxyType(index))
+        object.__setattr__(self, "_values", MappingProxyType(values))
+        seen = set(values)
+        for node in self.nodes:
+            missing = [name for name in node.inputs if name not in seen]
+            assert not missing, f"{node.name} reads {missing} before they exist"
+            seen.add(node.name)
+
+    def __iter__(self) -> Iterator[OpNode]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def node(self, name: str) -> OpNode:
+        return self._index[name]
+
+    def has_node(self, name: str) -> bool:
+        return name in self._index
+
+    def value(self, name: str) -> GraphValue:
+        return self._values[name]
+
+    def value_kind(self, name: str) -> ValueKind:
+        if name in self._index:
+            return ValueKind.NODE
+        return self._values[name].kind
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.meta.numel for p in self.params)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.meta.nbytes for p in self.params)
+
+    @property
+    def flops_fwd(self) -> int:
+        return sum(node.flops_fwd for node in self.nodes)
+
+    @property
+    def flops_bwd(self) -> int:
+        return sum(node.flops_bwd for node in self.nodes)
+
+    def consumers(self) -> dict[str, list[str]]:
+        """Value name -> names of the nodes that read it."""
+        readers: dict[str, list[str]] = {}
+        for node in self.nodes:
+            for name in dict.fromkeys(node.inputs):
+                readers.setdefault(name, []).append(node.name)
+        return readers
+
+    def to_networkx(self) -> nx.DiGraph:
+        """Nodes are operators (with the OpNode under ``"op"``); edges carry ``bytes``."""
+        graph = nx.DiGraph()
+        for node in self.nodes:
+            graph.add_node(node.name, op=node)
+            for name, meta in zip(node.inputs, node.input_metas, strict=True):
+                if name in self._index:
+                    previous = graph.edges[name, node.name]["bytes"] if graph.has_edge(name, node.name) else 0
+                    graph.add_edge(name, node.name, bytes=max(previous, meta.nbytes))
+        return graph
+
+    def fingerprint(self) -> str:
+        """A short hash of the structure: targets, shapes, wiring and parameter shapes."""
+        digest = hashlib.sha256()
+        for value in (*self.inputs, *self.params, *self.buffers):
+            digest.update(f"{value.kind}:{value.name}:{value.meta}\n".encode())
+        for node in self.nodes:
+            digest.update(f"{node.name}={node.signature()}<-{node.inputs}\n".encode())
+        digest.update(repr(self.outputs).encode())
+        return digest.hexdigest()[:16]
+
+
+def subgraph(graph: OpGraph, names: list[str]) -> OpGraph:
+    """The nodes ``names`` as a graph of their own; values from outside become its inputs."""
+    inside = set(names)
+    nodes = [graph.node(name) for name in names]
+    inputs: dict[str, GraphValue] = {}
+    params: dict[str, GraphValue] = {}
+    buffers: dict[str, GraphValue] = {}
+    for node in nodes:
+        for name, meta in zip(node.inputs, node.input_metas, strict=True):
+            if name in inside:
+                continue
+            kind = graph.value_kind(name)
+            if kind == ValueKind.PARAM:
+                params[name] = graph.value(name)
+            elif kind == ValueKind.BUFFER:
+                buffers[name] = graph.value(name)
+            else:
+                inputs.setdefault(name, GraphValue(name=name, kind=ValueKind.INPUT, meta=meta))
+    readers_outside = {name for node in graph.nodes if node.name not in inside for name in node.inputs}
+    outputs = tuple(n for n in names if n in readers_outside or n in graph.outputs)
+    return OpGraph(
+        nodes=tuple(nodes),
+        inputs=tuple(inputs.values()),
+        params=tuple(params.values()),
+        buffers=tuple(buffers.values()),
+        outputs=outputs,
+    )

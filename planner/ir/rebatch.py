@@ -1,0 +1,133 @@
+"""The model's graph at every microbatch size, from at most two captures.
+
+Exporting a large model takes seconds, so :class:`MicrobatchGraphs` captures it at the global
+batch ``B`` and at the smallest microbatch size ``b₀`` only. Every quantity that depends on the
+batch — each tensor dim, each integer in an operator's arguments (a ``view``'s shape), FLOPs and
+bytes moved — is an affine function of the batch size ``b`` for ordinary models (constant, or
+``b`` times a constant, or a sum of both), so two points fix it::
+
+    q(b) = q(b₀) + (q(B) − q(b₀))·(b − b₀)/(B − b₀)                          (_interpolate)
+
+An interpolated graph is used only when both captures have the same nodes, targets and wiring
+and every interpolated dim and argument is a whole number (:func:`_between`); otherwise that
+size is captured directly. ``capture_at(b)`` must return the graph of the same model at batch
+``b`` (:func:`planner.api.plan` slices the example inputs along dim 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from fractions import Fraction
+from typing import Any
+
+from planner.ir.graph import GraphValue, OpGraph, OpNode, TensorMeta
+
+
+class _NotAffine(Exception):
+    """Two captures that no affine rule joins at this size."""
+
+
+class MicrobatchGraphs:
+    """``at(b)``: the graph at microbatch size ``b`` (``b`` divides the batch), cached per size."""
+
+    def __init__(
+        self, *, full: OpGraph, batch_size: int, capture_at: Callable[[int], OpGraph], smallest: int | None = None
+    ) -> None:
+        self.batch_size = batch_size
+        self._capture_at = capture_at
+        self._graphs: dict[int, OpGraph] = {batch_size: full}
+        self._low: int | None = None
+        self.num_captures = 1
+        self.capture_s = 0.0  # seconds in captures after the first
+        if smallest is not None and smallest != batch_size:
+            self._graphs[smallest] = self._capture(smallest)
+            self._low = smallest
+
+    def _capture(self, size: int) -> OpGraph:
+        started = time.perf_counter()
+        self.num_captures += 1
+        graph = self._capture_at(size)
+        self.capture_s += time.perf_counter() - started
+        return graph
+
+    def at(self, size: int) -> OpGraph:
+        if size not in self._graphs:
+            graph = None
+            if self._low is not None and self._low < size < self.batch_size:
+                try:
+                    low, high = self._graphs[self._low], self._graphs[self.batch_size]
+                    graph = _between(low, high, sizes=(self._low, self.batch_size, size))
+                except _NotAffine:
+                    graph = None
+            self._graphs[size] = graph if graph is not None else self._capture(size)
+        return self._graphs[size]
+
+
+def _between(low: OpGraph, high: OpGraph, *, sizes: tuple[int, int, int]) -> OpGraph:
+    """The graph at ``size`` from ``low`` (at ``low_size``) and ``high`` (at ``high_size``)."""
+    low_size, high_size, size = sizes
+    if len(low.nodes) != len(high.nodes):
+        raise _NotAffine
+    t = Fraction(size - low_size, high_size - low_size)
+    nodes = tuple(_node(a, b, t) for a, b in zip(low.nodes, high.nodes, strict=True))
+    return OpGraph(
+        nodes=nodes,
+        inputs=tuple(_value(a, b, t) for a, b in _pairs(low.inputs, high.inputs)),
+        params=high.params,
+        buffers=tuple(_value(a, b, t) for a, b in _pairs(low.buffers, high.buffers)),
+        outputs=high.outputs,
+    )
+
+
+def _pairs(low: tuple[GraphValue, ...], high: tuple[GraphValue, ...]) -> list[tuple[GraphValue, GraphValue]]:
+    if [v.name for v in low] != [v.name for v in high]:
+        raise _NotAffine
+    return list(zip(low, high, strict=True))
+
+
+def _interpolate(a: int, b: int, t: Fraction) -> int:
+    value = a + (b - a) * t
+    if value.denominator != 1 or value < 0:
+        raise _NotAffine
+    return int(value)
+
+
+def _meta(a: TensorMeta, b: TensorMeta, t: Fraction) -> TensorMeta:
+    if a.dtype != b.dtype or len(a.shape) != len(b.shape):
+        raise _NotAffine
+    return TensorMeta(shape=tuple(_interpolate(x, y, t) for x, y in zip(a.shape, b.shape, strict=True)), dtype=b.dtype)
+
+
+def _value(a: GraphValue, b: GraphValue, t: Fraction) -> GraphValue:
+    return replace(b, meta=_meta(a.meta, b.meta, t))
+
+
+def _arg(a: Any, b: Any, t: Fraction) -> Any:
+    if isinstance(b, bool) or not isinstance(b, int | tuple):
+        if a != b and not (isinstance(a, float) and isinstance(b, float)):
+            raise _NotAffine
+        return b
+    if isinstance(b, int):
+        if not isinstance(a, int):
+            raise _NotAffine
+        return _interpolate(a, b, t)
+    if not isinstance(a, tuple) or len(a) != len(b):
+        raise _NotAffine
+    return tuple(_arg(x, y, t) for x, y in zip(a, b, strict=True))
+
+
+def _node(a: OpNode, b: OpNode, t: Fraction) -> OpNode:
+    if (a.name, a.target, a.inputs, len(a.outputs)) != (b.name, b.target, b.inputs, len(b.outputs)):
+        raise _NotAffine
+    return replace(
+        b,
+        input_metas=tuple(_meta(x, y, t) for x, y in zip(a.input_metas, b.input_metas, strict=True)),
+        outputs=tuple(_meta(x, y, t) for x, y in zip(a.outputs, b.outputs, strict=True)),
+        args=_arg(a.args, b.args, t),
+        kwargs=tuple((key, _arg(x, y, t)) for (key, x), (_, y) in zip(a.kwargs, b.kwargs, strict=True)),
+        flops_fwd=round(a.flops_fwd + (b.flops_fwd - a.flops_fwd) * t),
+        flops_bwd=round(a.flops_bwd + (b.flops_bwd - a.flops_bwd) * t),
+        bytes_moved=round(a.bytes_moved + (b.bytes_moved - a.bytes_moved) * t),
+    )

@@ -1,0 +1,27 @@
+"""Why a node is sharded as it is: one explanation row per node, stored in the plan's stage.
+
+:func:`planner.costing.stage_work.explain_stage` fills the rows from the strategies a stage stores, priced
+by the same cost model as the estimate: the split (which letter or dim each mesh axis splits), the
+output spec, compute seconds at that split, the node's own collectives, gradient sync and optimizer
+step (per step), resharding of its inputs from their producers, and the bytes per device it keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExplainRow:
+    node: str
+    target: str
+    strategy: str
+    spec: str
+    compute_s: float
+    comm_s: float
+    step_s: float
+    reshard_s: float
+    memory_bytes: float
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.__dict__)

@@ -1,0 +1,140 @@
+"""Check a plan against its graph: :func:`validate_plan` raises :class:`~planner.plan.value.PlanError`
+naming the first broken rule (schedule, microbatches, model fingerprint, devices, every node and
+parameter placed once, every spec and strategy record well-formed for its tensor and mesh).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from planner.ir.graph import OpGraph, OpNode, TensorMeta
+from planner.plan.stage import COLLECTIVE_KINDS, PHASES, NodeSharding, Stage
+from planner.plan.value import SCHEDULES, Plan, PlanError
+
+_PLACEMENT = re.compile(r"^(R|P|S\((\d+)\))$")
+
+
+def parse_placement(text: str) -> tuple[str, int | None]:
+    """``"S(1)"`` -> ``("S", 1)``; ``"R"`` -> ``("R", None)``."""
+    match = _PLACEMENT.match(text)
+    if not match:
+        raise PlanError(f"placement {text!r} is not one of S(d), R, P")
+    return (match.group(1)[0], int(match.group(2)) if match.group(2) is not None else None)
+
+
+def validate_plan(plan: Plan, graph: OpGraph) -> None:
+    """Raise :class:`PlanError` naming the first broken rule; return None for a valid plan."""
+    if plan.schedule not in SCHEDULES:
+        raise PlanError(f"schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if plan.batch_size <= 0 or plan.num_microbatches <= 0 or plan.batch_size % plan.num_microbatches:
+        raise PlanError(f"batch size {plan.batch_size} cannot be split into {plan.num_microbatches} equal microbatches")
+    if plan.schedule == "1f1b" and plan.num_microbatches < len(plan.stages):
+        raise PlanError(
+            f"schedule 1f1b needs at least as many microbatches as stages ({len(plan.stages)}), got "
+            f"{plan.num_microbatches}: use gpipe, whose timeline is the same when microbatches are fewer"
+        )
+    if plan.model.fingerprint != graph.fingerprint():
+        raise PlanError(f"plan was made for model {plan.model.fingerprint}, this model is {graph.fingerprint()}")
+    _check_devices(plan)
+    _check_once(
+        "node", [(name, stage.index) for stage in plan.stages for name in stage.nodes], [n.name for n in graph.nodes]
+    )
+    _check_once(
+        "parameter",
+        [(name, stage.index) for stage in plan.stages for name in stage.param_placements],
+        list(graph.param_names),
+    )
+    for stage in plan.stages:
+        _check_stage_specs(stage, graph)
+
+
+def _check_devices(plan: Plan) -> None:
+    seen: dict[int, int] = {}
+    for stage in plan.stages:
+        if math.prod(stage.mesh_shape) != len(stage.devices) or any(size <= 0 for size in stage.mesh_shape):
+            raise PlanError(
+                f"stage {stage.index}: mesh shape {list(stage.mesh_shape)} does not hold its "
+                f"{len(stage.devices)} devices (product must equal the device count)"
+            )
+        for device in stage.devices:
+            if not 0 <= device < plan.cluster.num_devices:
+                raise PlanError(
+                    f"stage {stage.index}: device {device} is not in the cluster (ranks 0..{plan.cluster.num_devices - 1})"
+                )
+            if device in seen:
+                raise PlanError(f"device {device} is used by stage {seen[device]} and stage {stage.index}")
+            seen[device] = stage.index
+
+
+def _check_once(what: str, placed: list[tuple[str, int]], expected: list[str]) -> None:
+    where: dict[str, int] = {}
+    for name, stage in placed:
+        if name in where:
+            raise PlanError(f"{what} {name} is placed twice (stage {where[name]} and stage {stage})")
+        where[name] = stage
+    unknown = [name for name in where if name not in set(expected)]
+    if unknown:
+        raise PlanError(f"{what} {unknown[0]} is not in the model ({len(unknown)} unknown {what}s)")
+    missing = [name for name in expected if name not in where]
+    if missing:
+        raise PlanError(f"{what} {missing[0]} is not placed in any stage ({len(missing)} missing)")
+
+
+def _check_stage_specs(stage: Stage, graph: OpGraph) -> None:
+    for name, spec in stage.param_placements.items():
+        _check_spec(stage, f"parameter {name}", spec, graph.value(name).meta, must_divide=True)
+    unknown = [name for name in stage.strategies if name not in set(stage.nodes)]
+    if unknown:
+        raise PlanError(f"stage {stage.index}: strategies names {unknown[0]}, which is not a node of this stage")
+    for name in stage.nodes:
+        if name not in stage.strategies:
+            raise PlanError(f"stage {stage.index}: node {name} has no strategy (every node of a stage needs one)")
+        _check_strategy(stage, graph.node(name), stage.strategies[name])
+
+
+def _check_strategy(stage: Stage, node: OpNode, record: NodeSharding) -> None:
+    where = f"stage {stage.index}: node {node.name}"
+    if len(record.input_specs) != len(node.inputs):
+        raise PlanError(f"{where} has {len(record.input_specs)} input specs for its {len(node.inputs)} inputs")
+    for position, (spec, meta) in enumerate(zip(record.input_specs, node.input_metas, strict=True)):
+        if spec is not None:
+            _check_spec(stage, f"node {node.name} input {position}", tuple(spec), meta, must_divide=True)
+    _check_spec(stage, f"node {node.name}", record.output_spec, node.output, must_divide=True)
+    devices = math.prod(stage.mesh_shape)
+    if record.compute_shards < 1 or devices % record.compute_shards:
+        raise PlanError(f"{where}: compute_shards {record.compute_shards} does not divide its {devices} devices")
+    for collective in record.collectives:
+        if collective.kind not in COLLECTIVE_KINDS or collective.phase not in PHASES:
+            raise PlanError(
+                f"{where}: collective {collective.kind} in phase {collective.phase} is not one of "
+                f"{', '.join(COLLECTIVE_KINDS)} in {', '.join(PHASES)}"
+            )
+        if not 0 <= collective.axis < len(stage.mesh_shape):
+            raise PlanError(f"{where}: collective on axis {collective.axis} of a {len(stage.mesh_shape)}-axis mesh")
+        if collective.operand is not None and not 0 <= collective.operand < len(node.inputs):
+            raise PlanError(f"{where}: collective on input {collective.operand}, the node has {len(node.inputs)}")
+
+
+def _check_spec(stage: Stage, what: str, spec: tuple[str, ...], meta: TensorMeta, *, must_divide: bool) -> None:
+    if len(spec) != len(stage.mesh_shape):
+        raise PlanError(
+            f"stage {stage.index}: {what} has {len(spec)} placements {list(spec)} for a "
+            f"{len(stage.mesh_shape)}-axis mesh {list(stage.mesh_shape)}"
+        )
+    shards_per_dim: dict[int, int] = {}
+    for axis, text in enumerate(spec):
+        kind, dim = parse_placement(text)
+        if kind != "S":
+            continue
+        assert dim is not None
+        if dim >= len(meta.shape):
+            raise PlanError(
+                f"stage {stage.index}: {what} placement {text} names dim {dim} of a {len(meta.shape)}-d tensor"
+            )
+        shards_per_dim[dim] = shards_per_dim.get(dim, 1) * stage.mesh_shape[axis]
+    for dim, shards in shards_per_dim.items():
+        if must_divide and meta.shape[dim] % shards:
+            raise PlanError(
+                f"stage {stage.index}: {what} dim {dim} of size {meta.shape[dim]} cannot be split into {shards} shards"
+            )

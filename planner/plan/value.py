@@ -1,0 +1,222 @@
+"""A plan is a value: frozen, keyword-only dataclasses with a JSON round-trip and validation.
+
+JSON layout (``format_version`` 2)::
+
+    {format_version, method, model: {file, args, fingerprint, tracer, num_params},
+     cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer, zero,
+     stages: [{index, nodes, devices, mesh_shape, param_placements, remat, explanation,
+               strategies: {node: {split, input_specs, output_spec, compute_shards,
+                                   collectives: [{kind, axis, phase, operand}]}}}],
+     estimate: {step_time_s, per_stage_time_s, memory_per_device_bytes, bubble_fraction,
+                tflops_per_device, mfu, breakdown_s}, search: {time_s, capture_s, ...}, notes}
+
+The plan is the program: every node's :class:`NodeSharding` is the strategy the search chose, and
+the simulator, ``plan show``, ``plan run`` and the executors read it as it is — the spec each
+tensor operand is consumed in (an activation is redistributed to it, a parameter is held in it),
+the output spec, the factor its compute is split by, and the collectives it issues. Version 1
+plans stored only output specs and cannot be read (re-plan).
+
+A placement is one of ``"S(d)"`` (shard tensor dim d), ``"R"`` (replicate) or ``"P"``
+(partial sum), one per mesh axis. :func:`validate_plan` checks the plan against its graph.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cost_models.atomic_file import write_text_atomic
+from cost_models.cluster import Cluster
+from planner.errors import AutoplanError
+from planner.plan.stage import Stage
+
+FORMAT_VERSION = 2
+SCHEDULES = ("none", "gpipe", "1f1b", "dataflow")  # dataflow: op placements, each op runs when its inputs arrive
+
+
+class PlanError(AutoplanError):
+    """A plan that breaks a rule: the message names the offending values."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    step_time_s: float
+    per_stage_time_s: tuple[float, ...]
+    memory_per_device_bytes: int
+    bubble_fraction: float
+    tflops_per_device: float
+    mfu: float = 0.0
+    breakdown_s: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s,
+            "per_stage_time_s": list(self.per_stage_time_s),
+            "memory_per_device_bytes": self.memory_per_device_bytes,
+            "bubble_fraction": self.bubble_fraction,
+            "tflops_per_device": self.tflops_per_device,
+            "mfu": self.mfu,
+            "breakdown_s": dict(self.breakdown_s),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Estimate:
+        return cls(
+            step_time_s=float(data["step_time_s"]),
+            per_stage_time_s=tuple(float(t) for t in data.get("per_stage_time_s", ())),
+            memory_per_device_bytes=int(data["memory_per_device_bytes"]),
+            bubble_fraction=float(data["bubble_fraction"]),
+            tflops_per_device=float(data["tflops_per_device"]),
+            mfu=float(data.get("mfu", 0.0)),
+            breakdown_s=dict(data.get("breakdown_s", {})),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchStats:
+    time_s: float
+    capture_s: float = 0.0
+    cost_s: float = 0.0
+    ilp_solves: int = 0
+    ilp_s: float = 0.0  # building and solving the intra-op problems of layers
+    dp_s: float = 0.0  # the stage DP and the hand-written grid
+    price_s: float = 0.0  # re-pricing candidates on whole stages
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "time_s": self.time_s,
+            "capture_s": self.capture_s,
+            "cost_s": self.cost_s,
+            "ilp_solves": self.ilp_solves,
+            "ilp_s": self.ilp_s,
+            "dp_s": self.dp_s,
+            "price_s": self.price_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SearchStats:
+        return cls(
+            time_s=float(data["time_s"]),
+            capture_s=float(data.get("capture_s", 0.0)),
+            cost_s=float(data.get("cost_s", 0.0)),
+            ilp_solves=int(data.get("ilp_solves", 0)),
+            ilp_s=float(data.get("ilp_s", 0.0)),
+            dp_s=float(data.get("dp_s", 0.0)),
+            price_s=float(data.get("price_s", 0.0)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelRef:
+    """Where the model came from, so executors can rebuild and check it."""
+
+    fingerprint: str
+    num_params: int
+    file: str | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+    tracer: str = "export"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "args": dict(self.args),
+            "fingerprint": self.fingerprint,
+            "tracer": self.tracer,
+            "num_params": self.num_params,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelRef:
+        return cls(
+            file=data.get("file"),
+            args=dict(data.get("args", {})),
+            fingerprint=str(data["fingerprint"]),
+            tracer=str(data.get("tracer", "export")),
+            num_params=int(data.get("num_params", 0)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    method: str
+    model: ModelRef
+    cluster: Cluster
+    batch_size: int
+    num_microbatches: int
+    schedule: str
+    optimizer: str
+    stages: tuple[Stage, ...]
+    estimate: Estimate
+    search: SearchStats
+    notes: tuple[str, ...] = ()
+    zero: bool = False  # optimizer state and gradients sharded over data-parallel axes
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_devices(self) -> int:
+        return sum(len(stage.devices) for stage in self.stages)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "method": self.method,
+            "model": self.model.to_json(),
+            "cluster": self.cluster.to_json(),
+            "batch_size": self.batch_size,
+            "num_microbatches": self.num_microbatches,
+            "schedule": self.schedule,
+            "optimizer": self.optimizer,
+            "zero": self.zero,
+            "stages": [stage.to_json() for stage in self.stages],
+            "estimate": self.estimate.to_json(),
+            "search": self.search.to_json(),
+            "notes": list(self.notes),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise PlanError(
+                f"plan format_version {version!r} is not one this autoplan reads ({FORMAT_VERSION}): "
+                "re-plan the model with `plan MODEL_FILE ...` to get a plan it can run"
+            )
+        try:
+            return cls(
+                method=str(data["method"]),
+                model=ModelRef.from_json(data["model"]),
+                cluster=Cluster.from_json(data["cluster"], source="plan"),
+                batch_size=int(data["batch_size"]),
+                num_microbatches=int(data["num_microbatches"]),
+                schedule=str(data["schedule"]),
+                optimizer=str(data.get("optimizer", "adam-mixed")),
+                zero=bool(data.get("zero", False)),
+                stages=tuple(Stage.from_json(stage) for stage in data["stages"]),
+                estimate=Estimate.from_json(data["estimate"]),
+                search=SearchStats.from_json(data["search"]),
+                notes=tuple(data.get("notes", ())),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise PlanError(f"plan JSON is malformed: {type(error).__name__} {error}") from None
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write atomically: a crash leaves either the old file or the new one, never half."""
+    write_text_atomic(Path(path), plan.dumps() + "\n", what="plan file")
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"plan file {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise PlanError(f"plan file {path} is not valid JSON: {error}") from None
+    return Plan.from_json(data)
