@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from results_page import save_table  # noqa: E402
+
+from executors.launch import free_port  # noqa: E402
 
 TARGET = 1.10
 MLP_ARGS = {"hidden": 1024, "layers": 8}
@@ -77,12 +78,6 @@ def make_plan(case: str, out: Path) -> Path:
     plan = plan_prepared(prepared, method)
     save_plan(plan, out)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_case(case: str, warmup: int, steps: int) -> dict:

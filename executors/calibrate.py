@@ -52,6 +52,7 @@ from cost_models.calibration import (
     to_toml,
 )
 from cost_models.cluster import Cluster
+from executors.launch import free_port
 from planner.errors import AutoplanError
 
 KIB = 1024
@@ -95,7 +96,7 @@ def run_calibration(
     _check_options(num_processes=num_processes, sizes_bytes=sizes, repeats=repeats)
     report = progress if progress is not None else _ignore
     _report_load(report)
-    plan = _WorkerPlan(num_processes=num_processes, port=_free_port(), sizes_bytes=sizes, repeats=repeats, quick=quick)
+    plan = _WorkerPlan(num_processes=num_processes, port=free_port(), sizes_bytes=sizes, repeats=repeats, quick=quick)
     report(f"{num_processes} gloo processes on {HOST}:{plan.port}: compute in every process at once, then collectives")
     samples = _run_workers(plan, report=report, timeout_s=timeout_s)
     result = fit_calibration(
@@ -137,12 +138,6 @@ def _check_options(*, num_processes: int, sizes_bytes: tuple[int, ...], repeats:
         raise AutoplanError(f"calibration sizes must be at least {4 * num_processes} bytes each, got {sizes_bytes}")
     if repeats < 1:
         raise AutoplanError(f"calibration repeats must be at least 1, got {repeats}")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def _inner_iterations(work: float, *, per_run: float) -> int:

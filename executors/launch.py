@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from executors.program import RunOptions, check_options, write_program
@@ -52,11 +52,17 @@ def program_args(options: RunOptions) -> list[str]:
     return [*args, "--check-parity"] if options.check_parity else args
 
 
-def launch(plan_path: str | Path, options: RunOptions, *, nproc_per_node: int | None = None) -> int:
-    """Run the plan at ``plan_path``; returns the exit code (0 ok, 1 a rank failed or parity broke, 2 bad input)."""
+def launch(
+    plan_path: str | Path, options: RunOptions, *, nproc_per_node: int | None = None,
+    check_plan: Callable[[Plan], None] | None = None,
+) -> int:  # fmt: skip
+    """Run the plan at ``plan_path``; returns the exit code (0 ok, 1 a rank failed or parity broke, 2 bad input).
+    ``check_plan`` raises AutoplanError for a plan that must not start (after the model is checked)."""
     check_options(options)
     plan = load_plan(plan_path)
     preflight(plan)
+    if check_plan is not None:
+        check_plan(plan)
     nproc = nproc_per_node or plan.cluster.num_devices
     if nproc != plan.cluster.num_devices:
         raise AutoplanError(f"the plan needs {plan.cluster.num_devices} processes; --nproc-per-node {nproc} differs")

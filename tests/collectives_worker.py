@@ -1,5 +1,7 @@
 """Count the collectives one training step of a tensor-parallel plan issues (CommDebugMode on each
-rank) next to those the cost model charges; rank 0 writes a JSON report.
+rank) next to those the simulator charges (:func:`planner.costing.collectives.charged_collectives`)
+and those the plan's JSON lists (its strategies' collectives and the resharding their specs imply,
+read here from the file itself); rank 0 writes a JSON report.
 
 ``python -m torch.distributed.run --nproc-per-node N tests/collectives_worker.py OUT.json PLAN.json...``
 """
@@ -17,6 +19,7 @@ from executors.runner import TensorParallelRunner, make_runner
 from executors.session import init_distributed, load_workload
 from executors.tensor_parallel import observed_kind
 from planner.costing.collectives import charged_collectives
+from planner.costing.setup import plan_setup
 from planner.plan import load_plan
 
 
@@ -27,6 +30,44 @@ def _kinds(mode: CommDebugMode) -> dict[str, int]:
         if kind is not None and count:
             observed[kind] += count
     return dict(observed)
+
+
+def plan_collectives(stage: dict, graph) -> dict[str, dict[str, int]]:
+    """The collectives of one microbatch and step as the plan file lists them: every record's own, the
+    resharding from each producer's output spec to the input spec its consumer's record names (per
+    mesh axis: S->R all-gather forward; R->S all-gather of the gradient backward; S->S' all-to-all
+    both ways), and each parameter's sync collectives at its first reader."""
+    strategies = stage["strategies"]
+    needs_grad = set(graph.param_names)
+    for node in graph.nodes:
+        if node.output.is_floating and any(v in needs_grad for v in node.inputs):
+            needs_grad.add(node.name)
+    counts = {"forward": Counter(), "backward": Counter(), "sync": Counter()}
+    synced = set()
+    for node in graph.nodes:
+        record = strategies[node.name]
+        for position, value in enumerate(node.inputs):
+            if value in graph.param_names and value not in synced:
+                synced.add(value)
+                counts["sync"].update(
+                    c["kind"] for c in record["collectives"] if c["phase"] == "sync" and c["operand"] == position
+                )
+            need = record["input_specs"][position]
+            if need is None or value not in strategies:
+                continue
+            for before, after in zip(strategies[value]["output_spec"], need, strict=True):
+                if before == after:
+                    continue
+                if before == "R":
+                    counts["backward"]["all_gather"] += value in needs_grad
+                elif after == "R":
+                    counts["forward"]["all_gather"] += 1
+                else:
+                    counts["forward"]["all_to_all"] += 1
+                    counts["backward"]["all_to_all"] += value in needs_grad
+        counts["forward"].update(c["kind"] for c in record["collectives"] if c["phase"] == "forward")
+        counts["backward"].update(c["kind"] for c in record["collectives"] if c["phase"] == "backward")
+    return {phase: {kind: n for kind, n in c.items() if n} for phase, c in counts.items()}
 
 
 def main() -> None:
@@ -50,9 +91,11 @@ def main() -> None:
         with CommDebugMode() as phases["sync"]:
             runner.part.sync_grads()
         graph = workload.graph_at(plan.batch_size)
-        charged = charged_collectives(plan.stages[0], graph, num_microbatches=1)
+        charged = charged_collectives(plan.stages[0], graph, plan_setup(plan, graph), num_microbatches=1)
+        listed = plan_collectives(json.loads(Path(path).read_text())["stages"][0], graph)
         report[path] = {
-            phase: {"observed": _kinds(mode), "charged": dict(charged[phase])} for phase, mode in phases.items()
+            phase: {"observed": _kinds(mode), "charged": dict(charged[phase]), "plan": listed[phase]}
+            for phase, mode in phases.items()
         }
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(report, indent=2))

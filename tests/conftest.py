@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import tempfile
@@ -10,9 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner.costing.records import record_of
+from planner.costing.setup import plan_setup
+from planner.costing.stage_work import stage_context
 from planner.ir.capture import capture
 from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file
+from planner.plan import Plan
+from planner.sharding.op_rules import enumerate_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -34,3 +40,16 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def edit_strategy(plan: Plan, graph: OpGraph, *, stage: int, node: str, output_spec: tuple[str, ...]) -> Plan:
+    """``plan`` with one node's stored strategy replaced by the node's first strategy (its sharding rules)
+    with ``output_spec``; ``graph`` at the plan's microbatch size."""
+    edited = plan.stages[stage]
+    context = stage_context(edited, graph, plan_setup(plan, graph))
+    local = context.graph.node(node)
+    chosen = next(s for s in enumerate_strategies(local, context)[0] if s.output.placements == output_spec)
+    strategies = {**edited.strategies, node: record_of(local, chosen)}
+    stages = list(plan.stages)
+    stages[stage] = dataclasses.replace(edited, strategies=strategies, explanation=())
+    return dataclasses.replace(plan, stages=tuple(stages))

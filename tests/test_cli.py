@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,9 @@ def test_max_stages_one_explain_prints_each_node(tmp_path: Path, capsys) -> None
     stage = json.loads(out.read_text())["stages"][0]
     assert stage["param_placements"]["blocks.0.fc1.weight"] != ["R"] * len(stage["mesh_shape"])
     assert {row["node"] for row in stage["explanation"]} == set(stage["strategies"])
+
+
+def test_the_command_leaves_the_warning_handler_as_it_found_it(tmp_path: Path) -> None:
+    before = warnings.showwarning
+    assert main(["show", str(tmp_path / "missing.json")]) == 2
+    assert warnings.showwarning is before

@@ -18,6 +18,7 @@ from executors.session import split_batch
 from executors.tensor_parallel import to_placements
 from planner.api import plan_model_file
 from planner.costing.collectives import charged_collectives
+from planner.costing.setup import plan_setup
 from planner.errors import AutoplanError
 from planner.ir.capture import capture
 from planner.ir.model_file import instantiate, load_model_file
@@ -95,7 +96,7 @@ def test_charged_collectives_of_megatron_mlp() -> None:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     plan = plan_model_file(MLP, cluster, batch_size=16, method="megatron", degrees=(2, 1, 1))
     graph = _mlp(16)[2]
-    charged = charged_collectives(plan.stages[0], graph, num_microbatches=1)
+    charged = charged_collectives(plan.stages[0], graph, plan_setup(plan, graph), num_microbatches=1)
     assert charged["forward"] == {"all_reduce": 4}
     assert charged["backward"] == {"all_reduce": 3}
     assert sum(charged["sync"].values()) == 0

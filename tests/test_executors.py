@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +23,8 @@ import pytest
 from cost_models.cluster import load_cluster
 from executors.launch import free_port
 from planner.api import plan_prepared, prepare_model_file
-from planner.plan import Plan, save_plan
+from planner.plan import Plan, load_plan, save_plan
+from tests.conftest import captured, edit_strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -59,7 +61,9 @@ CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
 }
 # pipelines whose stages differ in device count: (model, devices of stage 0, devices of stage 1)
 UNEVEN = {4: {"gpt-uneven-1-2": ("gpt", (0,), (1, 2)), "mlp-uneven-2-1": ("mlp", (0, 1), (2,))}}
-COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp"], 4: ["mlp-tp2d", "gpt-tp2d"]}
+# a plan with one node's stored strategy changed: (plan it edits, node, the output spec of its new strategy)
+EDITED = {2: {"mlp-tp-gelu-replicated": ("mlp-tp", "gelu", ("R",))}}
+COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp", "mlp-tp-gelu-replicated"], 4: ["mlp-tp2d", "gpt-tp2d"]}
 
 
 def make_plans(world: int, directory: Path) -> dict[str, Path]:
@@ -73,6 +77,11 @@ def make_plans(world: int, directory: Path) -> dict[str, Path]:
     for key, (model, first, second) in UNEVEN.get(world, {}).items():
         paths[key] = directory / f"{key}.json"
         save_plan(uneven_plan(model, world=world, devices=(first, second)), paths[key])
+    for key, (base, node, output_spec) in EDITED.get(world, {}).items():
+        file, args, batch = MODELS[base.split("-")[0]]
+        graph = captured(Path(file).stem, batch, **args)
+        paths[key] = directory / f"{key}.json"
+        save_plan(edit_strategy(load_plan(paths[base]), graph, stage=0, node=node, output_spec=output_spec), paths[key])
     return paths
 
 
@@ -121,7 +130,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize(
-    "world,key", [(world, key) for world in CASES for key in [*CASES[world], *UNEVEN.get(world, {})]]
+    "world,key",
+    [(world, key) for world in CASES for key in [*CASES[world], *UNEVEN.get(world, {}), *EDITED.get(world, {})]],
 )
 def test_parity_with_one_process(runs: dict, world: int, key: str) -> None:
     run = runs[world]
@@ -147,6 +157,8 @@ def test_collectives_are_the_charged_ones(runs: dict, world: int, key: str) -> N
     run = runs[world]
     assert run["collectives"] is not None, f"the world-{world} collectives job failed:\n{run['collectives_log']}"
     phases = run["collectives"][str(run["plans"][key])]
+    for phase in ("forward", "backward", "sync"):  # the simulator charges exactly what the plan file lists
+        assert phases[phase]["charged"] == phases[phase]["plan"], phase
     for phase in ("forward", "sync"):
         assert phases[phase]["observed"] == _on_gloo(phases[phase]["charged"]), phase
     backward = phases["backward"]
@@ -154,3 +166,16 @@ def test_collectives_are_the_charged_ones(runs: dict, world: int, key: str) -> N
         assert backward["observed"] == backward["charged"]
     assert backward["observed"].get("all_reduce", 0) == backward["charged"].get("all_reduce", 0)
     assert phases["forward"]["observed"], "a tensor-parallel plan communicates in forward"
+
+
+def test_the_executor_runs_an_edited_strategy_as_stored(runs: dict) -> None:
+    """gelu stored replicated instead of column-split: DTensor issues the all-gather into it (forward) and the
+    all-gather of linear_1's input gradient (backward) that its record implies — one more of each than the
+    plan it was edited from — and the run still matches one device (test_parity_with_one_process)."""
+    run = runs[2]
+    assert run["collectives"] is not None, f"the world-2 collectives job failed:\n{run['collectives_log']}"
+    base, edited = (run["collectives"][str(run["plans"][key])] for key in ("mlp-tp", "mlp-tp-gelu-replicated"))
+    for phase in ("forward", "backward"):
+        more = Counter(edited[phase]["observed"]) - Counter(base[phase]["observed"])
+        assert _on_gloo(dict(more)) == {"all_gather": 1}, phase
+    assert edited["sync"]["observed"] == base["sync"]["observed"]

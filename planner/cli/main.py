@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -19,10 +18,10 @@ from typing import NoReturn
 from planner.cli.options import (
     EXIT_USAGE,
     UsageParser,
-    _one_line_warning,
     add_cluster_options,
     add_model_options,
     add_search_options,
+    one_line_warnings,
     search_kwargs,
 )
 from planner.errors import AutoplanError
@@ -71,11 +70,11 @@ def _plan_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``plan`` console script; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    warnings.showwarning = _one_line_warning
     try:
-        if args and args[0] in SUBCOMMANDS:
-            return _run_subcommand(args[0], args[1:])
-        return _run_plan(_plan_parser().parse_args(args))
+        with one_line_warnings():
+            if args and args[0] in SUBCOMMANDS:
+                return _run_subcommand(args[0], args[1:])
+            return _run_plan(_plan_parser().parse_args(args))
     except AutoplanError as error:
         sys.stderr.write(f"plan: error: {error}\n")
         return EXIT_USAGE

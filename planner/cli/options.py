@@ -5,7 +5,10 @@ options, and one-line warnings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import warnings
+from collections.abc import Iterator
 from typing import NoReturn
 
 EXIT_USAGE = 2
@@ -142,5 +145,13 @@ def _microbatches(text: str) -> int | None:
     return value
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    sys.stderr.write(f"plan: warning: {str(message).splitlines()[0]}\n")
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Inside, each warning prints as one ``plan: warning: ...`` line; the previous handler is back after."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        sys.stderr.write(f"plan: warning: {str(message).splitlines()[0]}\n")
+
+    with warnings.catch_warnings():  # restores warnings.showwarning and the filters on exit
+        warnings.showwarning = show
+        yield

@@ -12,6 +12,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from planner.plan import Plan
+
 
 def _run_parser() -> argparse.ArgumentParser:
     from executors.program import OPTIMIZERS, RunOptions
@@ -49,7 +51,7 @@ def run_run(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(list(argv))
     options = RunOptions(steps=args.steps, check_parity=args.check_parity, backend=args.backend,
                          optimizer=args.optimizer, lr=args.lr, seed=args.seed, timeout_s=args.timeout_s)  # fmt: skip
-    return launch(args.plan, options)
+    return launch(args.plan, options, check_plan=check_strategies)
 
 
 def _compile_parser() -> argparse.ArgumentParser:
@@ -80,7 +82,15 @@ def run_compile(argv: Sequence[str]) -> int:
     if out.exists() and not out.is_dir():
         raise AutoplanError(f"--out {out} exists and is not a directory")
     preflight(plan)
+    check_strategies(plan)
     program = write_program(plan, out)
     print(f"wrote {program} and {out / 'plan.json'}")
     print(f"launch with: torchrun --nproc-per-node {plan.cluster.num_devices} {program}")
     return 0
+
+
+def check_strategies(plan: Plan) -> None:
+    """Refuse a plan whose stored strategies no sharding rule produces (a hand-edited plan)."""
+    from planner.cli.show import microbatch_graph
+
+    microbatch_graph(plan)  # captures at the microbatch size and checks every stage's strategies

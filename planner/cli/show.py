@@ -84,11 +84,9 @@ def simulate_recorded(plan: Plan) -> SimResult:
     """The plan's step in the simulator with every task's span, on the graph at its microbatch size."""
     graph = microbatch_graph(plan)  # first: its cheap checks fail before torch is imported
     from planner.costing.lowering import simulate_plan
-    from planner.costing.setup import CostSetup, make_compute_model
+    from planner.costing.setup import plan_setup
 
-    setup = CostSetup(cluster=plan.cluster, compute=make_compute_model(graph, plan.cluster, cost_model="roofline"),
-                      optimizer=plan.optimizer)  # fmt: skip
-    return simulate_plan(plan, graph, setup, record=True)
+    return simulate_plan(plan, graph, plan_setup(plan, graph), record=True)
 
 
 def microbatch_graph(plan: Plan) -> OpGraph:
@@ -111,13 +109,22 @@ def microbatch_graph(plan: Plan) -> OpGraph:
         )
     validate_plan(plan, full)
     size = plan.batch_size // plan.num_microbatches
-    if size == plan.batch_size:
-        return full
-    graph = _capture_at(plan, model_file, size)
+    graph = full if size == plan.batch_size else _capture_at(plan, model_file, size)
     if [(n.name, n.target) for n in graph.nodes] != [(n.name, n.target) for n in full.nodes]:
         raise AutoplanError(f"the model captured at microbatch size {size} has different nodes from the planned "
                             "capture: make the model's graph independent of the batch size")  # fmt: skip
+    _check_strategies(plan, graph)
     return graph
+
+
+def _check_strategies(plan: Plan, graph: OpGraph) -> None:
+    """Every stored strategy is one the sharding rules produce (a hand-edited plan is refused, not guessed at)."""
+    from planner.costing.setup import plan_setup
+    from planner.costing.stage_work import check_stage_strategies
+
+    setup = plan_setup(plan, graph)
+    for stage in plan.stages:
+        check_stage_strategies(stage, graph, setup)
 
 
 def _capture_at(plan: Plan, model_file: ModelFile, batch_size: int) -> OpGraph:

@@ -1,54 +1,58 @@
 """The collectives the cost model charges for one training step of a stage, by kind.
 
-What :mod:`planner.costing.stage_work` prices in seconds, listed as operations from the strategies the
-plan stores, so an executor's observed communication can be checked against the plan
-(``CommDebugMode`` in the tests):
+What the simulator prices in seconds (:func:`planner.costing.stage_work.stage_node_work`), listed as
+operations from the same reading of the plan (every node's stored record as a strategy,
+:func:`planner.costing.records.strategy_of`, on the stage's subgraph and mesh), so an executor's observed communication can be checked
+against it (``CommDebugMode`` in the tests):
 
-* each node's own collectives (the record's ``forward`` and ``backward`` collectives): the forward
-  all-reduce of a partial sum, the backward all-reduce of a replicated input's gradient — per
-  microbatch;
-* resharding on each edge, from the producer's stored output spec to the spec the consumer's
-  record names (:func:`planner.sharding.specs.reshard_s`'s steps), per axis that changes: ``S→R`` an
-  all-gather forward; ``R→S`` an all-gather of the gradient backward (when it needs one);
-  ``S(d)→S(e)`` an all-to-all forward and backward — per microbatch;
-* the gradient sync of every parameter over the axes it is replicated on (the records' ``sync``
-  collectives, the parameter's first reader's): one all-reduce per axis, once per step.
+* each node's own collectives (``NodeStrategy.collectives``: the record's ``forward`` and
+  ``backward`` ones): the forward all-reduce of a partial sum, the backward all-reduce of a
+  replicated input's gradient — per microbatch;
+* resharding on each edge, from the producer's output spec to the spec the consumer needs
+  (:func:`planner.sharding.specs.reshard_s`'s steps), per axis that changes: ``S→R`` an all-gather
+  forward; ``R→S`` an all-gather of the gradient backward (when it needs one); ``S(d)→S(e)`` an
+  all-to-all forward and backward — per microbatch;
+* the gradient sync of every parameter over the axes it is replicated on (its first reader's
+  ``grad_sync_axes``): one all-reduce per axis, once per step.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from planner.costing.node_cost import grad_values
-from planner.ir.graph import OpGraph, ValueKind, subgraph
+from planner.costing.records import strategy_of
+from planner.costing.setup import CostSetup
+from planner.costing.stage_work import stage_context
+from planner.ir.graph import OpGraph, ValueKind
 from planner.plan import Stage
 from planner.sharding.specs import REPLICATE
 
 
-def charged_collectives(stage: Stage, graph: OpGraph, *, num_microbatches: int) -> dict[str, Counter[str]]:
+def charged_collectives(
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int
+) -> dict[str, Counter[str]]:
     """Per phase (``forward``, ``backward``, ``sync``): ``{"all_reduce": n, "all_gather": n, ...}`` for
-    one step of ``stage``."""
-    local = subgraph(graph, list(stage.nodes))
-    needs_grad = grad_values(local)
+    one step of ``stage`` (``graph`` at the microbatch size)."""
+    context = stage_context(stage, graph, setup)
+    local, needs_grad = context.graph, context.grad_values
+    strategies = {node.name: strategy_of(node, stage.strategies[node.name], context) for node in local.nodes}
     per_microbatch: dict[str, Counter[str]] = {"forward": Counter(), "backward": Counter()}
-    synced: dict[str, list[str]] = {}  # parameter -> its first reader's sync collectives
-    for node in local.nodes:
-        record = stage.strategies[node.name]
-        for position, name in enumerate(node.inputs):
-            if local.value_kind(name) == ValueKind.PARAM and name not in synced:
-                synced[name] = [c.kind for c in record.collectives if c.phase == "sync" and c.operand == position]
-        for collective in record.collectives:
-            if collective.phase != "sync":
-                per_microbatch[collective.phase][collective.kind] += 1
-        for value, need in zip(node.inputs, record.input_specs, strict=True):
-            if need is None or local.value_kind(value) != ValueKind.NODE:
+    synced: dict[str, tuple[int, ...]] = {}
+    for name in stage.nodes:
+        node, strategy = local.node(name), strategies[name]
+        for kind, _, phase, _ in strategy.collectives:
+            per_microbatch[phase][kind] += 1
+        for param, axes in strategy.grad_sync_axes:
+            synced.setdefault(param, axes)
+        for value, need in zip(node.inputs, strategy.inputs, strict=True):
+            if need is None or local.value_kind(value) != ValueKind.NODE:  # stage inputs arrive whole
                 continue
-            source = stage.strategies[value].output_spec
-            for phase, kind in _reshard(tuple(source), tuple(need), requires_grad=value in needs_grad):
+            source = strategies[value].output.placements
+            for phase, kind in _reshard(source, need.placements, requires_grad=value in needs_grad):
                 per_microbatch[phase][kind] += 1
     result = {phase: Counter({k: n * num_microbatches for k, n in counts.items()})
               for phase, counts in per_microbatch.items()}  # fmt: skip
-    result["sync"] = Counter(kind for kinds in synced.values() for kind in kinds)
+    result["sync"] = Counter("all_reduce" for axes in synced.values() for _ in axes)
     return result
 
 

@@ -15,6 +15,7 @@ from cost_models.cluster import Cluster
 from cost_models.compute import ComputeModel, RooflineCompute
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
+from planner.plan import Plan
 
 COST_MODELS = ("roofline", "profiled")
 
@@ -72,3 +73,10 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
     device = cluster.device
     return ProfiledCompute(table=result.times, fallback=roofline, measure=NodeMeasurer(cache=cache, repeats=repeats),
                            slowdown=device.shared_slowdown, overhead_s=device.kernel_overhead_s)  # fmt: skip
+
+
+def plan_setup(plan: Plan, graph: OpGraph) -> CostSetup:
+    """The setup a saved plan's stored strategies are priced with: its cluster and optimizer, roofline
+    compute (a plan does not keep measured times)."""
+    return CostSetup(cluster=plan.cluster, compute=make_compute_model(graph, plan.cluster, cost_model="roofline"),
+                     optimizer=plan.optimizer)  # fmt: skip

@@ -26,6 +26,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from cost_models.cluster import Cluster, Link
 from cost_models.communication import all_gather_s, all_reduce_s, all_to_all_s, axis_link, bucketed_all_reduce_s
@@ -88,21 +89,23 @@ class StageMesh:
     devices: tuple[int, ...]
     mesh_shape: tuple[int, ...]
     activation_itemsize: int | None = None
-    _links: tuple[Link, ...] = field(init=False, repr=False, compare=False)
-    _reshard_memo: dict = field(init=False, repr=False, compare=False)  # reshard_s by (specs, bytes, grad)
+    # seconds of resharding already worked out on this mesh, by (source, target, bytes, requires_grad)
+    reshard_cache: dict[tuple, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         assert math.prod(self.mesh_shape) == len(self.devices), "mesh shape must hold the stage's devices"
-        links = tuple(axis_link(self.cluster, self.devices, self.mesh_shape, a) for a in range(len(self.mesh_shape)))
-        object.__setattr__(self, "_links", links)
-        object.__setattr__(self, "_reshard_memo", {})
 
     @property
     def num_axes(self) -> int:
         return len(self.mesh_shape)
 
+    @cached_property
+    def links(self) -> tuple[Link, ...]:
+        """The link each mesh axis communicates over."""
+        return tuple(axis_link(self.cluster, self.devices, self.mesh_shape, a) for a in range(self.num_axes))
+
     def link(self, axis: int) -> Link:
-        return self._links[axis]
+        return self.links[axis]
 
     def tensor_bytes(self, meta: TensorMeta) -> float:
         """Bytes of a whole tensor as trained (floating tensors at the activation itemsize)."""
@@ -134,9 +137,9 @@ def reshard_s(
         return 0.0
     whole = mesh.tensor_bytes(meta)
     key = (source.placements, target.placements, whole, requires_grad)
-    if (memo := mesh._reshard_memo.get(key)) is None:
-        memo = mesh._reshard_memo[key] = _reshard_steps_s(source, target, whole, mesh, requires_grad=requires_grad)
-    return memo
+    if (seconds := mesh.reshard_cache.get(key)) is None:
+        seconds = mesh.reshard_cache[key] = _reshard_steps_s(source, target, whole, mesh, requires_grad=requires_grad)
+    return seconds
 
 
 def _reshard_steps_s(
