@@ -1,7 +1,8 @@
 """``plan run PLAN.json`` and ``plan compile PLAN.json --out DIR``: execute a plan, or write its program.
 
-The executing lives in :mod:`executors` (launch, program); this module only parses the command
-line. ``run`` starts one process per device of the plan on this machine with torch.distributed's
+The executing lives in :mod:`executors` (launch, program); this module parses the command line
+and, before anything starts, refuses a plan whose stored strategies no sharding rule produces
+(:func:`check_strategies`: a hand-edited plan is refused, not guessed at). ``run`` starts one process per device of the plan on this machine with torch.distributed's
 launcher and prints loss and step time per step; ``compile`` writes ``DIR/train.py`` and
 ``DIR/plan.json`` for ``torchrun`` on one machine or many.
 """

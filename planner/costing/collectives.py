@@ -1,8 +1,8 @@
 """The collectives the cost model charges for one training step of a stage, by kind.
 
 What the simulator prices in seconds (:func:`planner.costing.stage_work.stage_node_work`), listed as
-operations from the same reading of the plan (every node's stored record as a strategy,
-:func:`planner.costing.records.strategy_of`, on the stage's subgraph and mesh), so an executor's observed communication can be checked
+operations from the same reading of the plan (:func:`planner.costing.stage_work.stage_strategies`:
+every node's stored record as the strategy it describes, on the stage's subgraph and mesh), so an executor's observed communication can be checked
 against it (``CommDebugMode`` in the tests):
 
 * each node's own collectives (``NodeStrategy.collectives``: the record's ``forward`` and
@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from planner.costing.records import strategy_of
 from planner.costing.setup import CostSetup
-from planner.costing.stage_work import stage_context
+from planner.costing.stage_work import stage_strategies
 from planner.ir.graph import OpGraph, ValueKind
 from planner.plan import Stage
 from planner.sharding.specs import REPLICATE
@@ -33,9 +32,8 @@ def charged_collectives(
 ) -> dict[str, Counter[str]]:
     """Per phase (``forward``, ``backward``, ``sync``): ``{"all_reduce": n, "all_gather": n, ...}`` for
     one step of ``stage`` (``graph`` at the microbatch size)."""
-    context = stage_context(stage, graph, setup)
+    context, strategies = stage_strategies(stage, graph, setup)
     local, needs_grad = context.graph, context.grad_values
-    strategies = {node.name: strategy_of(node, stage.strategies[node.name], context) for node in local.nodes}
     per_microbatch: dict[str, Counter[str]] = {"forward": Counter(), "backward": Counter()}
     synced: dict[str, tuple[int, ...]] = {}
     for name in stage.nodes:

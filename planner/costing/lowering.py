@@ -21,13 +21,12 @@ for its gradient.
   ``microbatch_overhead_s`` (the schedule's host work). Each stage runs its tasks in the fixed order of the
   schedule (:func:`pipeline_order`): GPipe all forwards then all backwards; 1F1B
   ``min(p − s − 1, m)`` warm-up forwards, then one forward one backward, then the backwards.
-* **Dataflow** (op placements): every crossing edge is its own transfer
-  (:attr:`~planner.baselines.placement.problem.PlacementProblem.transfer_s`) and each device runs
-  whichever of its tasks became ready first (FIFO, as TensorFlow's executor), so microbatches
-  overlap wherever the placement lets them.
+* **Dataflow** (op placements): every crossing edge is its own transfer (point to point on the
+  link between the two devices) and each device runs whichever of its tasks became ready first
+  (FIFO, as TensorFlow's executor), so microbatches overlap wherever the placement lets them.
 
-:func:`simulate_plan` judges a :class:`~planner.plan.Plan`; :func:`simulate_assignment` judges an
-op→device assignment of a placement problem without building a plan (the RL reward).
+:func:`simulate_plan` judges a :class:`~planner.plan.Plan`; an op→device assignment of a placement
+problem is lowered by :mod:`planner.baselines.placement.dataflow` with the same pieces (the RL reward).
 """
 
 from __future__ import annotations

@@ -67,10 +67,10 @@ def stage_context(stage: Stage, graph: OpGraph, setup: CostSetup) -> StrategyCon
                            grad_itemsize=2 if setup.cluster.device.mixed_precision else 4)  # fmt: skip
 
 
-def stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str, NodeStrategy]:
-    """Node name -> the strategy ``stage`` stores for it, priced on the stage's mesh."""
+def stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> tuple[StrategyContext, dict[str, NodeStrategy]]:
+    """The stage's context and every node's stored record read back as the strategy it describes."""
     context = stage_context(stage, graph, setup)
-    return {node.name: strategy_of(node, stage.strategies[node.name], context) for node in context.graph.nodes}
+    return context, {node.name: strategy_of(node, stage.strategies[node.name], context) for node in context.graph.nodes}
 
 
 def one_device_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str, NodeSharding]:
@@ -97,9 +97,8 @@ def stage_node_work(
 ) -> dict[str, NodeWork]:
     """Node name -> its work per microbatch on ``stage`` (``graph`` at the microbatch size); ``ddp``: see
     :func:`runs_as_ddp`."""
-    context = stage_context(stage, graph, setup)
+    context, chosen = stage_strategies(stage, graph, setup)
     local, mesh = context.graph, context.mesh
-    chosen = {node.name: strategy_of(node, stage.strategies[node.name], context) for node in local.nodes}
     saved = saved_values(local)
     first_reader: dict[str, str] = {}
     for node in local.nodes:

@@ -18,13 +18,14 @@ calibrated ``sharded_op_overhead_s`` on a mesh of more than one device (the exec
 stages on DTensors), 0 on one device and on a stage run as DDP (``IntraOpOptions.ddp``: a one-stage
 plan whose parameters are all replicated, priced by the simulator; DDP instead copies every gradient
 into its bucket and back, ``DDP_BUCKET_COPIES`` passes over the gradient bytes in ``step_v``);
-``passes_v`` is 2 when v has floating inputs, else 1.
+``passes_v`` is 2 when v has floating inputs, else 1. Every per-node term is
+:func:`planner.costing.node_cost.node_cost`, the one the simulator charges the strategy a plan stores.
 
 Identical layers (:func:`planner.ir.layers.collapse_identical_layers`) share one variable per
 position: ``w_v`` counts the copies, so the ILP does not grow with the number of layers.
 Graph inputs arrive in whatever spec a consumer wants (each device loads its own slice).
-Data-parallel and Megatron assignments (:mod:`planner.intra.incumbents`) seed the solver, and the
-answer is never worse than either.
+:func:`planner.intra.solve.solve_intra_op` seeds the solver with the data-parallel and Megatron
+assignments (:mod:`planner.intra.incumbents`), so the answer is never worse than either.
 """
 
 from __future__ import annotations
