@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from planner.costing.estimate import batched_values, check_fits, data_parallel_estimate
-from planner.costing.node_cost import grad_values
+from planner.costing.node_cost import strategy_context
 from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
@@ -67,12 +67,7 @@ def _check_batch(batch_size: int, num_devices: int) -> None:
 
 def batch_strategies(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> dict[str, NodeStrategy]:
     """Node name -> its strategy when the batch is split over every axis of ``mesh``."""
-    context = StrategyContext(
-        graph=graph,
-        mesh=mesh,
-        grad_values=grad_values(graph),
-        grad_itemsize=2 if setup.cluster.device.mixed_precision else 4,
-    )
+    context = strategy_context(graph, setup, mesh)
     batched = batched_values(graph)
     specs = {value.name: _input_spec(value.meta.shape, mesh) for value in graph.inputs}
     lost: dict[str, ShardingSpec] = {}  # replicated values that lost their batch split -> that split

@@ -26,7 +26,7 @@ from planner.costing.estimate import DDP_BUCKET_COPIES, optimizer_step_s
 from planner.costing.setup import CostSetup
 from planner.ir.graph import OpGraph, OpNode
 from planner.sharding.specs import StageMesh
-from planner.sharding.strategies import NodeStrategy
+from planner.sharding.strategies import NodeStrategy, StrategyContext
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +49,12 @@ def grad_values(graph: OpGraph) -> frozenset[str]:
         if node.output.is_floating and any(name in needs for name in node.inputs):
             needs.add(node.name)
     return frozenset(needs)
+
+
+def strategy_context(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> StrategyContext:
+    """What the sharding rules need to enumerate and price ``graph``'s strategies on ``mesh``."""
+    grad_itemsize = 2 if setup.cluster.device.mixed_precision else 4  # bf16 gradients under mixed precision
+    return StrategyContext(graph=graph, mesh=mesh, grad_values=grad_values(graph), grad_itemsize=grad_itemsize)
 
 
 def node_cost(

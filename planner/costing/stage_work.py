@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cost_models.memory import saved_values
-from planner.costing.node_cost import grad_values, node_cost
+from planner.costing.node_cost import node_cost, strategy_context
 from planner.costing.records import check_records, record_of, strategy_of
 from planner.costing.setup import CostSetup
 from planner.ir.graph import OpGraph, ValueKind, subgraph
@@ -63,8 +63,7 @@ def stage_context(stage: Stage, graph: OpGraph, setup: CostSetup) -> StrategyCon
     mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
                      activation_itemsize=setup.activation_itemsize)  # fmt: skip
     local = subgraph(graph, list(stage.nodes))
-    return StrategyContext(graph=local, mesh=mesh, grad_values=grad_values(local),
-                           grad_itemsize=2 if setup.cluster.device.mixed_precision else 4)  # fmt: skip
+    return strategy_context(local, setup, mesh)
 
 
 def stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> tuple[StrategyContext, dict[str, NodeStrategy]]:

@@ -35,14 +35,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cost_models.memory import saved_values
-from planner.costing.node_cost import NodeCost, grad_values, node_cost
+from planner.costing.node_cost import NodeCost, node_cost, strategy_context
 from planner.costing.setup import CostSetup
 from planner.intra.problem import StrategyEdge, StrategyProblem
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import collapse_identical_layers
 from planner.sharding.op_rules import enumerate_strategies
 from planner.sharding.specs import StageMesh, reshard_s
-from planner.sharding.strategies import NodeStrategy, StrategyContext
+from planner.sharding.strategies import NodeStrategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,12 +75,7 @@ def build_stage_problem(
     graph: OpGraph, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions = DEFAULT_OPTIONS
 ) -> StageProblem:
     collapsed = collapse_identical_layers(graph)
-    context = StrategyContext(
-        graph=graph,
-        mesh=mesh,
-        grad_values=grad_values(graph),
-        grad_itemsize=2 if setup.cluster.device.mixed_precision else 4,
-    )
+    context = strategy_context(graph, setup, mesh)
     saved = saved_values(graph)
     variables = collapsed.unique_nodes
     index = {name: i for i, name in enumerate(variables)}
