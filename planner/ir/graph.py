@@ -15,7 +15,8 @@ import enum
 import hashlib
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -161,20 +162,22 @@ class OpGraph:
     params: tuple[GraphValue, ...]
     buffers: tuple[GraphValue, ...] = ()
     outputs: tuple[str, ...] = ()
-    _index: Mapping[str, OpNode] = field(init=False, repr=False, compare=False)
-    _values: Mapping[str, GraphValue] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        index = {node.name: node for node in self.nodes}
-        values = {v.name: v for v in (*self.inputs, *self.params, *self.buffers)}
-        assert len(index) == len(self.nodes), "node names must be unique"
-        object.__setattr__(self, "_index", MappingProxyType(index))
-        object.__setattr__(self, "_values", MappingProxyType(values))
-        seen = set(values)
+        assert len(self._index) == len(self.nodes), "node names must be unique"
+        seen = set(self._values)
         for node in self.nodes:
             missing = [name for name in node.inputs if name not in seen]
             assert not missing, f"{node.name} reads {missing} before they exist"
             seen.add(node.name)
+
+    @cached_property
+    def _index(self) -> Mapping[str, OpNode]:
+        return MappingProxyType({node.name: node for node in self.nodes})
+
+    @cached_property
+    def _values(self) -> Mapping[str, GraphValue]:
+        return MappingProxyType({v.name: v for v in (*self.inputs, *self.params, *self.buffers)})
 
     def __iter__(self) -> Iterator[OpNode]:
         return iter(self.nodes)
