@@ -25,6 +25,7 @@ from pathlib import Path
 
 from executors.program import RunOptions, check_options, write_program
 from planner.errors import AutoplanError
+from planner.ir.graph import OpGraph
 from planner.plan import Plan, load_plan
 
 EXIT_USAGE = 2
@@ -36,14 +37,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def preflight(plan: Plan) -> None:
-    """The model file builds the model the plan was made for (checked once here, again on every rank)."""
+def preflight(plan: Plan) -> OpGraph:
+    """Check the model file builds the model the plan was made for (checked once here, again on every
+    rank); returns its graph at the plan's microbatch size."""
     from executors.pipeline import check_pipeline
     from executors.session import load_workload
 
     if len(plan.stages) > 1 and plan.schedule != "dataflow":
         check_pipeline(plan)
-    load_workload(plan, seed=0, device="cpu")
+    return load_workload(plan, seed=0, device="cpu").graph_at(plan.batch_size // plan.num_microbatches)
 
 
 def program_args(options: RunOptions) -> list[str]:
@@ -54,15 +56,15 @@ def program_args(options: RunOptions) -> list[str]:
 
 def launch(
     plan_path: str | Path, options: RunOptions, *, nproc_per_node: int | None = None,
-    check_plan: Callable[[Plan], None] | None = None,
+    check_plan: Callable[[Plan, OpGraph], None] | None = None,
 ) -> int:  # fmt: skip
     """Run the plan at ``plan_path``; returns the exit code (0 ok, 1 a rank failed or parity broke, 2 bad input).
-    ``check_plan`` raises AutoplanError for a plan that must not start (after the model is checked)."""
+    ``check_plan(plan, graph at the microbatch size)`` raises AutoplanError for a plan that must not start."""
     check_options(options)
     plan = load_plan(plan_path)
-    preflight(plan)
+    graph = preflight(plan)
     if check_plan is not None:
-        check_plan(plan)
+        check_plan(plan, graph)
     nproc = nproc_per_node or plan.cluster.num_devices
     if nproc != plan.cluster.num_devices:
         raise AutoplanError(f"the plan needs {plan.cluster.num_devices} processes; --nproc-per-node {nproc} differs")

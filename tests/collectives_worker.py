@@ -91,7 +91,7 @@ def main() -> None:
         with CommDebugMode() as phases["sync"]:
             runner.part.sync_grads()
         graph = workload.graph_at(plan.batch_size)
-        charged = charged_collectives(plan.stages[0], graph, plan_setup(plan, graph), num_microbatches=1)
+        charged = charged_collectives(plan.stages[0], graph, plan_setup(plan), num_microbatches=1)
         listed = plan_collectives(json.loads(Path(path).read_text())["stages"][0], graph)
         report[path] = {
             phase: {"observed": _kinds(mode), "charged": dict(charged[phase]), "plan": listed[phase]}

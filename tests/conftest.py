@@ -46,7 +46,7 @@ def edit_strategy(plan: Plan, graph: OpGraph, *, stage: int, node: str, output_s
     """``plan`` with one node's stored strategy replaced by the node's first strategy (its sharding rules)
     with ``output_spec``; ``graph`` at the plan's microbatch size."""
     edited = plan.stages[stage]
-    context = stage_context(edited, graph, plan_setup(plan, graph))
+    context = stage_context(edited, graph, plan_setup(plan))
     local = context.graph.node(node)
     chosen = next(s for s in enumerate_strategies(local, context)[0] if s.output.placements == output_spec)
     strategies = {**edited.strategies, node: record_of(local, chosen)}

@@ -96,7 +96,7 @@ def test_charged_collectives_of_megatron_mlp() -> None:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     plan = plan_model_file(MLP, cluster, batch_size=16, method="megatron", degrees=(2, 1, 1))
     graph = _mlp(16)[2]
-    charged = charged_collectives(plan.stages[0], graph, plan_setup(plan, graph), num_microbatches=1)
+    charged = charged_collectives(plan.stages[0], graph, plan_setup(plan), num_microbatches=1)
     assert charged["forward"] == {"all_reduce": 4}
     assert charged["backward"] == {"all_reduce": 3}
     assert sum(charged["sync"].values()) == 0

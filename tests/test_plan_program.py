@@ -14,15 +14,14 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import load_cluster
-from cost_models.compute import RooflineCompute
 from planner.api import plan_model_file
 from planner.cli.main import main
 from planner.costing.collectives import charged_collectives
 from planner.costing.lowering import simulate_plan
 from planner.costing.node_cost import grad_values
 from planner.costing.records import record_of, strategy_of
-from planner.costing.setup import CostSetup, plan_setup
-from planner.costing.stage_work import check_stage_strategies, stage_node_work
+from planner.costing.setup import plan_setup
+from planner.costing.stage_work import check_plan_strategies, stage_node_work
 from planner.plan import FORMAT_VERSION, NodeSharding, Plan, PlanError, save_plan
 from planner.sharding.op_rules import enumerate_strategies
 from planner.sharding.specs import StageMesh
@@ -89,8 +88,8 @@ def test_the_simulator_prices_an_edited_strategy_as_stored() -> None:
     plan, graph = _megatron((2, 1, 1))
     assert plan.stages[0].strategies["gelu"].output_spec == ("S(1)",)
     edited = edit_strategy(plan, graph, stage=0, node="gelu", output_spec=("R",))
-    setup = plan_setup(plan, graph)
-    check_stage_strategies(edited.stages[0], graph, setup)  # one the sharding rules produce
+    setup = plan_setup(plan)
+    check_plan_strategies(edited, graph)  # one the sharding rules produce
     before = stage_node_work(plan.stages[0], graph, setup)
     after = stage_node_work(edited.stages[0], graph, setup)
     assert before["gelu"].reshard_s == 0 < after["gelu"].reshard_s
@@ -109,10 +108,7 @@ def test_the_simulator_prices_an_edited_strategy_as_stored() -> None:
 
 def test_the_explanation_is_the_priced_records() -> None:
     plan, graph = _megatron((2, 1, 1))
-    setup = CostSetup(
-        cluster=plan.cluster, compute=RooflineCompute(device=plan.cluster.device), optimizer=plan.optimizer
-    )
-    work = stage_node_work(plan.stages[0], graph, setup)
+    work = stage_node_work(plan.stages[0], graph, plan_setup(plan))
     for row in plan.stages[0].explanation:
         assert row["compute_s"] == work[row["node"]].compute_s and row["reshard_s"] == work[row["node"]].reshard_s
 
@@ -127,7 +123,7 @@ def test_a_strategy_no_rule_produces_is_refused_at_show_run_and_compile(
         plan, stages=(dataclasses.replace(stage, strategies={**stage.strategies, "gelu": bad}),)
     )
     with pytest.raises(PlanError, match=r"node gelu .* no sharding rule produces on mesh"):
-        check_stage_strategies(edited.stages[0], graph, plan_setup(plan, graph))
+        check_plan_strategies(edited, graph)
     path = tmp_path / "edited.json"
     save_plan(edited, path)
     for command in (["show", str(path)], ["compile", str(path), "--out", str(tmp_path / "out")],

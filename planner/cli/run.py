@@ -2,9 +2,10 @@
 
 The executing lives in :mod:`executors` (launch, program); this module parses the command line
 and, before anything starts, refuses a plan whose stored strategies no sharding rule produces
-(:func:`check_strategies`: a hand-edited plan is refused, not guessed at). ``run`` starts one process per device of the plan on this machine with torch.distributed's
-launcher and prints loss and step time per step; ``compile`` writes ``DIR/train.py`` and
-``DIR/plan.json`` for ``torchrun`` on one machine or many.
+(:func:`planner.costing.stage_work.check_plan_strategies`, on the graph the launcher's preflight
+captured: a hand-edited plan is refused, not guessed at). ``run`` starts one process per device of
+the plan on this machine with torch.distributed's launcher and prints loss and step time per step;
+``compile`` writes ``DIR/train.py`` and ``DIR/plan.json`` for ``torchrun`` on one machine or many.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-
-from planner.plan import Plan
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -52,7 +51,9 @@ def run_run(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(list(argv))
     options = RunOptions(steps=args.steps, check_parity=args.check_parity, backend=args.backend,
                          optimizer=args.optimizer, lr=args.lr, seed=args.seed, timeout_s=args.timeout_s)  # fmt: skip
-    return launch(args.plan, options, check_plan=check_strategies)
+    from planner.costing.stage_work import check_plan_strategies
+
+    return launch(args.plan, options, check_plan=check_plan_strategies)
 
 
 def _compile_parser() -> argparse.ArgumentParser:
@@ -74,6 +75,7 @@ def _compile_parser() -> argparse.ArgumentParser:
 def run_compile(argv: Sequence[str]) -> int:
     from executors.launch import preflight
     from executors.program import write_program
+    from planner.costing.stage_work import check_plan_strategies
     from planner.errors import AutoplanError
     from planner.plan import load_plan
 
@@ -82,16 +84,8 @@ def run_compile(argv: Sequence[str]) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise AutoplanError(f"--out {out} exists and is not a directory")
-    preflight(plan)
-    check_strategies(plan)
+    check_plan_strategies(plan, preflight(plan))
     program = write_program(plan, out)
     print(f"wrote {program} and {out / 'plan.json'}")
     print(f"launch with: torchrun --nproc-per-node {plan.cluster.num_devices} {program}")
     return 0
-
-
-def check_strategies(plan: Plan) -> None:
-    """Refuse a plan whose stored strategies no sharding rule produces (a hand-edited plan)."""
-    from planner.cli.show import microbatch_graph
-
-    microbatch_graph(plan)  # captures at the microbatch size and checks every stage's strategies

@@ -86,7 +86,7 @@ def simulate_recorded(plan: Plan) -> SimResult:
     from planner.costing.lowering import simulate_plan
     from planner.costing.setup import plan_setup
 
-    return simulate_plan(plan, graph, plan_setup(plan, graph), record=True)
+    return simulate_plan(plan, graph, plan_setup(plan), record=True)
 
 
 def microbatch_graph(plan: Plan) -> OpGraph:
@@ -97,6 +97,7 @@ def microbatch_graph(plan: Plan) -> OpGraph:
     if not path.is_file():
         raise AutoplanError(f"the plan's model file {path} does not exist: run `plan show` from the directory the plan "
                             "was made in, or re-plan the model")  # fmt: skip
+    from planner.costing.stage_work import check_plan_strategies
     from planner.ir.model_file import load_model_file  # imports torch: after the cheap checks
     from planner.plan import validate_plan
 
@@ -113,18 +114,8 @@ def microbatch_graph(plan: Plan) -> OpGraph:
     if [(n.name, n.target) for n in graph.nodes] != [(n.name, n.target) for n in full.nodes]:
         raise AutoplanError(f"the model captured at microbatch size {size} has different nodes from the planned "
                             "capture: make the model's graph independent of the batch size")  # fmt: skip
-    _check_strategies(plan, graph)
+    check_plan_strategies(plan, graph)  # a hand-edited strategy is refused, not guessed at
     return graph
-
-
-def _check_strategies(plan: Plan, graph: OpGraph) -> None:
-    """Every stored strategy is one the sharding rules produce (a hand-edited plan is refused, not guessed at)."""
-    from planner.costing.setup import plan_setup
-    from planner.costing.stage_work import check_stage_strategies
-
-    setup = plan_setup(plan, graph)
-    for stage in plan.stages:
-        check_stage_strategies(stage, graph, setup)
 
 
 def _capture_at(plan: Plan, model_file: ModelFile, batch_size: int) -> OpGraph:

@@ -20,9 +20,7 @@ edited by hand): its seconds would not describe what DTensor does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from planner.ir.graph import OpGraph, OpNode, ValueKind
+from planner.ir.graph import OpNode, ValueKind
 from planner.ir.layers import collapse_identical_layers
 from planner.plan import Collective, NodeSharding, PlanError, Stage
 from planner.sharding.op_rules import enumerate_strategies
@@ -104,18 +102,26 @@ def _collective_s(kind: str, num_bytes: float, axis: int, mesh: StageMesh) -> fl
     return mesh.all_gather_s(num_bytes, axis)  # all-gather and reduce-scatter move the same bytes
 
 
-def check_records(stage: Stage, local: OpGraph, context: StrategyContext) -> None:
-    """Raise :class:`PlanError` naming the first node of ``stage`` (``local``: its subgraph) whose stored
-    record no sharding rule of its operator produces on the stage's mesh."""
-    collapsed = collapse_identical_layers(local)
-    allowed: dict[str, Mapping[NodeSharding, None]] = {}
-    for node in local.nodes:
+def rule_records(context: StrategyContext) -> dict[str, tuple[NodeSharding, ...]]:
+    """Every node of ``context.graph`` -> the records of the strategies its sharding rules produce, in the
+    rules' order (enumerated once per identical-layer position: a copy's records are its representative's)."""
+    collapsed = collapse_identical_layers(context.graph)
+    by_rep: dict[str, tuple[NodeSharding, ...]] = {}
+    for node in context.graph.nodes:
         rep = collapsed.representative[node.name]
-        if rep not in allowed:
-            rep_node = local.node(rep)
-            allowed[rep] = dict.fromkeys(record_of(rep_node, s) for s in enumerate_strategies(rep_node, context)[0])
+        if rep not in by_rep:
+            rep_node = context.graph.node(rep)
+            by_rep[rep] = tuple(record_of(rep_node, s) for s in enumerate_strategies(rep_node, context)[0])
+    return {node.name: by_rep[collapsed.representative[node.name]] for node in context.graph.nodes}
+
+
+def check_records(stage: Stage, context: StrategyContext) -> None:
+    """Raise :class:`PlanError` naming the first node of ``stage`` (``context``: its subgraph and mesh) whose
+    stored record no sharding rule of its operator produces on the stage's mesh."""
+    allowed = rule_records(context)
+    for node in context.graph.nodes:
         record = stage.strategies[node.name]
-        if record not in allowed[rep]:
+        if record not in allowed[node.name]:
             raise PlanError(
                 f"stage {stage.index}: node {node.name} ({node.target}) has strategy {record.split!r} with input specs "
                 f"{[list(s) if s is not None else None for s in record.input_specs]} and output spec "

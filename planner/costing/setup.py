@@ -75,8 +75,9 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
                            slowdown=device.shared_slowdown, overhead_s=device.kernel_overhead_s)  # fmt: skip
 
 
-def plan_setup(plan: Plan, graph: OpGraph) -> CostSetup:
+def plan_setup(plan: Plan) -> CostSetup:
     """The setup a saved plan's stored strategies are priced with: its cluster and optimizer, roofline
     compute (a plan does not keep measured times)."""
-    return CostSetup(cluster=plan.cluster, compute=make_compute_model(graph, plan.cluster, cost_model="roofline"),
-                     optimizer=plan.optimizer)  # fmt: skip
+    return CostSetup(
+        cluster=plan.cluster, compute=RooflineCompute(device=plan.cluster.device), optimizer=plan.optimizer
+    )

@@ -25,13 +25,12 @@ from dataclasses import dataclass
 
 from cost_models.memory import saved_values
 from planner.costing.node_cost import node_cost, strategy_context
-from planner.costing.records import check_records, record_of, strategy_of
-from planner.costing.setup import CostSetup
+from planner.costing.records import check_records, rule_records, strategy_of
+from planner.costing.setup import CostSetup, plan_setup
 from planner.ir.graph import OpGraph, ValueKind, subgraph
-from planner.ir.layers import collapse_identical_layers
-from planner.plan import NodeSharding, Stage
+from planner.plan import NodeSharding, Plan, Stage
 from planner.plan.explain import ExplainRow
-from planner.sharding.op_rules import enumerate_strategies, split_label
+from planner.sharding.op_rules import split_label
 from planner.sharding.specs import StageMesh, reshard_s
 from planner.sharding.strategies import NodeStrategy, StrategyContext
 
@@ -75,20 +74,15 @@ def stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> tuple[St
 def one_device_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str, NodeSharding]:
     """The records of a one-device stage: every node as it is, its first (unsplit) strategy."""
     assert math.prod(stage.mesh_shape) == 1, "only a one-device stage has a single natural strategy"
-    context = stage_context(stage, graph, setup)
-    collapsed = collapse_identical_layers(context.graph)
-    by_rep: dict[str, NodeSharding] = {}
-    for node in context.graph.nodes:
-        rep = collapsed.representative[node.name]
-        if rep not in by_rep:
-            rep_node = context.graph.node(rep)
-            by_rep[rep] = record_of(rep_node, enumerate_strategies(rep_node, context)[0][0])
-    return {node.name: by_rep[collapsed.representative[node.name]] for node in context.graph.nodes}
+    return {name: records[0] for name, records in rule_records(stage_context(stage, graph, setup)).items()}
 
 
-def check_stage_strategies(stage: Stage, graph: OpGraph, setup: CostSetup) -> None:
-    """Raise PlanError if a stored strategy is not one the sharding rules produce (a hand-edited plan)."""
-    check_records(stage, subgraph(graph, list(stage.nodes)), stage_context(stage, graph, setup))
+def check_plan_strategies(plan: Plan, graph: OpGraph) -> None:
+    """Raise PlanError if a stored strategy is not one the sharding rules produce (a hand-edited plan);
+    ``graph`` at the plan's microbatch size."""
+    setup = plan_setup(plan)
+    for stage in plan.stages:
+        check_records(stage, stage_context(stage, graph, setup))
 
 
 def stage_node_work(
