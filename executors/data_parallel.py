@@ -8,6 +8,9 @@ backward, gradients averaged — with ``no_sync`` on all but the last microbatch
 shards optimizer state (``zero``), the module is wrapped with FSDP's ``fully_shard`` instead
 (parameters, gradients and optimizer state sharded over the ranks, reduce-scatter of gradients).
 
+Batch normalization normalizes each replica's share (``Plan.batch_stat_rows``), and its running
+statistics are averaged over the replicas after every step, so all replicas keep the same buffers.
+
 The loss of a step is the mean of the ranks' losses, which equals the whole batch's loss for a
 loss that averages over the batch (the model-file convention; pipelines assume it too).
 """
@@ -77,12 +80,21 @@ class DataParallelRunner:
             with context:
                 if self.plan.zero and hasattr(self.wrapped, "set_requires_gradient_sync"):
                     self.wrapped.set_requires_gradient_sync(last)
-                outputs = self.wrapped(*piece)
-                loss = self.workload.loss_fn(flat_outputs(outputs), piece) / self.num_microbatches
+                outputs = self.wrapped(*self.workload.model_inputs(piece))
+                loss = self.workload.loss(flat_outputs(outputs), piece) / self.num_microbatches
                 loss.backward()
             total += loss.detach()
         dist.all_reduce(total, group=self.group)
+        self._average_buffers()
         return float(total) / self.num_replicas
+
+    def _average_buffers(self) -> None:
+        """Running statistics (batch normalization) updated in place on each replica's share are averaged
+        over the replicas, so every replica keeps the same buffers (an exponential average of the mean)."""
+        for tensor in self.module._buffers_by_name.values():
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                dist.all_reduce(tensor, group=self.group)
+                tensor.div_(self.num_replicas)
 
     def gradients(self) -> dict[str, torch.Tensor]:
         grads = {}

@@ -69,10 +69,21 @@ def make_segment(graph: OpGraph, nodes: Iterable[str], *, needed_after: Iterable
     )
 
 
+# Captured on contiguous tensors, a reshape is recorded as a view; here its input may be laid out
+# otherwise (an LSTM's output, a redistributed shard), so it runs as a reshape: the same values, a copy
+# only where a view is impossible.
+RUN_AS = {"aten.view.default": "aten.reshape.default", "aten._unsafe_view.default": "aten.reshape.default"}
+
+
+def run_target(node: OpNode) -> Callable[..., Any]:
+    """The callable that runs ``node`` here (its own operator, or the layout-tolerant one in :data:`RUN_AS`)."""
+    return resolve_target(RUN_AS.get(node.target, node.target))
+
+
 def call_node_plain(node: OpNode, tensors: list[Any], *, device: str = "cpu") -> Any:
     """Run one node's operator on ``tensors`` (its inputs in ``node.inputs`` order)."""
     args, kwargs = bind_call(node.args, node.kwargs, tensors, device=device)
-    return resolve_target(node.target)(*args, **kwargs)
+    return run_target(node)(*args, **kwargs)
 
 
 def compile_node(node: OpNode, *, device: str = "cpu") -> Callable[[list[Any]], Any]:
@@ -81,7 +92,7 @@ def compile_node(node: OpNode, *, device: str = "cpu") -> Callable[[list[Any]], 
     When every tensor stands at the top level of the arguments and nothing names a device, a call
     only drops the tensors into their slots (about 1 µs); otherwise it goes through ``bind_call``.
     """
-    function = resolve_target(node.target)
+    function = run_target(node)
     args, kwargs = list(node.args), dict(node.kwargs)
     if _nested(args, top=True) or _nested(list(kwargs.values()), top=True) or "device" in kwargs:
         return lambda tensors: call_node_plain(node, tensors, device=device)

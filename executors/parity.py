@@ -8,6 +8,7 @@ gradient, and whether each is within ``|a − b| ≤ atol + rtol·|b|`` (fp32: r
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from executors.semantics import NoDropout
+from executors.session import split_batch
+
 RTOL = 1e-4
 ATOL = 1e-5
 
@@ -23,18 +27,29 @@ ATOL = 1e-5
 class Reference:
     """The single-process run: ``step()`` returns the loss and the gradients by name."""
 
-    def __init__(self, model: nn.Module, inputs: tuple[Any, ...], *, loss_fn: Callable[..., torch.Tensor],
-                 make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer]) -> None:  # fmt: skip
-        self.model, self.inputs, self.loss_fn = model, inputs, loss_fn
+    def __init__(self, model: nn.Module, inputs: tuple[Any, ...], *, loss_data: tuple[Any, ...],
+                 loss_fn: Callable[..., torch.Tensor],
+                 make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+                 dropout: bool = True, chunks: int = 1) -> None:  # fmt: skip
+        self.model, self.inputs, self.loss_data, self.loss_fn = model, inputs, loss_data, loss_fn
+        self.dropout = dropout
+        self.chunks = chunks  # the batch runs in this many equal chunks (the plan's batch statistics)
         self.optimizer = make_optimizer(list(model.parameters()))
 
     def step(self) -> tuple[float, dict[str, torch.Tensor]]:
         """Forward and backward; the caller compares, then calls :meth:`update`."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(*self.inputs), self.inputs)
-        loss.backward()
+        batch = (*self.inputs, *self.loss_data)
+        rows = next(x.shape[0] for x in batch if isinstance(x, torch.Tensor) and x.dim() > 0)
+        total = 0.0
+        with contextlib.nullcontext() if self.dropout else NoDropout():
+            for piece in split_batch(batch, num_chunks=self.chunks, batch_size=rows):
+                inputs, data = piece[: len(self.inputs)], piece[len(self.inputs) :]
+                loss = self.loss_fn(self.model(*inputs), data) / self.chunks
+                loss.backward()
+                total += float(loss.detach())
         grads = {name: p.grad.detach().clone() for name, p in self.model.named_parameters() if p.grad is not None}
-        return float(loss.detach()), grads
+        return total, grads
 
     def update(self) -> None:
         self.optimizer.step()

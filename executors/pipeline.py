@@ -48,8 +48,9 @@ def stage_segments(graph: OpGraph, plan: Plan, *, loss_inputs: tuple[str, ...]) 
         last = position == len(plan.stages) - 1
         needed = list(graph.outputs) if last else [*later, *loss_inputs]
         segment = make_segment(graph, stage.nodes, needed_after=needed)
-        if position == 0:
-            segment = replace(segment, inputs=tuple(v.name for v in graph.inputs))
+        if position == 0:  # the model's inputs in order, then the targets the loss reads
+            names = tuple(v.name for v in graph.inputs)
+            segment = replace(segment, inputs=names + tuple(n for n in loss_inputs if n not in names))
         elif last:  # the loss reads model inputs the last stage's nodes may not
             extra = tuple(name for name in loss_inputs if name not in segment.inputs)
             segment = replace(segment, inputs=segment.inputs + extra)
@@ -75,8 +76,7 @@ class PipelineRunner:
         self.plan, self.workload = plan, workload
         m = plan.num_microbatches
         graph = workload.graph_at(plan.batch_size // m)
-        input_names = tuple(v.name for v in graph.inputs)
-        loss_inputs = input_names if workload.uses_inputs_in_loss else ()
+        loss_inputs = workload.loss_names(graph)
         segments = stage_segments(graph, plan, loss_inputs=loss_inputs)
         meshes = build_meshes(plan, device_type=workload.device.split(":")[0])
         groups = [dist.new_group([stage.devices[i] for stage in plan.stages]) for i in range(width)]
@@ -102,8 +102,8 @@ class PipelineRunner:
         )  # fmt: skip
         stage = pipelining.PipelineStage(
             self.part.module, index, len(plan.stages), torch.device(workload.device),
-            input_args=_examples(graph, segments[index].inputs, workload.device),
-            output_args=_examples(graph, segments[index].outputs, workload.device) if not last
+            input_args=_examples(workload, graph, segments[index].inputs),
+            output_args=_examples(workload, graph, segments[index].outputs) if not last
             else torch.zeros(1, device=workload.device),
             group=groups[position],
         )  # fmt: skip
@@ -149,13 +149,13 @@ class PipelineRunner:
         return grads if self._reports() else {}
 
 
-def _examples(graph: OpGraph, names: tuple[str, ...], device: str) -> tuple[torch.Tensor, ...]:
+def _examples(workload: Workload, graph: OpGraph, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
     """Empty tensors with each boundary value's shape and dtype (no shape inference needed)."""
     from planner.ir.node_call import torch_dtype
 
     metas = []
     for name in names:
-        meta = graph.node(name).output if graph.has_node(name) else graph.value(name).meta
-        example = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=device)
+        meta = workload.value_meta(graph, name)
+        example = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=workload.device)
         metas.append(example.requires_grad_(example.is_floating_point()))
     return tuple(metas)

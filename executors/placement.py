@@ -218,7 +218,7 @@ class PlacementRunner:
         return {name: self.params[name].grad for name in self.owned if self.params[name].grad is not None}
 
     def _microbatch(self, piece: tuple[Any, ...]) -> Microbatch:
-        tensors = [x for x in piece if isinstance(x, Tensor)]
+        tensors = [x for x in self.workload.model_inputs(piece) if isinstance(x, Tensor)]
         return Microbatch(piece=piece, inputs=dict(zip(self.input_names, tensors, strict=True)))
 
     # forward
@@ -232,7 +232,7 @@ class PlacementRunner:
     def _run(self, task: Task, micro: Microbatch) -> None:
         args = [self._read(name, micro) for name in task.inputs]
         if task.name == LOSS:
-            micro.loss = self.workload.loss_fn(flat_outputs(args), micro.piece) / self.m
+            micro.loss = self.workload.loss(flat_outputs(args), micro.piece) / self.m
             return
         node = self.graph.node(task.name)
         if is_inplace(node.target) and args and isinstance(args[0], Tensor):

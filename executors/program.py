@@ -15,6 +15,7 @@ file with torchrun, so the compiled program and ``plan run`` are one code path.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -81,15 +82,18 @@ def run_plan(
             f"use --nproc-per-node/--nnodes that multiply to {plan.cluster.num_devices}"
         )
     device = device_of(options.backend)
-    workload = load_workload(plan, seed=options.seed, device=device)
+    workload = load_workload(plan, seed=options.seed, device=device, dropout=not options.check_parity)
     model, inputs = workload.build()
     runner = make_runner(plan, workload, model)
     params = list(dict.fromkeys(runner.parameters()))
     optimizer = options.make_optimizer(params) if params else None  # a rank may hold no parameters
     reference = None
     if options.check_parity and dist.get_rank() == 0:
-        ref_model, ref_inputs = workload.build()
-        reference = Reference(ref_model, ref_inputs, loss_fn=workload.loss_fn, make_optimizer=options.make_optimizer)
+        ref_model, ref_batch = workload.build()
+        reference = Reference(ref_model, workload.model_inputs(ref_batch), loss_data=workload.loss_data(ref_batch),
+                              loss_fn=workload.loss_fn, make_optimizer=options.make_optimizer,
+                              dropout=workload.dropout,
+                              chunks=plan.batch_size // plan.batch_stat_rows if plan.batch_stat_rows else 1)  # fmt: skip
     results = []
     for step in range(options.steps):
         if optimizer is not None:
@@ -154,20 +158,32 @@ def main(argv: Sequence[str] | None = None, *, plan_default: Path | None = None)
         plan = load_plan(args.plan)
         rank_number, _ = init_distributed(backend=options.backend, timeout_s=options.timeout_s)
         rank = str(rank_number)
-        results = run_plan(plan, options, report=_printer(plan) if rank_number == 0 else None)
+        results = run_plan(plan, options, report=_printer(plan, options) if rank_number == 0 else None)
         failed = any(r.parity is not None and not r.parity.ok for r in results)
         dist.destroy_process_group()
         return 1 if failed else 0
     except AutoplanError as error:
         print(f"rank {rank}: {error}", file=sys.stderr, flush=True)
-        return 2
+        _exit_now(2)
     except Exception as error:  # the failing rank names itself; torchrun stops the others
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         print(f"rank {rank} failed: {type(error).__name__}: {first}", file=sys.stderr, flush=True)
-        return 1
+        _exit_now(1)
+    return 1  # not reached
 
 
-def _printer(plan: Plan) -> Callable[[StepResult], None]:
+def _exit_now(code: int) -> None:
+    """Leave at once: a failed rank must not wait at interpreter exit for its process group's threads
+    (peers blocked in a collective with it), or the run would hang until the collective timeout."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _printer(plan: Plan, options: RunOptions) -> Callable[[StepResult], None]:
+    if options.check_parity:
+        print("parity check against one process: dropout off on both sides (random streams differ by design)",
+              flush=True)  # fmt: skip
     print(f"{plan.method} plan: {len(plan.stages)} stage(s), {plan.num_devices} device(s), batch {plan.batch_size}, "
           f"{plan.num_microbatches} microbatch(es), schedule {plan.schedule}; "
           f"estimated step {plan.estimate.step_time_s * 1e3:.3f} ms on {plan.cluster.name}", flush=True)  # fmt: skip

@@ -85,9 +85,9 @@ class TensorParallelRunner:
         total = torch.zeros((), device=self.workload.device)
         pieces = split_batch(inputs, num_chunks=self.num_microbatches, batch_size=self.plan.batch_size)
         for piece in pieces:
-            outputs = self.part.module(*piece)
+            outputs = self.part.module(*self.workload.model_inputs(piece))
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            loss = self.workload.loss_fn(flat_outputs(outputs), piece) / self.num_microbatches
+            loss = self.workload.loss(flat_outputs(outputs), piece) / self.num_microbatches
             loss.backward()
             total += loss.detach()
         self.part.sync_grads()

@@ -7,6 +7,12 @@ gets the same weights and the same batch), captures it on the meta device and ch
 fingerprint against the plan's before any step; :meth:`Workload.graph_at` captures the graph at
 the batch size a stage will see (a microbatch, or a data-parallel rank's share), which must have
 the same nodes as the planned graph.
+
+A step's *batch* is the tuple ``(*inputs, *targets)``: the forward inputs, then the model file's
+targets (none when it defines no ``example_targets``). :meth:`Workload.model_inputs` and
+:meth:`Workload.loss_data` cut a (micro)batch into what ``forward`` and ``loss_fn`` receive;
+pipelines carry the loss's data to the last stage under the names :meth:`Workload.loss_names`
+gives (graph input names, or ``target.0``, ``target.1``, ... for targets).
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import torch
 import torch.distributed as dist
 
 from executors.graph_module import check_same_nodes
+from executors.semantics import without_dropout
 from planner.errors import AutoplanError
 from planner.ir.capture import capture
-from planner.ir.graph import OpGraph
-from planner.ir.model_file import ModelFile, instantiate, load_model_file
+from planner.ir.graph import OpGraph, TensorMeta
+from planner.ir.model_file import ModelFile, instantiate, instantiate_targets, load_model_file
+from planner.ir.node_call import tensor_meta
 from planner.plan import Plan
 
 BACKENDS = ("gloo", "nccl")
@@ -68,16 +76,61 @@ class Workload:
     graph: OpGraph
     loss_fn: Callable[[Any, Sequence[Any]], torch.Tensor]
     uses_inputs_in_loss: bool
+    num_inputs: int = 0
+    dropout: bool = True  # False: every dropout probability is 0 (parity checks), see executors.semantics
     _graphs: dict[int, OpGraph] = field(default_factory=dict)
+    _target_metas: dict[int, tuple[TensorMeta, ...]] = field(default_factory=dict)
 
     def build(self) -> tuple[torch.nn.Module, tuple[Any, ...]]:
-        """The model with the seeded initial weights and one step's inputs, on this rank's device."""
+        """The model with the seeded initial weights and one step's batch ``(*inputs, *targets)``, on
+        this rank's device."""
         torch.manual_seed(self.seed)
         model, inputs = instantiate(
             self.model_file, batch_size=self.plan.batch_size, model_args=self.model_args, on_meta=False
         )
-        moved = tuple(x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        targets = instantiate_targets(
+            self.model_file, batch_size=self.plan.batch_size, model_args=self.model_args, on_meta=False
+        )
+        moved = tuple(x.to(self.device) if isinstance(x, torch.Tensor) else x for x in (*inputs, *targets))
         return model.to(self.device), moved
+
+    def model_inputs(self, batch: Sequence[Any]) -> tuple[Any, ...]:
+        """What ``forward`` takes from a (micro)batch."""
+        return tuple(batch[: self.num_inputs])
+
+    def loss_data(self, batch: Sequence[Any]) -> tuple[Any, ...]:
+        """What ``loss_fn`` takes besides the output: the targets, or (older files) the inputs."""
+        return tuple(batch[self.num_inputs :]) if self.model_file.has_targets else tuple(batch[: self.num_inputs])
+
+    def loss(self, output: Any, batch: Sequence[Any]) -> torch.Tensor:
+        return self.loss_fn(output, self.loss_data(batch))
+
+    def loss_names(self, graph: OpGraph) -> tuple[str, ...]:
+        """The values a pipeline carries to the loss: targets, the graph inputs, or nothing."""
+        if self.model_file.has_targets:
+            return self.target_names()
+        return tuple(v.name for v in graph.inputs) if self.uses_inputs_in_loss else ()
+
+    def target_names(self) -> tuple[str, ...]:
+        return tuple(f"target.{i}" for i in range(len(self.target_metas(self.plan.batch_size))))
+
+    def target_metas(self, batch_size: int) -> tuple[TensorMeta, ...]:
+        """Shapes and dtypes of the targets at ``batch_size`` rows."""
+        if batch_size not in self._target_metas:
+            targets = instantiate_targets(self.model_file, batch_size=batch_size, model_args=self.model_args)
+            self._target_metas[batch_size] = tuple(tensor_meta(t) for t in targets)
+        return self._target_metas[batch_size]
+
+    def value_meta(self, graph: OpGraph, name: str) -> TensorMeta:
+        """A boundary value's meta: a node's output, a graph input, or a target (at the graph's batch)."""
+        if name.startswith("target.") and not graph.has_node(name):
+            return self.target_metas(self._batch_of(graph))[int(name.removeprefix("target."))]
+        return graph.node(name).output if graph.has_node(name) else graph.value(name).meta
+
+    def _batch_of(self, graph: OpGraph) -> int:
+        if graph is self.graph:
+            return self.plan.batch_size
+        return next(size for size, other in self._graphs.items() if other is graph)
 
     def graph_at(self, batch_size: int) -> OpGraph:
         """The model's graph at ``batch_size`` rows, with the planned graph's node names."""
@@ -86,12 +139,13 @@ class Workload:
         if batch_size not in self._graphs:
             graph = _capture(self, batch_size)
             check_same_nodes(self.graph, graph, what=f"batch {batch_size}")
-            self._graphs[batch_size] = graph
+            self._graphs[batch_size] = graph if self.dropout else without_dropout(graph)
         return self._graphs[batch_size]
 
 
-def load_workload(plan: Plan, *, seed: int, device: str) -> Workload:
-    """Rebuild the plan's model and check it is the model the plan was made for."""
+def load_workload(plan: Plan, *, seed: int, device: str, dropout: bool = True) -> Workload:
+    """Rebuild the plan's model and check it is the model the plan was made for; ``dropout=False``
+    runs it with every dropout probability 0 (what ``--check-parity`` compares)."""
     if plan.model.file is None:
         raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
     model_file = load_model_file(plan.model.file)
@@ -99,6 +153,7 @@ def load_workload(plan: Plan, *, seed: int, device: str) -> Workload:
         plan=plan, model_file=model_file, model_args=dict(plan.model.args), seed=seed, device=device,
         graph=None,  # type: ignore[arg-type]
         loss_fn=model_file.loss_fn or default_loss, uses_inputs_in_loss=model_file.loss_fn is not None,
+        dropout=dropout,
     )  # fmt: skip
     workload.graph = _capture(workload, plan.batch_size)
     found = workload.graph.fingerprint()
@@ -107,6 +162,8 @@ def load_workload(plan: Plan, *, seed: int, device: str) -> Workload:
             f"model fingerprint mismatch: the plan was made for model {plan.model.fingerprint}, but "
             f"{plan.model.file} with {dict(plan.model.args)} builds {found}; re-plan the model"
         )
+    if not dropout:
+        workload.graph = without_dropout(workload.graph)
     return workload
 
 
@@ -118,6 +175,7 @@ def _capture(workload: Workload, batch_size: int) -> OpGraph:
             f"the captured graph has {len(graph.inputs)} inputs but example_inputs gives {len(inputs)}: "
             "every example input must be a tensor the model reads"
         )
+    workload.num_inputs = len(inputs)
     return graph
 
 

@@ -38,11 +38,13 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from executors.graph_module import call_node_plain, compile_node
 from planner.ir.graph import NodeKind, OpGraph, OpNode, ValueKind
+from planner.ir.op_kinds import BATCH_STATISTICS
 from planner.plan import NodeSharding, parse_placement
 
 # DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D
-# meshes (torch 2.13); run it on local shards or whole tensors instead.
-AVOID_DTENSOR = frozenset({"group_norm"})
+# meshes (torch 2.13); run it on local shards or whole tensors instead. Batch normalization runs on
+# whole inputs, so its statistics cover the microbatch (what ``Plan.batch_stat_rows`` states).
+AVOID_DTENSOR = frozenset({"group_norm"}) | BATCH_STATISTICS
 
 
 def to_placements(spec: Sequence[str]) -> tuple[Placement, ...]:
@@ -114,7 +116,7 @@ class StageSharding:
         held = self.held_inputs[node.name]
         inputs = [self._hold(tensor, placements) if i in held else self._arrive(tensor, placements)
                   for i, (tensor, placements) in enumerate(zip(tensors, wanted, strict=True))]  # fmt: skip
-        if node.op_name in AVOID_DTENSOR:
+        if node.op_name in AVOID_DTENSOR or node.kind == NodeKind.ATTENTION:
             self.local_nodes.add(node.name)
         if node.name in self.local_nodes:
             result = self._call_local(node, inputs)
@@ -150,7 +152,9 @@ class StageSharding:
         """Run without DTensor. Attention splits batch or heads, which its arguments do not name, so it
         runs on the local shards and its output takes the planned spec; any other operator (whose
         arguments may name the split dim's size, like group norm's groups) runs on whole inputs."""
-        on_shards = node.kind == NodeKind.ATTENTION or self._batch_split_only(node, inputs)
+        on_shards = node.kind == NodeKind.ATTENTION or (
+            node.op_name not in BATCH_STATISTICS and self._batch_split_only(node, inputs)
+        )
         if not on_shards:
             inputs = [t.redistribute(self.mesh, self._replicated) if isinstance(t, DTensor) else t for t in inputs]
         local = [tensor.to_local() if isinstance(tensor, DTensor) else tensor for tensor in inputs]

@@ -28,7 +28,6 @@ from executors.graph_module import flat_outputs, model_tensors
 from executors.pipeline import stage_segments
 from executors.session import Workload, split_batch
 from executors.stages import StagePart, build_meshes, build_stage, shared_params, sync_shared_grads
-from planner.ir.graph import OpGraph
 from planner.ir.layers import needs_grad
 from planner.ir.node_call import torch_dtype
 from planner.plan import Plan
@@ -39,8 +38,7 @@ class UnevenPipelineRunner:
         self.plan, self.workload = plan, workload
         self.m = plan.num_microbatches
         self.graph = workload.graph_at(plan.batch_size // self.m)
-        names = tuple(v.name for v in self.graph.inputs)
-        loss_inputs = names if workload.uses_inputs_in_loss else ()
+        loss_inputs = workload.loss_names(self.graph)
         self.segments = stage_segments(self.graph, plan, loss_inputs=loss_inputs)
         self.with_grad = needs_grad(self.graph)  # both ends of a transfer agree on which values carry gradients
         meshes = build_meshes(plan, device_type=workload.device.split(":")[0])
@@ -142,7 +140,7 @@ class UnevenPipelineRunner:
         return [rank for k, rank in enumerate(previous) if k % mine == self._position()]
 
     def _receive(self, name: str, source: int) -> torch.Tensor:
-        meta = _meta(self.graph, name)
+        meta = self.workload.value_meta(self.graph, name)
         buffer = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=self.workload.device)
         dist.recv(buffer, source)
         return buffer.requires_grad_(name in self.with_grad)
@@ -160,7 +158,3 @@ class UnevenPipelineRunner:
             return {}
         grads = self.part.full_grads(self.owned)
         return grads if self._reports() else {}
-
-
-def _meta(graph: OpGraph, name: str):
-    return graph.node(name).output if graph.has_node(name) else graph.value(name).meta

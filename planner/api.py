@@ -34,6 +34,7 @@ from planner.inter.search import PipelineOptions, Progress, allowed_slots, micro
 from planner.ir.capture import capture
 from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file
+from planner.ir.op_kinds import BATCH_STATISTICS
 from planner.ir.rebatch import MicrobatchGraphs
 from planner.plan import ModelRef, Plan, SearchStats, validate_plan
 
@@ -202,8 +203,28 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
         ),
         notes=(*method_notes, *prepared.notes, *_notes(graphs)),
     )
+    result = with_batch_statistics(result, prepared.graph)
     validate_plan(result, prepared.graph)
     return result
+
+
+def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:
+    """State how many rows each batch-normalization call sees under ``plan``: a data-parallel run
+    (DDP or FSDP) normalizes each replica's share of a microbatch, every other executor the whole
+    microbatch (tensor-parallel stages gather a batch-split input first)."""
+    if not any(node.op_name in BATCH_STATISTICS for node in graph.nodes):
+        return plan
+    rows = plan.batch_size // plan.num_microbatches
+    stage = plan.stages[0]
+    data_parallel = len(plan.stages) == 1 and len(stage.devices) > 1 and plan.schedule != "dataflow"
+    if data_parallel and all(set(spec) == {"R"} for spec in stage.param_placements.values()):
+        rows //= len(stage.devices)
+    share = "one replica's share of a microbatch" if rows * plan.num_microbatches < plan.batch_size else "a microbatch"
+    note = (
+        f"batch normalization computes its statistics over {rows} of the batch's {plan.batch_size} rows per call "
+        f"({share}); plan run --check-parity compares with one device normalizing the same chunks"
+    )
+    return replace(plan, batch_stat_rows=rows, notes=(*plan.notes, note) if rows < plan.batch_size else plan.notes)
 
 
 def plan(

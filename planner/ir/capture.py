@@ -17,9 +17,10 @@ distinct signature — identical layers cost one call) for output shapes and FLO
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -51,14 +52,68 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any], *, tracer: st
     if tracer not in TRACERS:
         raise AutoplanError(f"unknown tracer {tracer!r}: choose one of {', '.join(TRACERS)}")
     inputs = tuple(example_inputs)
-    if _on_meta(model):
-        inputs = tuple(tree_map(_to_meta, list(inputs)))
+    check_arity(model, inputs)
     builder = _GraphBuilder()
     if tracer == "export":
-        _capture_export(model, inputs, builder)
+        with _as_fake_cpu(model, inputs) if _on_meta(model) else contextlib.nullcontext(inputs) as traced:
+            _capture_export(model, traced, builder)
     else:
+        if _on_meta(model):
+            inputs = tuple(tree_map(_to_meta, list(inputs)))
         _capture_fx(model, inputs, builder)
     return builder.finish()
+
+
+@contextlib.contextmanager
+def _as_fake_cpu(model: torch.nn.Module, inputs: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+    """While exporting, the meta model's parameters, buffers and inputs are fake CPU tensors: no memory,
+    and code that branches on ``device.type`` (HF's MoE routing) takes the path it takes on a CPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in fakes:  # a tied tensor stays one tensor
+            with mode:
+                made = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+            if isinstance(tensor, torch.nn.Parameter):
+                made = torch.nn.Parameter(made, requires_grad=tensor.requires_grad)
+            fakes[id(tensor)] = made
+        return fakes[id(tensor)]
+
+    saved = []
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is not None and tensor.is_meta:
+                    saved.append((table, name, tensor))
+                    table[name] = fake(tensor)
+    try:
+        yield tuple(fake(x) if isinstance(x, torch.Tensor) and x.is_meta else x for x in inputs)
+    finally:
+        for table, name, tensor in saved:
+            table[name] = tensor
+
+
+def check_arity(model: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
+    """``forward`` must accept the example inputs as positional arguments; else say how many it takes."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return  # a forward without a signature (a builtin): let the tracer judge
+    try:
+        signature.bind(*inputs)
+    except TypeError:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = [p for p in signature.parameters.values() if p.kind in kinds]
+        required = [p.name for p in params if p.default is inspect.Parameter.empty]
+        takes = f"{len(required)}" if len(required) == len(params) else f"{len(required)} to {len(params)}"
+        raise AutoplanError(
+            f"{type(model).__name__}.forward takes {takes} input(s) ({', '.join(p.name for p in params) or 'none'}) "
+            f"but example_inputs gives {len(inputs)}: return only forward's inputs from example_inputs "
+            "(targets such as labels go in example_targets)"
+        ) from None
 
 
 def _on_meta(model: torch.nn.Module) -> bool:
@@ -105,7 +160,8 @@ class _GraphBuilder:
             input_metas = (self.multi_outputs[inputs[0]][args[1]],)
             result: MetaResult | None = MetaResult(outputs=input_metas, flops_fwd=0, flops_bwd=0)
         else:
-            result = self._trace(target, args, kwargs, input_metas)
+            frozen = tuple(self.values[v].kind == ValueKind.BUFFER if v in self.values else False for v in inputs)
+            result = self._trace(target, args, kwargs, input_metas, frozen)
         if result is None and known_outputs is None:
             raise AutoplanError(f"cannot run operator {target} (node {name}) on meta tensors to get its shapes")
         outputs = result.outputs if result is not None else known_outputs
@@ -135,11 +191,13 @@ class _GraphBuilder:
         self.nodes.append(node)
         self.metas[name] = outputs[0]
 
-    def _trace(self, target: str, args: Any, kwargs: Any, input_metas: tuple[TensorMeta, ...]) -> MetaResult | None:
-        key = f"{target}|{input_metas}|{args!r}|{kwargs!r}"
+    def _trace(
+        self, target: str, args: Any, kwargs: Any, input_metas: tuple[TensorMeta, ...], frozen: tuple[bool, ...]
+    ) -> MetaResult | None:
+        key = f"{target}|{input_metas}|{frozen}|{args!r}|{kwargs!r}"
         if key not in self._meta_cache:
             try:
-                self._meta_cache[key] = trace_on_meta(target, args, kwargs, input_metas)
+                self._meta_cache[key] = trace_on_meta(target, args, kwargs, input_metas, frozen=frozen)
             except Exception as error:
                 warnings.warn(f"could not run {target} on meta tensors ({_first_line(error)})", stacklevel=2)
                 self._meta_cache[key] = None

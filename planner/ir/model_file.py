@@ -1,10 +1,23 @@
-"""Model files: ``build_model(**kwargs)``, ``example_inputs(batch_size)``, optional ``loss_fn``.
+"""Model files: ``build_model(**kwargs)``, ``example_inputs(batch_size)``, optional
+``example_targets(batch_size)`` and ``loss_fn``.
 
-:func:`load_model_file` imports a model file by path; :func:`parse_model_args` turns
-``--model-arg key=value`` strings into keyword arguments; :func:`instantiate` builds the model
-and its inputs, on the meta device by default so that planning a 39B-parameter model
-allocates none of its weights. Every failure is an :class:`AutoplanError` that names the file
-and what to fix.
+The convention:
+
+* ``build_model(**kwargs) -> nn.Module``;
+* ``example_inputs(batch_size, **kwargs)`` -> one step's forward inputs, a tensor or a tuple of
+  tensors (``model(*inputs)``);
+* ``example_targets(batch_size, **kwargs)`` (optional) -> one step's targets (labels), a tensor or
+  a tuple of tensors, cut along the batch like the inputs;
+* ``loss_fn(output, data)`` (optional): ``data`` is the targets tuple when the file defines
+  ``example_targets``, else the inputs tuple (files written before targets existed keep working);
+  without ``loss_fn`` the loss is the mean of the output.
+
+A model file is imported like a script: its own folder is on ``sys.path``, so it may import the
+files beside it. :func:`load_model_file` imports a model file by path; :func:`parse_model_args`
+turns ``--model-arg key=value`` strings into keyword arguments; :func:`instantiate` builds the
+model and its inputs, on the meta device by default so that planning a 39B-parameter model
+allocates none of its weights; :func:`instantiate_targets` builds the targets. Every failure is an
+:class:`AutoplanError` that names the file and what to fix.
 """
 
 from __future__ import annotations
@@ -29,6 +42,11 @@ class ModelFile:
     build_model: Callable[..., torch.nn.Module]
     example_inputs: Callable[..., Any]
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    example_targets: Callable[..., Any] | None = None
+
+    @property
+    def has_targets(self) -> bool:
+        return self.example_targets is not None
 
 
 def load_model_file(path: str | Path) -> ModelFile:
@@ -43,6 +61,9 @@ def load_model_file(path: str | Path) -> ModelFile:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # like a script: the file may import its neighbours
+        sys.path.append(folder)
     try:
         spec.loader.exec_module(module)
     except BaseException as error:
@@ -55,11 +76,13 @@ def load_model_file(path: str | Path) -> ModelFile:
             "build_model(**kwargs) -> nn.Module and example_inputs(batch_size) -> tuple of tensors"
         )
     loss_fn = getattr(module, "loss_fn", None)
+    targets = getattr(module, "example_targets", None)
     return ModelFile(
         path=path,
         build_model=module.build_model,
         example_inputs=module.example_inputs,
         loss_fn=loss_fn if callable(loss_fn) else None,
+        example_targets=targets if callable(targets) else None,
     )
 
 
@@ -114,6 +137,8 @@ def _named_parameters(function: Callable[..., Any]) -> set[str]:
 def check_model_args(model_file: ModelFile, model_args: dict[str, Any]) -> None:
     """Every ``--model-arg`` must be a named parameter of build_model or example_inputs."""
     known = _named_parameters(model_file.build_model) | (_named_parameters(model_file.example_inputs) - {"batch_size"})
+    if model_file.example_targets is not None:
+        known |= _named_parameters(model_file.example_targets) - {"batch_size"}
     unknown = sorted(set(model_args) - known)
     if unknown:
         raise AutoplanError(
@@ -143,13 +168,38 @@ def instantiate(
             batch_size,
             **_accepted_kwargs(model_file.example_inputs, model_args),
         )
-    if isinstance(inputs, torch.Tensor):
-        inputs = (inputs,)
-    if not isinstance(inputs, tuple | list):
-        raise AutoplanError(
-            f"example_inputs in {model_file.path} returned {type(inputs).__name__}: return a tuple of tensors"
+    return model, _as_tuple(inputs, model_file, "example_inputs")
+
+
+def instantiate_targets(
+    model_file: ModelFile, *, batch_size: int, model_args: dict[str, Any], on_meta: bool = True
+) -> tuple[Any, ...]:
+    """One step's targets from ``example_targets`` (``()`` when the file defines none)."""
+    if model_file.example_targets is None:
+        return ()
+    device = torch.device("meta") if on_meta else torch.device("cpu")
+    with device:
+        targets = _call(
+            model_file,
+            "example_targets",
+            model_file.example_targets,
+            batch_size,
+            **_accepted_kwargs(model_file.example_targets, model_args),
         )
-    return model, tuple(inputs)
+    targets = _as_tuple(targets, model_file, "example_targets")
+    if not targets or not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in targets):
+        raise AutoplanError(
+            f"example_targets in {model_file.path} must return a tensor or a tuple of tensors with a batch dim"
+        )
+    return targets
+
+
+def _as_tuple(values: Any, model_file: ModelFile, name: str) -> tuple[Any, ...]:
+    if isinstance(values, torch.Tensor):
+        return (values,)
+    if not isinstance(values, tuple | list):
+        raise AutoplanError(f"{name} in {model_file.path} returned {type(values).__name__}: return a tuple of tensors")
+    return tuple(values)
 
 
 def _call(model_file: ModelFile, name: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -37,13 +37,29 @@ def resolve_target(target: str) -> Callable[..., Any]:
         return found
     if parts[0] == "Tensor":
         return getattr(torch.Tensor, parts[1])
-    found = importlib.import_module(parts[0])
-    for position, part in enumerate(parts[1:], start=1):
-        try:
-            found = getattr(found, part)
-        except AttributeError:
-            found = importlib.import_module(".".join(parts[: position + 1]))
+    try:
+        found = importlib.import_module(parts[0])
+        for position, part in enumerate(parts[1:], start=1):
+            try:
+                found = getattr(found, part)
+            except AttributeError:
+                found = importlib.import_module(".".join(parts[: position + 1]))
+    except (ImportError, AttributeError):
+        custom = _custom_op(parts)  # a library's own operator: transformers.grouped_mm_fallback.default
+        if custom is None:
+            raise
+        return custom
     return found
+
+
+def _custom_op(parts: list[str]) -> Any:
+    """``namespace.op.overload`` registered with torch.library (``torch.ops.namespace.op.overload``)."""
+    if len(parts) != 3:
+        return None
+    try:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def target_name(target: Any, *, is_method: bool = False) -> str:
@@ -101,16 +117,19 @@ class MetaResult:
 
 
 def trace_on_meta(
-    target: str, args: Sequence[Any], kwargs: Sequence[tuple[str, Any]], input_metas: Sequence[TensorMeta]
-) -> MetaResult:
+    target: str, args: Sequence[Any], kwargs: Sequence[tuple[str, Any]], input_metas: Sequence[TensorMeta],
+    *, frozen: Sequence[bool] = (),
+) -> MetaResult:  # fmt: skip
     """Run ``target`` forward and backward on meta tensors, counting FLOPs.
 
     Backward FLOPs are those of ``torch.autograd.grad`` of every floating output with respect
-    to every floating input (parameters included). An operator whose backward cannot run on
-    meta tensors (in-place updates of leaves, say) is charged twice its forward FLOPs.
+    to every floating input (parameters included) but the ``frozen`` ones (buffers, such as batch
+    normalization's running statistics). An operator whose backward cannot run on meta tensors
+    (in-place updates of leaves, say) is charged twice its forward FLOPs.
     """
     function = resolve_target(target)
-    inputs = [_meta_tensor(meta) for meta in input_metas]
+    frozen = tuple(frozen) or (False,) * len(input_metas)
+    inputs = [_meta_tensor(meta, grad=not held) for meta, held in zip(input_metas, frozen, strict=True)]
     # an in-place operator (add_) may not update a leaf that requires grad: hand it copies
     operands = [tensor.clone() for tensor in inputs] if _is_inplace(target) else inputs
     call_args, call_kwargs = bind_call(args, kwargs, operands, device="meta")
@@ -132,9 +151,9 @@ def _is_inplace(target: str) -> bool:
     return name.endswith("_") and not name.startswith("_")
 
 
-def _meta_tensor(meta: TensorMeta) -> torch.Tensor:
+def _meta_tensor(meta: TensorMeta, *, grad: bool = True) -> torch.Tensor:
     tensor = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device="meta")
-    if meta.is_floating:
+    if meta.is_floating and grad:
         tensor.requires_grad_(True)
     return tensor
 

@@ -12,6 +12,20 @@ import math
 
 from planner.ir.graph import NodeKind, TensorMeta
 
+# operators whose output depends on statistics over the batch rows they see (batch normalization)
+BATCH_STATISTICS = frozenset(
+    {
+        "batch_norm",
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_functional",
+        "_batch_norm_with_update",
+        "_batch_norm_impl_index",
+        "cudnn_batch_norm",
+        "batch_norm_stats",
+    }
+)
+
 _KINDS: dict[NodeKind, frozenset[str]] = {
     NodeKind.MATMUL: frozenset(
         {"linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "einsum", "_linear", "addbmm", "mv", "dot"}

@@ -153,6 +153,8 @@ class Plan:
     search: SearchStats
     notes: tuple[str, ...] = ()
     zero: bool = False  # optimizer state and gradients sharded over data-parallel axes
+    # rows each batch-normalization call computes its statistics over (0: the model has none)
+    batch_stat_rows: int = 0
     format_version: int = FORMAT_VERSION
 
     @property
@@ -170,6 +172,7 @@ class Plan:
             "schedule": self.schedule,
             "optimizer": self.optimizer,
             "zero": self.zero,
+            "batch_stat_rows": self.batch_stat_rows,
             "stages": [stage.to_json() for stage in self.stages],
             "estimate": self.estimate.to_json(),
             "search": self.search.to_json(),
@@ -197,6 +200,7 @@ class Plan:
                 schedule=str(data["schedule"]),
                 optimizer=str(data.get("optimizer", "adam-mixed")),
                 zero=bool(data.get("zero", False)),
+                batch_stat_rows=int(data.get("batch_stat_rows", 0)),
                 stages=tuple(Stage.from_json(stage) for stage in data["stages"]),
                 estimate=Estimate.from_json(data["estimate"]),
                 search=SearchStats.from_json(data["search"]),

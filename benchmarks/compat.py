@@ -1,0 +1,230 @@
+"""Compatibility sweep: every zoo family x method x world -> plan, run two steps, check parity.
+
+Usage (the whole sweep, about an hour on the 2-core machine; see docs/compatibility.md for the last):
+
+    python benchmarks/compat.py --out docs/compatibility.md
+    python benchmarks/compat.py --families nn_lstm,hf_gpt2 --methods auto,megatron --worlds 2
+
+For each family (``examples/zoo/*.py``; files starting with ``_`` are shared helpers) and world size
+the model is captured once (:func:`planner.api.prepare_model_file`, cluster ``local-cpu`` with one
+node of ``world`` processes, batch ``--batch-size``); each method plans from that capture
+(:func:`planner.api.plan_prepared`) and the plan runs under ``plan run --steps 2 --check-parity`` in
+a subprocess. A cell reads:
+
+* ``✓`` — the run finished and both steps matched one device (loss and every gradient by name);
+* ``refused: ...`` — planning said why the plan cannot be run exactly (a user-facing error);
+* ``INTERNAL: ...`` — planning hit a bug of ours (any exception that is not a user-facing error);
+* ``MISMATCH: ...`` — the run finished but parity failed: a wrong result;
+* ``failed: ...`` — a rank failed; ``hang`` — the run outlived ``--timeout-s`` plus a margin.
+
+Every cell's outcome, its plan's shape and seconds go to ``--json``; ``--out`` writes the markdown
+table (one row per family, one cell per method x world).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO = ROOT / "examples" / "zoo"
+METHODS = ("auto", "data-parallel", "megatron", "uniform-pipeline", "hash")
+WORLDS = (2, 4)
+RUN_MARGIN_S = 60.0  # start-up of the ranks (imports, capture) on top of the collective timeout
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    family: str
+    method: str
+    world: int
+    outcome: str  # "ok", "refused", "internal", "mismatch", "failed", "hang"
+    message: str
+    plan_s: float
+    run_s: float
+    shape: str = ""
+
+    @property
+    def text(self) -> str:
+        if self.outcome == "ok":
+            return "✓"
+        label = {"refused": "refused", "internal": "INTERNAL", "mismatch": "MISMATCH", "failed": "failed",
+                 "hang": "hang"}[self.outcome]  # fmt: skip
+        return f"{label}: {self.message}" if self.message else label
+
+
+def families(selected: str | None) -> list[Path]:
+    files = sorted(path for path in ZOO.glob("*.py") if not path.name.startswith("_"))
+    if selected:
+        wanted = [name.strip() for name in selected.split(",") if name.strip()]
+        unknown = [name for name in wanted if not (ZOO / f"{name}.py").is_file()]
+        if unknown:
+            raise SystemExit(f"compat: no zoo family {unknown[0]} (files in {ZOO})")
+        files = [ZOO / f"{name}.py" for name in wanted]
+    return files
+
+
+def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.Namespace) -> list[Cell]:
+    from cost_models.cluster import load_cluster
+    from planner.api import plan_prepared, prepare_model_file
+    from planner.errors import AutoplanError
+
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
+    cells = []
+    started = time.perf_counter()
+    try:
+        prepared = prepare_model_file(path, cluster, batch_size=args.batch_size)
+        error = None
+    except AutoplanError as failure:
+        error = ("refused", _first_line(failure))
+    except Exception as failure:  # noqa: BLE001 — a bug of ours: the sweep reports it and goes on
+        error = ("internal", f"{type(failure).__name__}: {_first_line(failure)}")
+    capture_s = time.perf_counter() - started
+    for method in methods:
+        common = {"family": path.stem, "method": method, "world": world}
+        if error is not None:
+            cells.append(Cell(**common, outcome=error[0], message=f"capture: {error[1]}", plan_s=capture_s, run_s=0))
+            continue
+        started = time.perf_counter()
+        try:
+            plan = plan_prepared(prepared, method)
+        except AutoplanError as failure:
+            cells.append(Cell(**common, outcome="refused", message=_first_line(failure),
+                              plan_s=time.perf_counter() - started, run_s=0))  # fmt: skip
+            continue
+        except Exception as failure:  # noqa: BLE001
+            cells.append(Cell(**common, outcome="internal", message=f"{type(failure).__name__}: {_first_line(failure)}",
+                              plan_s=time.perf_counter() - started, run_s=0))  # fmt: skip
+            continue
+        plan_s = time.perf_counter() - started
+        cells.append(run_cell(plan, common=common, plan_s=plan_s, args=args))
+        print(f"  {path.stem:28s} {method:17s} world {world}: {cells[-1].text[:110]}", flush=True)
+    return cells
+
+
+def run_cell(plan, *, common: dict, plan_s: float, args: argparse.Namespace) -> Cell:
+    from planner.plan import save_plan
+
+    shape = f"{len(plan.stages)} stage(s) {[list(s.mesh_shape) for s in plan.stages]} m={plan.num_microbatches}"
+    with tempfile.TemporaryDirectory(prefix="autoplan-compat-") as directory:
+        plan_path = Path(directory) / "plan.json"
+        save_plan(plan, plan_path)
+        command = [sys.executable, "-m", "planner", "run", str(plan_path), "--steps", str(args.steps),
+                   "--check-parity", "--timeout-s", str(args.timeout_s)]  # fmt: skip
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=_env(),
+                                  timeout=args.timeout_s + RUN_MARGIN_S)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return Cell(**common, outcome="hang", message=f"no result after {args.timeout_s + RUN_MARGIN_S:.0f} s",
+                        plan_s=plan_s, run_s=time.perf_counter() - started, shape=shape)  # fmt: skip
+    run_s = time.perf_counter() - started
+    outcome, message = judge(done, steps=args.steps)
+    return Cell(**common, outcome=outcome, message=message, plan_s=plan_s, run_s=run_s, shape=shape)
+
+
+def judge(done: subprocess.CompletedProcess, *, steps: int) -> tuple[str, str]:
+    steps_seen = [line for line in done.stdout.splitlines() if line.startswith("step ")]
+    mismatches = [line for line in steps_seen if "MISMATCH" in line]
+    if mismatches:
+        return "mismatch", mismatches[0].split("parity MISMATCH:", 1)[-1].strip()
+    if done.returncode == 0 and len(steps_seen) == steps and all("parity match" in line for line in steps_seen):
+        return "ok", ""
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    ranks = [line for line in lines if line.startswith("rank ")]
+    first = ranks[0] if ranks else (lines[-1] if lines else f"exit code {done.returncode}")
+    if "timed out" in first.lower() or "timeout" in first.lower():
+        return "hang", first
+    return "failed", first
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def markdown(cells: list[Cell], *, methods: list[str], worlds: list[int], header: str) -> str:
+    columns = [(method, world) for method in methods for world in worlds]
+    by_key = {(c.family, c.method, c.world): c for c in cells}
+    names = list(dict.fromkeys(c.family for c in cells))
+    passed = sum(c.outcome == "ok" for c in cells)
+    lines = [header, "", f"**{passed} of {len(cells)} cells pass** ({100 * passed / max(len(cells), 1):.1f}%).", ""]
+    lines.append("| family | " + " | ".join(f"{m} ×{w}" for m, w in columns) + " |")
+    lines.append("|---|" + "---|" * len(columns))
+    for name in names:
+        row = [_cell_text(by_key.get((name, m, w))) for m, w in columns]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell_text(cell: Cell | None) -> str:
+    if cell is None:
+        return "—"
+    return cell.text.replace("|", "\\|")[:160]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", help="comma-separated zoo file stems (default: every file in examples/zoo)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (default: %(default)s)")
+    parser.add_argument("--worlds", default=",".join(map(str, WORLDS)), help="world sizes (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=8, help="global batch (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=2, help="training steps per run (default %(default)s)")
+    parser.add_argument("--timeout-s", type=float, default=60.0, help="plan run --timeout-s (default %(default)s)")
+    parser.add_argument("--out", type=Path, help="write the markdown table here (e.g. docs/compatibility.md)")
+    parser.add_argument("--json", type=Path, help="write every cell as JSON here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    started = time.perf_counter()
+    cells: list[Cell] = []
+    for path in families(args.families):
+        for world in worlds:
+            cells.extend(sweep_family(path, methods=methods, world=world, args=args))
+    wall_s = time.perf_counter() - started
+    passed = sum(c.outcome == "ok" for c in cells)
+    print(f"{passed} of {len(cells)} cells pass; wall {wall_s:.0f} s", flush=True)
+    command = "python benchmarks/compat.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = _header(command=command.strip(), wall_s=wall_s)
+    if args.out:
+        args.out.write_text(markdown(cells, methods=methods, worlds=worlds, header=header))
+    if args.json:
+        args.json.write_text(json.dumps({"command": command, "wall_s": wall_s, "cells": [asdict(c) for c in cells]},
+                                        indent=1))  # fmt: skip
+    return 0 if passed == len(cells) else 1
+
+
+def _header(*, command: str, wall_s: float) -> str:
+    import platform
+
+    import torch
+
+    return "\n".join([
+        "# Compatibility", "",
+        "Every model family of `examples/zoo/` planned by each method on `local-cpu` with 2 and 4 CPU ranks (gloo), "
+        "run for two steps with `plan run --check-parity`: loss and every gradient by name against one process. "
+        "✓ = both steps match; otherwise the first line of what went wrong (`refused:` is a plan refused at "
+        "planning time with its reason; `MISMATCH` would be a wrong result). See `benchmarks/compat.py`.", "",
+        f"Made {time.strftime('%Y-%m-%d')} on {platform.node()} ({os.cpu_count()} cores, torch {torch.__version__}) "
+        f"with `{command}` in {wall_s / 60:.1f} min.",
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

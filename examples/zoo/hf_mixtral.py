@@ -1,0 +1,54 @@
+"""Mixtral (``MixtralForCausalLM``), tiny and randomly initialized from a ``MixtralConfig``.
+
+A decoder-only mixture-of-experts causal LM: inputs ``(input_ids,)`` int64 [batch, seq]; the model
+returns logits [batch, seq, vocab]; the loss is next-token cross entropy computed from the inputs
+(no router auxiliary loss: ``output_router_logits`` stays off). Mistral-style attention with
+grouped-query attention (``kv_heads`` key/value heads); every layer's MLP is a sparse MoE of
+``experts`` SwiGLU experts, ``top_k`` per token.
+"""
+
+from __future__ import annotations
+
+from _hf_zoo import CausalLMLogits, next_token_loss, random_tokens, transformers_module
+from torch import Tensor, nn
+
+
+def build_model(
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    experts: int = 4,
+    top_k: int = 2,
+    seq: int = 16,
+    vocab: int = 256,
+    **_: object,
+) -> nn.Module:
+    transformers = transformers_module()
+    config = transformers.MixtralConfig(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=2 * hidden,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        max_position_embeddings=seq,
+        vocab_size=vocab,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+    return CausalLMLogits(transformers.MixtralForCausalLM(config))
+
+
+def example_inputs(batch_size: int, *, seq: int = 16, vocab: int = 256, **_: object) -> tuple[Tensor, ...]:
+    return (random_tokens(batch_size, seq, vocab),)
+
+
+def loss_fn(output: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
+    """Next-token cross entropy."""
+    return next_token_loss(output, inputs[0])
