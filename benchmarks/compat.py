@@ -84,7 +84,7 @@ def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.N
         error = None
     except AutoplanError as failure:
         error = ("refused", _first_line(failure))
-    except Exception as failure:  # noqa: BLE001 — a bug of ours: the sweep reports it and goes on
+    except Exception as failure:  # a bug of ours: the sweep reports it and goes on
         error = ("internal", f"{type(failure).__name__}: {_first_line(failure)}")
     capture_s = time.perf_counter() - started
     for method in methods:
@@ -99,7 +99,7 @@ def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.N
             cells.append(Cell(**common, outcome="refused", message=_first_line(failure),
                               plan_s=time.perf_counter() - started, run_s=0))  # fmt: skip
             continue
-        except Exception as failure:  # noqa: BLE001
+        except Exception as failure:
             cells.append(Cell(**common, outcome="internal", message=f"{type(failure).__name__}: {_first_line(failure)}",
                               plan_s=time.perf_counter() - started, run_s=0))  # fmt: skip
             continue
