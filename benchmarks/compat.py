@@ -8,8 +8,9 @@ Usage (the whole sweep, about an hour on the 2-core machine; see docs/compatibil
 For each family (``examples/zoo/*.py``; files starting with ``_`` are shared helpers) and world size
 the model is captured once (:func:`planner.api.prepare_model_file`, cluster ``local-cpu`` with one
 node of ``world`` processes, batch ``--batch-size``); each method plans from that capture
-(:func:`planner.api.plan_prepared`) and the plan runs under ``plan run --steps 2 --check-parity`` in
-a subprocess. A cell reads:
+(:func:`planner.api.plan_prepared`) and the plan runs for ``--steps`` steps with ``--check-parity``:
+the program ``plan compile`` writes (the one ``plan run`` launches) under torchrun, one process per
+device — ``plan run`` without its preflight capture, which the sweep has just done. A cell reads:
 
 * ``✓`` — the run finished and both steps matched one device (loss and every gradient by name);
 * ``refused: ...`` — planning said why the plan cannot be run exactly (a user-facing error);
@@ -17,8 +18,10 @@ a subprocess. A cell reads:
 * ``MISMATCH: ...`` — the run finished but parity failed: a wrong result;
 * ``failed: ...`` — a rank failed; ``hang`` — the run outlived ``--timeout-s`` plus a margin.
 
-Every cell's outcome, its plan's shape and seconds go to ``--json``; ``--out`` writes the markdown
-table (one row per family, one cell per method x world).
+Every cell's outcome, its plan's shape, seconds and the commit it ran at go to ``--json``; ``--out``
+writes the markdown table (one row per family, one cell per method x world). Both are rewritten after
+every family, so an interrupted sweep keeps what it did; ``--resume OLD.json`` keeps the cells that
+passed in an earlier sweep and runs the others again (the table counts every cell either way).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +54,7 @@ class Cell:
     plan_s: float
     run_s: float
     shape: str = ""
+    commit: str = ""
 
     @property
     def text(self) -> str:
@@ -110,14 +115,15 @@ def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.N
 
 
 def run_cell(plan, *, common: dict, plan_s: float, args: argparse.Namespace) -> Cell:
-    from planner.plan import save_plan
+    from executors.launch import free_port
+    from executors.program import write_program
 
     shape = f"{len(plan.stages)} stage(s) {[list(s.mesh_shape) for s in plan.stages]} m={plan.num_microbatches}"
     with tempfile.TemporaryDirectory(prefix="autoplan-compat-") as directory:
-        plan_path = Path(directory) / "plan.json"
-        save_plan(plan, plan_path)
-        command = [sys.executable, "-m", "planner", "run", str(plan_path), "--steps", str(args.steps),
-                   "--check-parity", "--timeout-s", str(args.timeout_s)]  # fmt: skip
+        program = write_program(plan, Path(directory))  # what `plan run` launches, without its preflight
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.num_devices),
+                   "--master-port", str(free_port()), str(program), "--steps", str(args.steps), "--check-parity",
+                   "--timeout-s", str(args.timeout_s)]  # fmt: skip
         started = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=_env(),
@@ -137,16 +143,27 @@ def judge(done: subprocess.CompletedProcess, *, steps: int) -> tuple[str, str]:
         return "mismatch", mismatches[0].split("parity MISMATCH:", 1)[-1].strip()
     if done.returncode == 0 and len(steps_seen) == steps and all("parity match" in line for line in steps_seen):
         return "ok", ""
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    lines = [re.sub(r"^\[rank\d+\]:", "", line) for line in done.stderr.splitlines() if line.strip()]
     ranks = [line for line in lines if line.startswith("rank ")]
-    first = ranks[0] if ranks else (lines[-1] if lines else f"exit code {done.returncode}")
+    causes = [line for line in ranks if "closed by peer" not in line] or ranks  # a peer's crash is not the cause
+    first = causes[0] if causes else (lines[-1] if lines else f"exit code {done.returncode}")
     if "timed out" in first.lower() or "timeout" in first.lower():
         return "hang", first
     return "failed", first
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    """The runs import this checkout (not whatever ``pip install -e`` points at)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+            "PYTHONPATH": path}  # fmt: skip
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=ROOT).stdout.strip()  # fmt: skip
+    return done.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def _first_line(error: BaseException) -> str:
@@ -184,6 +201,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=60.0, help="plan run --timeout-s (default %(default)s)")
     parser.add_argument("--out", type=Path, help="write the markdown table here (e.g. docs/compatibility.md)")
     parser.add_argument("--json", type=Path, help="write every cell as JSON here")
+    parser.add_argument("--resume", type=Path, help="an earlier --json: keep its passing cells, run the rest")
     return parser.parse_args(argv)
 
 
@@ -192,25 +210,43 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    kept = _passed_before(args.resume)
+    commit = _commit()
     started = time.perf_counter()
     cells: list[Cell] = []
-    for path in families(args.families):
-        for world in worlds:
-            cells.extend(sweep_family(path, methods=methods, world=world, args=args))
-    wall_s = time.perf_counter() - started
-    passed = sum(c.outcome == "ok" for c in cells)
-    print(f"{passed} of {len(cells)} cells pass; wall {wall_s:.0f} s", flush=True)
     command = "python benchmarks/compat.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = _header(command=command.strip(), wall_s=wall_s)
+    for world in worlds:  # every family at the smaller world first: a cut-short sweep stays balanced
+        for path in families(args.families):
+            todo = [m for m in methods if (path.stem, m, world) not in kept]
+            cells.extend(kept[(path.stem, m, world)] for m in methods if m not in todo)
+            if todo:
+                fresh = sweep_family(path, methods=todo, world=world, args=args)
+                cells.extend(replace(cell, commit=commit) for cell in fresh)
+        _write(cells, args=args, methods=methods, worlds=worlds, command=command,
+               wall_s=time.perf_counter() - started)  # fmt: skip
+    passed = sum(c.outcome == "ok" for c in cells)
+    print(f"{passed} of {len(cells)} cells pass; wall {time.perf_counter() - started:.0f} s", flush=True)
+    return 0 if passed == len(cells) else 1
+
+
+def _passed_before(path: Path | None) -> dict[tuple[str, str, int], Cell]:
+    if path is None:
+        return {}
+    cells = [Cell(**cell) for cell in json.loads(path.read_text())["cells"]]
+    return {(c.family, c.method, c.world): c for c in cells if c.outcome == "ok"}
+
+
+def _write(cells: list[Cell], *, args: argparse.Namespace, methods: list[str], worlds: list[int], command: str,
+           wall_s: float) -> None:  # fmt: skip
     if args.out:
+        header = _header(command=command.strip(), wall_s=wall_s, commits=sorted({c.commit for c in cells}))
         args.out.write_text(markdown(cells, methods=methods, worlds=worlds, header=header))
     if args.json:
         args.json.write_text(json.dumps({"command": command, "wall_s": wall_s, "cells": [asdict(c) for c in cells]},
                                         indent=1))  # fmt: skip
-    return 0 if passed == len(cells) else 1
 
 
-def _header(*, command: str, wall_s: float) -> str:
+def _header(*, command: str, wall_s: float, commits: list[str]) -> str:
     import platform
 
     import torch
@@ -222,7 +258,7 @@ def _header(*, command: str, wall_s: float) -> str:
         "✓ = both steps match; otherwise the first line of what went wrong (`refused:` is a plan refused at "
         "planning time with its reason; `MISMATCH` would be a wrong result). See `benchmarks/compat.py`.", "",
         f"Made {time.strftime('%Y-%m-%d')} on {platform.node()} ({os.cpu_count()} cores, torch {torch.__version__}) "
-        f"with `{command}` in {wall_s / 60:.1f} min.",
+        f"with `{command}` in {wall_s / 60:.1f} min, at commit {', '.join(commits)}.",
     ])  # fmt: skip
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executors.semantics import NoDropout
+from executors.semantics import NoDropout, quiet_dropout_modules
 from executors.session import split_batch
 
 RTOL = 1e-4
@@ -33,6 +33,8 @@ class Reference:
                  dropout: bool = True, chunks: int = 1) -> None:  # fmt: skip
         self.model, self.inputs, self.loss_data, self.loss_fn = model, inputs, loss_data, loss_fn
         self.dropout = dropout
+        if not dropout:
+            quiet_dropout_modules(model)
         self.chunks = chunks  # the batch runs in this many equal chunks (the plan's batch statistics)
         self.optimizer = make_optimizer(list(model.parameters()))
 

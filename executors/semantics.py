@@ -7,7 +7,8 @@ off on both sides and says so. :func:`without_dropout` rewrites a captured graph
 has probability 0 — the operators stay, so node names and shapes are the plan's;
 :class:`NoDropout` does the same for the user's own module in the single-process reference (a
 ``TorchFunctionMode`` that turns ``F.dropout`` and its variants into the identity and calls
-``scaled_dot_product_attention`` with ``dropout_p=0``).
+``scaled_dot_product_attention`` with ``dropout_p=0``, and
+:func:`quiet_dropout_modules` for what composite functions and fused operators read from modules).
 
 *Batch statistics.* Batch normalization normalizes with statistics over the rows one call sees;
 the plan says how many (``Plan.batch_stat_rows``: a data-parallel shard of a microbatch, or the
@@ -22,12 +23,13 @@ import inspect
 from dataclasses import replace
 from typing import Any
 
+import torch
 from torch.overrides import TorchFunctionMode
 
 from planner.ir.graph import OpGraph, OpNode
 from planner.ir.node_call import resolve_target
 
-DROPOUT_ARGUMENTS = ("p", "dropout_p")  # the probability's name in the ATen schemas
+DROPOUT_ARGUMENTS = ("p", "dropout_p", "dropout")  # the probability's name in the ATen schemas
 _DROPOUT_FUNCTIONS = frozenset(
     {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "feature_dropout"}
 )
@@ -41,7 +43,7 @@ def without_dropout(graph: OpGraph) -> OpGraph:
 
 def _zero_dropout(node: OpNode) -> OpNode:
     name = node.target.split(".")[1] if node.target.startswith("aten.") else ""
-    if "dropout" not in name and "attention" not in name:
+    if not any(word in name for word in ("dropout", "attention", "lstm", "gru", "rnn")):
         return node
     schema = getattr(resolve_target(node.target), "_schema", None)
     if schema is None:
@@ -77,6 +79,19 @@ class NoDropout(TorchFunctionMode):
             rest = {k: v for k, v in bound.arguments.items() if k not in ("query", "key", "value")}
             return func(query, key, value, **rest)
         return func(*args, **kwargs)
+
+
+def quiet_dropout_modules(model: torch.nn.Module) -> None:
+    """Set every dropout probability a module holds to 0, on the reference's own copy of the model:
+    ``nn.Dropout``'s ``p``, and float attributes named like ``dropout`` (``nn.MultiheadAttention``,
+    ``nn.LSTM``, HF attention's ``attention_dropout``) that composite functions and fused operators
+    read without calling ``F.dropout`` where the mode would see it."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name.lower() and isinstance(value, float) and not isinstance(value, bool):
+                setattr(module, name, 0.0)
 
 
 def _sdpa_signature() -> inspect.Signature:

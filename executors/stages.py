@@ -49,7 +49,8 @@ class ShardedStageModule(nn.Module):
     def forward(self, *values: Any) -> Any:
         outputs = self.inner(*(self.sharding.enter(v) for v in values))
         whole = tuple(self.sharding.leave(v) for v in outputs)
-        if self._loss is None:
+        if self._loss is None:  # sent to the next stage: point-to-point sends need contiguous tensors
+            whole = tuple(v.contiguous() if isinstance(v, torch.Tensor) else v for v in whole)
             return whole if len(whole) != 1 else whole[0]
         return self._loss(whole, tuple(values[i] for i in self._loss_inputs))
 

@@ -44,7 +44,11 @@ from planner.plan import NodeSharding, parse_placement
 # DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D
 # meshes (torch 2.13); run it on local shards or whole tensors instead. Batch normalization runs on
 # whole inputs, so its statistics cover the microbatch (what ``Plan.batch_stat_rows`` states).
-AVOID_DTENSOR = frozenset({"group_norm"}) | BATCH_STATISTICS
+# DTensor's convolution rule mis-sizes strided convolutions' outputs (torch 2.13): convolutions run
+# on whole inputs too.
+CONVOLUTIONS = frozenset({"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                          "conv_transpose2d", "conv_transpose3d"})  # fmt: skip
+AVOID_DTENSOR = frozenset({"group_norm"}) | BATCH_STATISTICS | CONVOLUTIONS
 
 
 def to_placements(spec: Sequence[str]) -> tuple[Placement, ...]:
@@ -80,6 +84,7 @@ class StageSharding:
             for name in strategies
         }
         self.device = device
+        self.inplace = {graph.node(name).target for name in strategies if _is_inplace(graph.node(name).target)}
         self.local_nodes: set[str] = set()  # nodes DTensor had no rule for, run on local shards
         self._callers: dict[str, Any] = {}  # node name -> its compiled call
         self._replicated = (Replicate(),) * mesh.ndim
@@ -116,6 +121,8 @@ class StageSharding:
         held = self.held_inputs[node.name]
         inputs = [self._hold(tensor, placements) if i in held else self._arrive(tensor, placements)
                   for i, (tensor, placements) in enumerate(zip(tensors, wanted, strict=True))]  # fmt: skip
+        if node.target in self.inplace and inputs and isinstance(inputs[0], DTensor) and inputs[0].requires_grad:
+            inputs[0] = inputs[0].clone()  # relu_ on the edge's own view: write into a copy instead
         if node.op_name in AVOID_DTENSOR or node.kind == NodeKind.ATTENTION:
             self.local_nodes.add(node.name)
         if node.name in self.local_nodes:
@@ -246,6 +253,11 @@ class SingleDeviceSharding:
 
     def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
         return None
+
+
+def _is_inplace(target: str) -> bool:
+    name = target.split(".")[1] if target.startswith("aten.") else ""
+    return name.endswith("_") and not name.startswith("_")
 
 
 def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:

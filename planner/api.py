@@ -28,7 +28,7 @@ from planner.baselines.data_parallel import data_parallel
 from planner.baselines.handwritten import check_degrees
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
 from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
-from planner.errors import AutoplanError
+from planner.errors import AutoplanError, InternalError
 from planner.inter.pricing import PricedPipeline
 from planner.inter.search import PipelineOptions, Progress, allowed_slots, microbatch_counts
 from planner.ir.capture import capture
@@ -36,7 +36,7 @@ from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file
 from planner.ir.op_kinds import BATCH_STATISTICS
 from planner.ir.rebatch import MicrobatchGraphs
-from planner.plan import ModelRef, Plan, SearchStats, validate_plan
+from planner.plan import ModelRef, Plan, PlanError, SearchStats, validate_plan
 
 METHODS: dict[str, str] = {
     "auto": "the best plan autoplan can search: pipeline stages by DP, per-operator sharding by ILP, "
@@ -204,7 +204,10 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
         notes=(*method_notes, *prepared.notes, *_notes(graphs)),
     )
     result = with_batch_statistics(result, prepared.graph)
-    validate_plan(result, prepared.graph)
+    try:
+        validate_plan(result, prepared.graph)
+    except PlanError as error:  # a plan we just made that breaks our own rules: our bug
+        raise InternalError(f"the {method} plan fails its own check: {error}") from error
     return result
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from planner.cli.options import (
+    EXIT_INTERNAL,
     EXIT_USAGE,
     UsageParser,
     add_cluster_options,
@@ -24,7 +25,7 @@ from planner.cli.options import (
     one_line_warnings,
     search_kwargs,
 )
-from planner.errors import AutoplanError
+from planner.errors import AutoplanError, InternalError
 from planner.plan import Plan
 
 SUBCOMMANDS = ("profile", "calibrate", "compare", "run", "compile", "show")
@@ -41,7 +42,8 @@ data parallelism, with an estimate of step time and memory per device.
   plan show PLAN.json [--figure OUT.png] [--json]                 summary, simulated step, figure
 
 A model file defines build_model(**kwargs) -> nn.Module and example_inputs(batch_size) -> tuple
-of tensors (optionally loss_fn(output, inputs)); see examples/. Clusters: local-cpu,
+of tensors, optionally example_targets(batch_size) -> labels and loss_fn(output, targets) (or
+loss_fn(output, inputs) without targets); see examples/ and examples/zoo/. Clusters: local-cpu,
 p3.16xlarge, dgx-a100, dgx-h100, or a .toml/.json file (`plan calibrate` writes one).
 Run `plan SUBCOMMAND --help` for a subcommand's options."""
 
@@ -78,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutoplanError as error:
         sys.stderr.write(f"plan: error: {error}\n")
         return EXIT_USAGE
+    except InternalError as error:
+        sys.stderr.write(f"plan: internal error: {error}\n")
+        return EXIT_INTERNAL
     except KeyboardInterrupt:
         sys.stderr.write("plan: interrupted\n")
         return 130

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 3  # a bug of ours (InternalError)
 
 
 class UsageParser(argparse.ArgumentParser):
