@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             if todo:
                 fresh = sweep_family(path, methods=todo, world=world, args=args)
                 cells.extend(replace(cell, commit=commit) for cell in fresh)
-        _write(cells, args=args, methods=methods, worlds=worlds, command=command,
-               wall_s=time.perf_counter() - started)  # fmt: skip
+            _write(cells, args=args, methods=methods, worlds=worlds, command=command,
+                   wall_s=time.perf_counter() - started)  # fmt: skip
     passed = sum(c.outcome == "ok" for c in cells)
     print(f"{passed} of {len(cells)} cells pass; wall {time.perf_counter() - started:.0f} s", flush=True)
     return 0 if passed == len(cells) else 1

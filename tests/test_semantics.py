@@ -86,6 +86,7 @@ def test_plans_are_the_kind_named(runs: dict) -> None:
     tied = load_plan(runs[2]["plans"]["tied-pipeline"])
     readers = [stage.index for stage in tied.stages for node in stage.nodes if "embed" in node or "linear" in node]
     assert len(tied.stages) == 2 and len(set(readers)) == 2
+    assert tied.estimate.breakdown_s["tied_grad_sync_s"] > 0  # the summed gradient's all-reduce is charged
     dp = load_plan(runs[2]["plans"]["batchnorm-dp"])
     assert dp.batch_stat_rows == 8 // (2 * 2) and any("batch normalization" in note for note in dp.notes)
     pipe = load_plan(runs[2]["plans"]["batchnorm-pipeline"])

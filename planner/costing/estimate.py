@@ -13,6 +13,12 @@ A single-stage plan over ``d`` data-parallel devices (:func:`data_parallel_estim
     memory_bytes = model state (memory.py, by optimizer) + saved activations / d
                    + the largest operator output / d (working memory of the biggest kernel)
 
+A parameter read in several pipeline stages (a tied embedding) has its gradient summed over every
+rank after the backward pass (:func:`executors.stages.sync_shared_grads`), priced by
+:func:`shared_param_sync_s`: one all-reduce of the whole gradient per such parameter, over all the
+cluster's devices and its slowest link; pipeline plans add it to the step
+(:func:`planner.inter.pricing.price_stages`).
+
 Gradient synchronisation is charged in full after the backward pass: no overlap with compute
 is assumed yet, so the estimate errs long rather than short. Model FLOPs are those of the
 captured graph (forward + backward, no recomputation); TFLOP/s per device and model-FLOPs
@@ -21,13 +27,15 @@ utilisation (MFU) divide them by step time, device count and the device's peak.
 
 from __future__ import annotations
 
-from cost_models.communication import bucketed_all_reduce_s
+from collections.abc import Sequence
+
+from cost_models.communication import all_reduce_s, bucketed_all_reduce_s
 from cost_models.memory import model_state_bytes, optimizer_bytes, saved_activation_bytes
 from cost_models.units import GIB
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
-from planner.plan import Estimate
+from planner.plan import Estimate, Stage
 
 # DDP (gradient_as_bucket_view=False, torch's default) copies each gradient into its bucket before the
 # all-reduce and back after it: two reads and two writes of every gradient byte.
@@ -128,3 +136,29 @@ def check_fits(estimate: Estimate, setup: CostSetup, *, what: str) -> None:
             f"does not fit: {what} needs {estimate.memory_per_device_bytes / GIB:.1f} GiB per device, "
             f"the device has {setup.memory_budget_bytes / GIB:.1f} GiB{share}"
         )
+
+
+def shared_params(stages: Sequence[Stage], graph: OpGraph) -> list[str]:
+    """Parameters read by nodes of more than one stage (tied weights), in graph order."""
+    params = set(graph.param_names)
+    readers: dict[str, set[int]] = {}
+    for position, stage in enumerate(stages):
+        for name in stage.nodes:
+            for value in graph.node(name).inputs:
+                if value in params:
+                    readers.setdefault(value, set()).add(position)
+    return [name for name in graph.param_names if len(readers.get(name, ())) > 1]
+
+
+def shared_param_sync_s(stages: Sequence[Stage], graph: OpGraph, setup: CostSetup) -> float:
+    """Summing tied weights' gradients over the stages that read them: an all-reduce per parameter."""
+    names = shared_params(stages, graph)
+    if not names:
+        return 0.0
+    cluster = setup.cluster
+    link = cluster.link_between(list(range(cluster.num_devices)))
+    grad_bytes = optimizer_bytes(setup.optimizer).grads
+    return sum(
+        all_reduce_s(graph.value(name).meta.numel * grad_bytes, num_devices=cluster.num_devices, link=link)
+        for name in names
+    )

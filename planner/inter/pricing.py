@@ -20,9 +20,10 @@ subgraph, identical layers collapsed) and its strategies are read off the layer 
   than stages 1F1B has no steady state and its timeline is GPipe's, so the plan says ``gpipe``
   (what torch's 1F1B schedule requires, and what the executor then runs).
 
-Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s + o`` (``o`` the device's calibrated
-``step_overhead_s``; every stage syncs once, after its last
-backward, in parallel with the others) and bubble ``1 − m·Σ t_s / (S·T)`` (:func:`price_stages`).
+Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s + w + o`` (``o`` the device's calibrated
+``step_overhead_s``; every stage syncs once, after its last backward, in parallel with the others;
+``w`` the tied weights' gradient all-reduce over the world,
+:func:`planner.costing.estimate.shared_param_sync_s`) and bubble ``1 − m·Σ t_s / (S·T)`` (:func:`price_stages`).
 A candidate that no longer fits is dropped (None).
 """
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner.costing.estimate import mfu, model_tflops_per_device
+from planner.costing.estimate import mfu, model_tflops_per_device, shared_param_sync_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import explain_stage
 from planner.inter.device_blocks import Submesh, assign_devices
@@ -184,11 +185,12 @@ def price_stages(
         priced.append(stage)
         times.append(stage.time_s + after + (cluster.device.microbatch_overhead_s if count > 1 else 0.0))
     total, longest = math.fsum(times), max(times)
-    step = total + (m - 1) * longest + max(stage.step_s for stage in priced) + cluster.device.step_overhead_s
     stages = _plan_stages(priced, full_graph, graph, setup, zero=tables.options.zero)
+    tied_s = shared_param_sync_s(stages, graph, setup) if count > 1 else 0.0
+    step = total + (m - 1) * longest + max(stage.step_s for stage in priced) + tied_s + cluster.device.step_overhead_s
     return PricedPipeline(
         stages=stages,
-        estimate=_estimate(full_graph, setup, priced, stages, times, step=step, m=m),
+        estimate=_estimate(full_graph, setup, priced, stages, times, step=step, m=m, tied_s=tied_s),
         num_microbatches=m,
         schedule="none" if count == 1 and m == 1 else schedule,
     )
@@ -215,7 +217,7 @@ def _plan_stages(
 
 
 def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stages: tuple[Stage, ...],
-              times: list[float], *, step: float, m: int) -> Estimate:  # fmt: skip
+              times: list[float], *, step: float, m: int, tied_s: float = 0.0) -> Estimate:  # fmt: skip
     num_devices, count = setup.cluster.num_devices, len(times)
     longest = max(times)
     if count == 1 and m == 1:
@@ -230,6 +232,8 @@ def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stag
         sync = max(stage.step_s for stage in priced)
         breakdown = {"steady_s": m * longest, "fill_and_drain_s": math.fsum(times) - longest,
                      "grad_sync_and_optimizer_s": sync}  # fmt: skip
+        if tied_s:
+            breakdown["tied_grad_sync_s"] = tied_s
     return Estimate(
         step_time_s=step,
         per_stage_time_s=tuple(times),
