@@ -69,15 +69,25 @@ def make_segment(graph: OpGraph, nodes: Iterable[str], *, needed_after: Iterable
     )
 
 
+def _functional_copy(target: torch.Tensor, source: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``aten.copy`` (what functionalization makes of ``x[i] = y``) has no autograd formula: the same
+    values — ``source`` in ``target``'s shape and dtype — differentiably."""
+    return source.to(target.dtype).expand(target.shape).clone()
+
+
 # Captured on contiguous tensors, a reshape is recorded as a view; here its input may be laid out
 # otherwise (an LSTM's output, a redistributed shard), so it runs as a reshape: the same values, a copy
-# only where a view is impossible.
-RUN_AS = {"aten.view.default": "aten.reshape.default", "aten._unsafe_view.default": "aten.reshape.default"}
+# only where a view is impossible. A functional copy runs as its differentiable equivalent.
+RUN_AS: dict[str, Callable[..., Any]] = {
+    "aten.view.default": torch.ops.aten.reshape.default,
+    "aten._unsafe_view.default": torch.ops.aten.reshape.default,
+    "aten.copy.default": _functional_copy,
+}
 
 
 def run_target(node: OpNode) -> Callable[..., Any]:
-    """The callable that runs ``node`` here (its own operator, or the layout-tolerant one in :data:`RUN_AS`)."""
-    return resolve_target(RUN_AS.get(node.target, node.target))
+    """The callable that runs ``node`` here (its own operator, or the equivalent in :data:`RUN_AS`)."""
+    return RUN_AS.get(node.target) or resolve_target(node.target)
 
 
 def call_node_plain(node: OpNode, tensors: list[Any], *, device: str = "cpu") -> Any:

@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,8 @@ def main(argv: Sequence[str] | None = None, *, plan_default: Path | None = None)
     except Exception as error:  # the failing rank names itself; torchrun stops the others
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         print(f"rank {rank} failed: {type(error).__name__}: {first}", file=sys.stderr, flush=True)
+        if os.environ.get("AUTOPLAN_DEBUG"):  # the whole traceback, for a bug report
+            traceback.print_exc()
         _exit_now(1)
     return 1  # not reached
 

@@ -28,6 +28,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from planner.errors import AutoplanError
+from planner.ir.custom_flops import custom_flops, is_custom
 from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind, op_base_name
 from planner.ir.node_call import (
     MetaResult,
@@ -139,6 +140,7 @@ class _GraphBuilder:
         self.outputs: list[str] = []
         self.multi_outputs: dict[str, tuple[TensorMeta, ...]] = {}
         self._meta_cache: dict[str, MetaResult | None] = {}
+        self.unknown_custom: set[str] = set()
 
     def add_value(self, *, name: str, kind: ValueKind, meta: TensorMeta) -> None:
         self.values[name] = GraphValue(name=name, kind=kind, meta=meta)
@@ -173,6 +175,15 @@ class _GraphBuilder:
             dict.fromkeys(v for v in inputs if self.values.get(v, None) and self.values[v].kind == ValueKind.PARAM)
         )
         moved = 0 if kind == NodeKind.VIEW else sum(m.nbytes for m in (*input_metas, *outputs))
+        flops_fwd, flops_bwd = (result.flops_fwd, result.flops_bwd) if result else (0, 0)
+        if flops_fwd == 0 and is_custom(target):
+            known = custom_flops(target, input_metas, outputs)
+            if known is not None:
+                flops_fwd, flops_bwd = known, 2 * known
+            elif target not in self.unknown_custom:
+                self.unknown_custom.add(target)
+                warnings.warn(f"no FLOP count for custom operator {target} (node {name}): its time is its bytes "
+                              "moved alone", stacklevel=2)  # fmt: skip
         node = OpNode(
             name=name,
             target=target,
@@ -183,8 +194,8 @@ class _GraphBuilder:
             params=params,
             args=args,
             kwargs=kwargs,
-            flops_fwd=result.flops_fwd if result else 0,
-            flops_bwd=result.flops_bwd if result else 0,
+            flops_fwd=flops_fwd,
+            flops_bwd=flops_bwd,
             bytes_moved=moved,
             module_path=module_path,
         )

@@ -133,8 +133,16 @@ def trace_on_meta(
     # an in-place operator (add_) may not update a leaf that requires grad: hand it copies
     operands = [tensor.clone() for tensor in inputs] if _is_inplace(target) else inputs
     call_args, call_kwargs = bind_call(args, kwargs, operands, device="meta")
-    with FlopCounterMode(display=False) as forward_counter:
-        result = function(*call_args, **call_kwargs)
+    try:
+        with FlopCounterMode(display=False) as forward_counter:
+            result = function(*call_args, **call_kwargs)
+    except RuntimeError as error:  # an integer output (cumsum to int32) cannot carry gradients
+        if "Autograd not support dtype" not in str(error):
+            raise
+        inputs = [tensor.detach() for tensor in inputs]
+        call_args, call_kwargs = bind_call(args, kwargs, inputs, device="meta")
+        with FlopCounterMode(display=False) as forward_counter:
+            result = function(*call_args, **call_kwargs)
     flat, _ = tree_flatten(result)
     outputs = [value for value in flat if isinstance(value, torch.Tensor)]
     flops_fwd = int(forward_counter.get_total_flops())
