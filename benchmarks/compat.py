@@ -6,9 +6,9 @@ Usage (the whole sweep, about an hour on the 2-core machine; see docs/compatibil
     python benchmarks/compat.py --families nn_lstm,hf_gpt2 --methods auto,megatron --worlds 2
 
 For each family (``examples/zoo/*.py``; files starting with ``_`` are shared helpers) and world size
-the model is captured once (:func:`planner.api.prepare_model_file`, cluster ``local-cpu`` with one
-node of ``world`` processes, batch ``--batch-size``); each method plans from that capture
-(:func:`planner.api.plan_prepared`) and the plan runs for ``--steps`` steps with ``--check-parity``:
+a fresh process captures the model once (:func:`planner.api.prepare_model_file`, cluster
+``local-cpu`` with one node of ``world`` processes, batch ``--batch-size``) and plans every method
+from that capture (:func:`planner.api.plan_prepared`) and the plan runs for ``--steps`` steps with ``--check-parity``:
 the program ``plan compile`` writes (the one ``plan run`` launches) under torchrun, one process per
 device — ``plan run`` without its preflight capture, which the sweep has just done. A cell reads:
 
@@ -77,41 +77,68 @@ def families(selected: str | None) -> list[Path]:
 
 
 def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.Namespace) -> list[Cell]:
+    """Plan every method in a fresh process (as a user's ``plan`` command would: no state left by other
+    families' captures), then run each plan."""
+    from planner.plan import load_plan
+
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="autoplan-compat-plans-") as directory:
+        command = [sys.executable, str(Path(__file__).resolve()), "--plan-family", str(path), "--worlds", str(world),
+                   "--methods", ",".join(methods), "--batch-size", str(args.batch_size), "--plans-dir", directory]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=1800)
+        listing = Path(directory) / "planned.json"
+        if done.returncode != 0 or not listing.is_file():
+            last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+            planned = [{"method": m, "outcome": "internal", "message": f"planning crashed: {last[0]}", "plan_s": 0.0}
+                       for m in methods]  # fmt: skip
+        else:
+            planned = json.loads(listing.read_text())
+        for record in planned:
+            common = {"family": path.stem, "method": record["method"], "world": world}
+            if record["outcome"]:
+                cell = Cell(**common, outcome=record["outcome"], message=record["message"], plan_s=record["plan_s"],
+                            run_s=0)  # fmt: skip
+            else:
+                cell = run_cell(load_plan(record["plan_file"]), common=common, plan_s=record["plan_s"], args=args)
+            cells.append(cell)
+            print(f"  {path.stem:28s} {record['method']:17s} world {world}: {cell.text[:110]}", flush=True)
+    return cells
+
+
+def plan_family(path: Path, *, methods: list[str], world: int, batch_size: int, out_dir: Path) -> list[dict]:
+    """Capture once and plan every method; each plan saved as ``out_dir/METHOD.json``."""
     from cost_models.cluster import load_cluster
     from planner.api import plan_prepared, prepare_model_file
     from planner.errors import AutoplanError
+    from planner.plan import save_plan
 
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
-    cells = []
     started = time.perf_counter()
     try:
-        prepared = prepare_model_file(path, cluster, batch_size=args.batch_size)
+        prepared = prepare_model_file(path, cluster, batch_size=batch_size)
         error = None
     except AutoplanError as failure:
-        error = ("refused", _first_line(failure))
+        error = ("refused", f"capture: {_first_line(failure)}")
     except Exception as failure:  # a bug of ours: the sweep reports it and goes on
-        error = ("internal", f"{type(failure).__name__}: {_first_line(failure)}")
+        error = ("internal", f"capture: {type(failure).__name__}: {_first_line(failure)}")
     capture_s = time.perf_counter() - started
+    records = []
     for method in methods:
-        common = {"family": path.stem, "method": method, "world": world}
         if error is not None:
-            cells.append(Cell(**common, outcome=error[0], message=f"capture: {error[1]}", plan_s=capture_s, run_s=0))
+            records.append({"method": method, "outcome": error[0], "message": error[1], "plan_s": capture_s})
             continue
         started = time.perf_counter()
+        record = {"method": method, "outcome": "", "message": ""}
         try:
-            plan = plan_prepared(prepared, method)
+            plan_file = out_dir / f"{method}.json"
+            save_plan(plan_prepared(prepared, method), plan_file)
+            record["plan_file"] = str(plan_file)
         except AutoplanError as failure:
-            cells.append(Cell(**common, outcome="refused", message=_first_line(failure),
-                              plan_s=time.perf_counter() - started, run_s=0))  # fmt: skip
-            continue
+            record.update(outcome="refused", message=_first_line(failure))
         except Exception as failure:
-            cells.append(Cell(**common, outcome="internal", message=f"{type(failure).__name__}: {_first_line(failure)}",
-                              plan_s=time.perf_counter() - started, run_s=0))  # fmt: skip
-            continue
-        plan_s = time.perf_counter() - started
-        cells.append(run_cell(plan, common=common, plan_s=plan_s, args=args))
-        print(f"  {path.stem:28s} {method:17s} world {world}: {cells[-1].text[:110]}", flush=True)
-    return cells
+            record.update(outcome="internal", message=f"{type(failure).__name__}: {_first_line(failure)}")
+        records.append({**record, "plan_s": time.perf_counter() - started})
+    return records
 
 
 def run_cell(plan, *, common: dict, plan_s: float, args: argparse.Namespace) -> Cell:
@@ -146,10 +173,22 @@ def judge(done: subprocess.CompletedProcess, *, steps: int) -> tuple[str, str]:
     lines = [re.sub(r"^\[rank\d+\]:", "", line) for line in done.stderr.splitlines() if line.strip()]
     ranks = [line for line in lines if line.startswith("rank ")]
     causes = [line for line in ranks if "closed by peer" not in line] or ranks  # a peer's crash is not the cause
-    first = causes[0] if causes else (lines[-1] if lines else f"exit code {done.returncode}")
+    first = causes[0] if causes else _launcher_summary(lines) or f"exit code {done.returncode}"
     if "timed out" in first.lower() or "timeout" in first.lower():
         return "hang", first
     return "failed", first
+
+
+def _launcher_summary(lines: list[str]) -> str:
+    """torchrun's root cause when no rank said why (a rank killed by a signal): its rank, exit code and cause."""
+    fields = {}
+    for line in lines:
+        key, sep, value = line.strip().partition(":")
+        if sep and key.strip() in ("rank", "exitcode", "traceback") and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    if not fields:
+        return lines[-1] if lines else ""
+    return "launcher: " + ", ".join(f"{key} {value}" for key, value in fields.items())
 
 
 def _env() -> dict[str, str]:
@@ -202,6 +241,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write the markdown table here (e.g. docs/compatibility.md)")
     parser.add_argument("--json", type=Path, help="write every cell as JSON here")
     parser.add_argument("--resume", type=Path, help="an earlier --json: keep its passing cells, run the rest")
+    parser.add_argument("--plan-family", type=Path, help=argparse.SUPPRESS)  # internal: one family's planning
+    parser.add_argument("--plans-dir", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -210,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    if args.plan_family is not None:
+        records = plan_family(args.plan_family, methods=methods, world=worlds[0], batch_size=args.batch_size,
+                              out_dir=args.plans_dir)  # fmt: skip
+        (args.plans_dir / "planned.json").write_text(json.dumps(records))
+        return 0
     kept = _passed_before(args.resume)
     commit = _commit()
     started = time.perf_counter()
