@@ -185,8 +185,8 @@ def _exit_now(code: int) -> None:
 
 def _printer(plan: Plan, options: RunOptions) -> Callable[[StepResult], None]:
     if options.check_parity:
-        print("parity check against one process: dropout off on both sides (random streams differ by design)",
-              flush=True)  # fmt: skip
+        print("parity check against one process: dropout off and random draws fixed on both sides "
+              "(random streams differ by design)", flush=True)  # fmt: skip
     print(f"{plan.method} plan: {len(plan.stages)} stage(s), {plan.num_devices} device(s), batch {plan.batch_size}, "
           f"{plan.num_microbatches} microbatch(es), schedule {plan.schedule}; "
           f"estimated step {plan.estimate.step_time_s * 1e3:.3f} ms on {plan.cluster.name}", flush=True)  # fmt: skip

@@ -2,7 +2,8 @@
 
 *Dropout.* A plan draws its dropout masks per rank and per microbatch, one device draws one mask
 for the whole batch: the random streams cannot agree, so ``--check-parity`` compares with dropout
-off on both sides and says so. :func:`without_dropout` rewrites a captured graph so every dropout
+off on both sides and says so; other random draws (stochastic depth's ``torch.rand``, noise from
+``randn``, ``bernoulli``) take one fixed value on both sides (0.5, 0, 1: masks keep, noise is 0). :func:`without_dropout` rewrites a captured graph so every dropout
 (``aten.dropout``, ``native_dropout``, the feature and alpha variants, attention's ``dropout_p``)
 has probability 0 — the operators stay, so node names and shapes are the plan's;
 :class:`NoDropout` does the same for the user's own module in the single-process reference (a
@@ -35,10 +36,32 @@ _DROPOUT_FUNCTIONS = frozenset(
 )
 
 
+# Random draws other than dropout (stochastic depth's ``floor(keep + rand)``, router noise): fixed
+# values on both sides — rand 0.5, randn 0, bernoulli 1 — so every mask keeps and every noise is 0.
+_FIXED_DRAWS = {
+    "aten.rand.default": ("aten.full.default", 0.5),
+    "aten.rand_like.default": ("aten.full_like.default", 0.5),
+    "aten.randn.default": ("aten.full.default", 0.0),
+    "aten.randn_like.default": ("aten.full_like.default", 0.0),
+    "aten.bernoulli.default": ("aten.full_like.default", 1.0),
+    "aten.bernoulli.p": ("aten.full_like.default", 1.0),
+}
+_FIXED_FUNCTIONS = {"rand": 0.5, "randn": 0.0, "rand_like": 0.5, "randn_like": 0.0, "bernoulli": 1.0}
+
+
 def without_dropout(graph: OpGraph) -> OpGraph:
-    """The graph with every dropout probability set to 0 (same nodes, same names)."""
-    nodes = tuple(_zero_dropout(node) for node in graph.nodes)
+    """The graph with every dropout probability set to 0 and other random draws fixed (same nodes,
+    same names)."""
+    nodes = tuple(_fixed_draw(_zero_dropout(node)) for node in graph.nodes)
     return graph if all(a is b for a, b in zip(nodes, graph.nodes, strict=True)) else replace(graph, nodes=nodes)
+
+
+def _fixed_draw(node: OpNode) -> OpNode:
+    if node.target not in _FIXED_DRAWS:
+        return node
+    target, value = _FIXED_DRAWS[node.target]
+    keep = tuple((k, v) for k, v in node.kwargs if k in ("dtype", "layout", "device", "pin_memory"))
+    return replace(node, target=target, args=(node.args[0], value), kwargs=keep)
 
 
 def _zero_dropout(node: OpNode) -> OpNode:
@@ -72,6 +95,8 @@ class NoDropout(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in _DROPOUT_FUNCTIONS:
             return args[0] if args else kwargs["input"]
+        if name in _FIXED_FUNCTIONS:
+            return _fixed(name, args, kwargs)
         if name == "scaled_dot_product_attention":
             bound = _sdpa_signature().bind(*args, **kwargs)
             bound.arguments["dropout_p"] = 0.0
@@ -79,6 +104,16 @@ class NoDropout(TorchFunctionMode):
             rest = {k: v for k, v in bound.arguments.items() if k not in ("query", "key", "value")}
             return func(query, key, value, **rest)
         return func(*args, **kwargs)
+
+
+def _fixed(name: str, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``torch.rand(2, 3)``, ``torch.rand_like(x)``, ``torch.bernoulli(p)``: the same fixed value."""
+    value = _FIXED_FUNCTIONS[name]
+    options = {k: v for k, v in kwargs.items() if k in ("dtype", "device", "layout")}
+    if name.endswith("_like") or name == "bernoulli":
+        return torch.full_like(args[0] if args else kwargs["input"], value, **options)
+    sizes = args[0] if len(args) == 1 and isinstance(args[0], list | tuple | torch.Size) else args
+    return torch.full(tuple(sizes or kwargs.get("size", ())), value, **options)
 
 
 def quiet_dropout_modules(model: torch.nn.Module) -> None:

@@ -138,8 +138,9 @@ class Workload:
             return self.graph
         if batch_size not in self._graphs:
             graph = _capture(self, batch_size)
+            graph = graph if self.dropout else without_dropout(graph)  # as the planned graph was
             check_same_nodes(self.graph, graph, what=f"batch {batch_size}")
-            self._graphs[batch_size] = graph if self.dropout else without_dropout(graph)
+            self._graphs[batch_size] = graph
         return self._graphs[batch_size]
 
 

@@ -1,6 +1,7 @@
 """The semantics users rely on, at world 2 and 4, each checked by a multi-process parity run.
 
-* dropout: a model with dropout is checkable (``--check-parity`` turns it off on both sides);
+* dropout: a model with dropout is checkable (``--check-parity`` turns it off on both sides), and so
+  is one with stochastic depth (``torch.rand`` masks: fixed draws on both sides);
 * batch normalization: the data-parallel and pipeline plans of a BatchNorm model state how many rows
   each call normalizes (``Plan.batch_stat_rows``) and match one device normalizing those chunks;
 * tied weights: a pipeline whose stages share a tied embedding sums its gradients into one;
@@ -42,6 +43,7 @@ CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
         "strided-tp": ("nn_strided_cnn", "megatron", {"degrees": (2, 1, 1)}),
         "mixed-inputs-pipeline": ("nn_recommender", "megatron", PIPELINE),
         "custom-op-dp": ("hf_mixtral", "data-parallel", {}),
+        "stochastic-depth-dp": ("hf_swin", "data-parallel", {}),
     },
     4: {
         "dropout-tp-dp": ("nn_mha", "megatron", {"degrees": (2, 1, 2)}),
@@ -103,3 +105,13 @@ def test_without_dropout_zeroes_every_probability() -> None:
     quiet = without_dropout(graph)
     assert [n.name for n in quiet.nodes] == [n.name for n in graph.nodes]
     assert all(float(node.args[1]) == 0.0 for node in quiet.nodes if "dropout" in node.target)
+
+
+def test_other_random_draws_are_fixed() -> None:
+    model_file = load_model_file(ZOO / "hf_swin.py")
+    model, inputs = instantiate(model_file, batch_size=2, model_args={})
+    graph = capture(model, inputs)
+    assert any(node.target == "aten.rand.default" for node in graph.nodes)
+    fixed = without_dropout(graph)
+    assert not any(node.target.startswith("aten.rand") for node in fixed.nodes)
+    assert [n.name for n in fixed.nodes] == [n.name for n in graph.nodes]
