@@ -194,8 +194,10 @@ def _launcher_summary(lines: list[str]) -> str:
 def _env() -> dict[str, str]:
     """The runs import this checkout (not whatever ``pip install -e`` points at)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    # PYTHONHASHSEED: one string-hash order for the planning process and the ranks (ModernBERT builds its
+    # rotary embeddings by iterating a set of strings, so its graph's order follows the hash seed)
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
-            "PYTHONPATH": path}  # fmt: skip
+            "PYTHONPATH": path, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}  # fmt: skip
 
 
 def _commit() -> str:

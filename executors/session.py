@@ -161,7 +161,9 @@ def load_workload(plan: Plan, *, seed: int, device: str, dropout: bool = True) -
     if found != plan.model.fingerprint:
         raise AutoplanError(
             f"model fingerprint mismatch: the plan was made for model {plan.model.fingerprint}, but "
-            f"{plan.model.file} with {dict(plan.model.args)} builds {found}; re-plan the model"
+            f"{plan.model.file} with {dict(plan.model.args)} builds {found}; re-plan the model (if the file is "
+            "unchanged, its graph depends on the process: code that iterates a set of strings, such as "
+            "ModernBERT's rotary embeddings, orders by PYTHONHASHSEED; set PYTHONHASHSEED=0 to plan and run)"
         )
     if not dropout:
         workload.graph = without_dropout(workload.graph)
