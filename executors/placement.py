@@ -162,6 +162,27 @@ class Microbatch:
     loss: Tensor | None = None
 
 
+def used_outputs(graph: OpGraph) -> dict[str, frozenset[int]]:
+    """Per node, the positions of its outputs some node reads: a tuple's unread parts (embedding_bag's
+    offsets, whose sizes the meta kernel may not predict) are never sent."""
+    used: dict[str, set[int]] = {node.name: set() for node in graph.nodes}
+    read = {value for node in graph.nodes for value in node.inputs} | set(graph.outputs)
+    for node in graph.nodes:
+        for position, name in enumerate(node.inputs):
+            if name not in used:
+                continue
+            many = len(graph.node(name).outputs) > 1
+            if many and op_base_name(node.target) == "getitem" and position == 0 and isinstance(node.args[1], int):
+                if node.name in read:  # a getitem nobody reads (export keeps one per output) reads nothing
+                    used[name].add(node.args[1])
+            else:
+                used[name].update(range(len(graph.node(name).outputs)))
+    for name in graph.outputs:
+        if name in used:
+            used[name].update(range(len(graph.node(name).outputs)))
+    return {name: frozenset(indexes) for name, indexes in used.items()}
+
+
 def tensors_of(value: Any) -> list[Tensor]:
     return [x for x in tree_flatten(value)[0] if isinstance(x, Tensor)]
 
@@ -190,6 +211,7 @@ class PlacementRunner:
         self.shared = tuple(n for n, ranks in self.routes.holders.items() if len(ranks) > 1 and n in trainable)
         self.owned = tuple(n for stage in plan.stages if stage.devices[0] == self.rank for n in stage.param_placements)
         self.input_names = tuple(value.name for value in self.graph.inputs)
+        self.used_outputs = used_outputs(self.graph)
         self._sending: list[tuple[Tensor, dist.Work]] = []
 
     def parameters(self) -> list[nn.Parameter]:
@@ -227,7 +249,9 @@ class PlacementRunner:
         if task.owner == self.rank:
             self._run(task, micro)
         elif self.rank in self.routes.readers.get(task.name, ()):
-            micro.incoming[task.name] = self._post_recv(task.owner, self.graph.node(task.name).outputs)
+            used = self.used_outputs[task.name]
+            metas = [m if i in used else None for i, m in enumerate(self.graph.node(task.name).outputs)]
+            micro.incoming[task.name] = self._post_recv(task.owner, metas)
 
     def _run(self, task: Task, micro: Microbatch) -> None:
         args = [self._read(name, micro) for name in task.inputs]
@@ -242,7 +266,8 @@ class PlacementRunner:
         micro.values[task.name] = tree_map(local_leaf, out)
         readers = self.routes.readers.get(task.name, ())
         if readers:
-            produced = tensors_of(out)
+            used = self.used_outputs[task.name]
+            produced = [t for i, t in enumerate(tensors_of(out)) if i in used]
             self._check_metas(task.name, produced)
             for rank in readers:
                 for tensor in produced:
@@ -266,7 +291,8 @@ class PlacementRunner:
         return micro.inputs[name]
 
     def _check_metas(self, name: str, produced: list[Tensor]) -> None:
-        expected = [tuple(meta.shape) for meta in self.graph.node(name).outputs]
+        used = self.used_outputs[name]
+        expected = [tuple(meta.shape) for i, meta in enumerate(self.graph.node(name).outputs) if i in used]
         if [tuple(t.shape) for t in produced] != expected:
             raise AutoplanError(
                 f"node {name} produced shapes {[tuple(t.shape) for t in produced]}, the graph says {expected}: "
@@ -315,9 +341,11 @@ class PlacementRunner:
         payload = tensor.detach().contiguous()
         self._sending.append((payload, dist.isend(payload, dst=dst)))
 
-    def _post_recv(self, src: int, metas: tuple[TensorMeta, ...] | list[TensorMeta]) -> Incoming:
-        buffers = [torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=self.device) for meta in metas]
-        return buffers, [dist.irecv(buffer, src=src) for buffer in buffers]
+    def _post_recv(self, src: int, metas: tuple[TensorMeta, ...] | list[TensorMeta | None]) -> Incoming:
+        """Receive buffers for ``metas``; a None (an output nobody reads) is an empty placeholder, not sent."""
+        buffers = [torch.empty(meta.shape if meta else (0,), dtype=torch_dtype(meta.dtype) if meta else None,
+                               device=self.device) for meta in metas]  # fmt: skip
+        return buffers, [dist.irecv(buffer, src=src) for buffer, meta in zip(buffers, metas, strict=True) if meta]
 
     def _drain(self) -> None:
         for _, work in self._sending:

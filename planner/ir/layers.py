@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.ir.graph import OpGraph, OpNode, ValueKind
+from planner.ir.graph import OpGraph, OpNode, ValueKind, op_base_name
 
 
 def layer_key(module_path: str) -> str | None:
@@ -176,8 +176,26 @@ def cluster_layers(graph: OpGraph, *, num_layers: int, tolerance: float = 0.5) -
 
 
 def graph_layers(graph: OpGraph, *, num_layers: int = 16) -> list[list[str]]:
-    """Layers from the module structure when it repeats, else by :func:`cluster_layers`."""
+    """Layers from the module structure when it repeats, else by :func:`cluster_layers`; a node with
+    several outputs (``lstm``'s tuple) stays in the layer of the ``getitem`` nodes that unpack it."""
     parts = segments(graph)
     if sum(1 for key, _ in parts if key is not None) >= 2:
-        return [[node.name for node in nodes] for _, nodes in parts]
-    return cluster_layers(graph, num_layers=num_layers)
+        return keep_tuples_whole(graph, [[node.name for node in nodes] for _, nodes in parts])
+    return keep_tuples_whole(graph, cluster_layers(graph, num_layers=num_layers))
+
+
+def keep_tuples_whole(graph: OpGraph, layers: list[list[str]]) -> list[list[str]]:
+    """Move the ``getitem`` nodes that open a layer, unpacking a tuple made in an earlier layer, into
+    that earlier layer: a stage boundary (always between layers) then never carries a tuple."""
+    tuples = {node.name for node in graph.nodes if len(node.outputs) > 1}
+    result = [list(layer) for layer in layers]
+    for index in range(1, len(result)):
+        made = {name for layer in result[:index] for name in layer}
+        layer = result[index]
+        while layer and _unpacks(graph.node(layer[0]), tuples & made):
+            result[index - 1].append(layer.pop(0))
+    return [layer for layer in result if layer]
+
+
+def _unpacks(node: OpNode, tuples: set[str]) -> bool:
+    return op_base_name(node.target) == "getitem" and bool(node.inputs) and node.inputs[0] in tuples
