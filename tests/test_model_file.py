@@ -72,3 +72,26 @@ def test_batch_norm_buffers_do_not_break_the_meta_run(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "could not run ... on meta tensors" would fail here
         capture(model, inputs)
+
+
+def test_a_tuple_and_its_getitems_share_a_layer() -> None:
+    """Stage boundaries fall between layers: the LSTM's (output, (h, c)) tuple never crosses one."""
+    from planner.ir.layers import graph_layers
+
+    zoo = Path(__file__).resolve().parent.parent / "examples" / "zoo"
+    model, inputs = instantiate(load_model_file(zoo / "nn_lstm.py"), batch_size=4, model_args={})
+    graph = capture(model, inputs)
+    layer_of = {name: index for index, layer in enumerate(graph_layers(graph, num_layers=4)) for name in layer}
+    for node in graph.nodes:
+        if node.target.endswith("getitem") and len(graph.node(node.inputs[0]).outputs) > 1:
+            assert layer_of[node.name] == layer_of[node.inputs[0]], node.name
+
+
+def test_placements_send_only_the_outputs_someone_reads() -> None:
+    from executors.placement import used_outputs
+
+    zoo = Path(__file__).resolve().parent.parent / "examples" / "zoo"
+    model, inputs = instantiate(load_model_file(zoo / "nn_recommender.py"), batch_size=4, model_args={})
+    graph = capture(model, inputs)
+    bag = next(node for node in graph.nodes if "embedding_bag" in node.target)
+    assert len(bag.outputs) == 4 and used_outputs(graph)[bag.name] == frozenset({0})
