@@ -86,7 +86,8 @@ def _elastic_run(program: Path, args: Sequence[str], *, nproc: int) -> int:
     try:
         elastic_launch(config, sys.executable)("-u", str(program), *args)
     except ChildFailedError as error:
-        rank, failure = min(error.failures.items(), key=lambda item: item[1].timestamp)
+        # a rank killed by a signal is the cause; the ranks that then lost their peer exit on their own
+        rank, failure = min(error.failures.items(), key=lambda item: (item[1].exitcode >= 0, item[1].timestamp))
         sys.stderr.write(f"plan run: rank {rank} failed ({_exit_text(failure.exitcode)}); every rank was stopped\n")
         codes = {f.exitcode for f in error.failures.values()}
         return EXIT_USAGE if codes == {EXIT_USAGE} else 1

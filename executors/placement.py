@@ -331,9 +331,13 @@ class PlacementRunner:
 
     def _send_grads(self, value: str, leaves: Any, producer: int) -> None:
         tensors = tensors_of(leaves)
+        outputs = self.graph.node(value).outputs
         for index in self.routes.grad_elements[value]:
             grad = tensors[index].grad
-            self._send(grad if grad is not None else torch.zeros_like(tensors[index]), producer)
+            if grad is None:  # zeros of the output's own shape (an unread output is only a placeholder here)
+                meta = outputs[index]
+                grad = torch.zeros(meta.shape, dtype=torch_dtype(meta.dtype), device=self.device)
+            self._send(grad, producer)
 
     # communication
 

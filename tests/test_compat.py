@@ -54,5 +54,6 @@ def test_sweep_slice(tmp_path: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     cells = json.loads(data.read_text())["cells"]
     assert len(cells) == 4
-    assert all(cell["outcome"] == "ok" for cell in cells), (cells, done.stderr[-2000:])
+    verdicts = [(c["family"], c["method"], c["outcome"], c["message"]) for c in cells]
+    assert all(cell["outcome"] == "ok" for cell in cells), (verdicts, done.stdout[-2000:], done.stderr[-2000:])
     assert done.returncode == 0 and "| nn_strided_cnn | ✓ | ✓ |" in out.read_text()

@@ -17,12 +17,16 @@ from planner.api import plan_model_file
 from planner.plan import save_plan
 
 ROOT = Path(__file__).resolve().parent.parent
-DROPOUT_MODEL = """
+NOISY_MODEL = """
 import torch
 from torch import nn
 
+class Noisy(nn.Module):  # multiplicative noise drawn in place: parity fixes dropout and rand, not uniform_
+    def forward(self, x):
+        return x * torch.empty_like(x).uniform_(0.5, 1.5)
+
 def build_model():
-    return nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 4))
+    return nn.Sequential(nn.Linear(8, 8), Noisy(), nn.Linear(8, 4))
 
 def example_inputs(batch_size):
     return (torch.randn(batch_size, 8),)
@@ -66,9 +70,9 @@ def test_compiled_program_runs_under_torchrun(mlp_plan: Path, tmp_path: Path) ->
 
 
 def test_parity_mismatch_exits_non_zero(tmp_path: Path) -> None:
-    model = tmp_path / "dropout.py"
-    model.write_text(DROPOUT_MODEL)
-    plan = tmp_path / "dropout.json"
+    model = tmp_path / "noisy.py"
+    model.write_text(NOISY_MODEL)
+    plan = tmp_path / "noisy.json"
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     save_plan(plan_model_file(model, cluster, batch_size=8, method="data-parallel"), plan)
     done = plan_cli("run", str(plan), "--steps", "1", "--check-parity")

@@ -90,7 +90,7 @@ def test_plans_are_the_kind_named(runs: dict) -> None:
     assert len(tied.stages) == 2 and len(set(readers)) == 2
     assert tied.estimate.breakdown_s["tied_grad_sync_s"] > 0  # the summed gradient's all-reduce is charged
     dp = load_plan(runs[2]["plans"]["batchnorm-dp"])
-    assert dp.batch_stat_rows == 8 // (2 * 2) and any("batch normalization" in note for note in dp.notes)
+    assert dp.batch_stat_rows == 8 // (2 * dp.num_microbatches) and any("batch normalization" in n for n in dp.notes)
     pipe = load_plan(runs[2]["plans"]["batchnorm-pipeline"])
     assert len(pipe.stages) == 2 and pipe.batch_stat_rows == 4
     assert load_plan(runs[4]["plans"]["batchnorm-dp"]).batch_stat_rows == 2
