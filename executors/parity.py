@@ -30,11 +30,12 @@ class Reference:
     def __init__(self, model: nn.Module, inputs: tuple[Any, ...], *, loss_data: tuple[Any, ...],
                  loss_fn: Callable[..., torch.Tensor],
                  make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 dropout: bool = True, chunks: int = 1) -> None:  # fmt: skip
+                 batch_size: int, dropout: bool = True, chunks: int = 1) -> None:  # fmt: skip
         self.model, self.inputs, self.loss_data, self.loss_fn = model, inputs, loss_data, loss_fn
         self.dropout = dropout
         if not dropout:
             quiet_dropout_modules(model)
+        self.batch_size = batch_size
         self.chunks = chunks  # the batch runs in this many equal chunks (the plan's batch statistics)
         self.optimizer = make_optimizer(list(model.parameters()))
 
@@ -42,10 +43,9 @@ class Reference:
         """Forward and backward; the caller compares, then calls :meth:`update`."""
         self.optimizer.zero_grad(set_to_none=True)
         batch = (*self.inputs, *self.loss_data)
-        rows = next(x.shape[0] for x in batch if isinstance(x, torch.Tensor) and x.dim() > 0)
         total = 0.0
         with contextlib.nullcontext() if self.dropout else NoDropout():
-            for piece in split_batch(batch, num_chunks=self.chunks, batch_size=rows):
+            for piece in split_batch(batch, num_chunks=self.chunks, batch_size=self.batch_size):
                 inputs, data = piece[: len(self.inputs)], piece[len(self.inputs) :]
                 loss = self.loss_fn(self.model(*inputs), data) / self.chunks
                 loss.backward()

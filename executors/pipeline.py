@@ -29,7 +29,8 @@ from torch import nn
 
 from executors.graph_module import Segment, flat_outputs, make_segment, model_tensors
 from executors.session import Workload
-from executors.stages import StagePart, build_meshes, build_stage, shared_params, sync_shared_grads
+from executors.stages import StagePart, build_meshes, build_stage, sync_shared_grads
+from planner.costing.estimate import shared_params
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan
@@ -81,7 +82,7 @@ class PipelineRunner:
         meshes = build_meshes(plan, device_type=workload.device.split(":")[0])
         groups = [dist.new_group([stage.devices[i] for stage in plan.stages]) for i in range(width)]
         self.rank = dist.get_rank()
-        self.shared = shared_params(plan, segments)
+        self.shared = shared_params(plan.stages, graph)
         self.param_metas = {name: p.detach() for name, p in model.named_parameters() if name in self.shared}
         self.owned = {name for stage in plan.stages if self.rank in stage.devices for name in stage.param_placements}
         self.part: StagePart | None = None
@@ -102,8 +103,9 @@ class PipelineRunner:
         )  # fmt: skip
         stage = pipelining.PipelineStage(
             self.part.module, index, len(plan.stages), torch.device(workload.device),
-            input_args=_examples(workload, graph, segments[index].inputs),
-            output_args=_examples(workload, graph, segments[index].outputs) if not last
+            input_args=_examples(workload, graph, segments[index].inputs, batch_size=plan.batch_size // m),
+            output_args=_examples(workload, graph, segments[index].outputs, batch_size=plan.batch_size // m)
+            if not last
             else torch.zeros(1, device=workload.device),
             group=groups[position],
         )  # fmt: skip
@@ -149,13 +151,14 @@ class PipelineRunner:
         return grads if self._reports() else {}
 
 
-def _examples(workload: Workload, graph: OpGraph, names: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+def _examples(workload: Workload, graph: OpGraph, names: tuple[str, ...], *, batch_size: int
+              ) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Empty tensors with each boundary value's shape and dtype (no shape inference needed)."""
     from planner.ir.node_call import torch_dtype
 
     metas = []
     for name in names:
-        meta = workload.value_meta(graph, name)
+        meta = workload.value_meta(graph, name, batch_size=batch_size)
         example = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=workload.device)
         metas.append(example.requires_grad_(example.is_floating_point()))
     return tuple(metas)

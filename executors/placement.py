@@ -59,7 +59,7 @@ from executors.graph_module import call_node_plain, flat_outputs, model_tensors
 from executors.session import Workload, split_batch
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph, TensorMeta, op_base_name
-from planner.ir.node_call import torch_dtype
+from planner.ir.node_call import is_inplace, torch_dtype
 from planner.plan import Plan
 
 LOSS = "<loss>"
@@ -189,11 +189,6 @@ def tensors_of(value: Any) -> list[Tensor]:
 
 def local_leaf(value: Any) -> Any:
     return value.detach().requires_grad_(value.requires_grad) if isinstance(value, Tensor) else value
-
-
-def is_inplace(target: str) -> bool:
-    name = op_base_name(target)
-    return name.endswith("_") and not name.startswith("_")
 
 
 class PlacementRunner:

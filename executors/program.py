@@ -93,7 +93,7 @@ def run_plan(
         ref_model, ref_batch = workload.build()
         reference = Reference(ref_model, workload.model_inputs(ref_batch), loss_data=workload.loss_data(ref_batch),
                               loss_fn=workload.loss_fn, make_optimizer=options.make_optimizer,
-                              dropout=workload.dropout,
+                              batch_size=plan.batch_size, dropout=workload.dropout,
                               chunks=plan.batch_size // plan.batch_stat_rows if plan.batch_stat_rows else 1)  # fmt: skip
     results = []
     for step in range(options.steps):

@@ -98,7 +98,7 @@ class NoDropout(TorchFunctionMode):
         if name in _FIXED_FUNCTIONS:
             return _fixed(name, args, kwargs)
         if name == "scaled_dot_product_attention":
-            bound = _sdpa_signature().bind(*args, **kwargs)
+            bound = _SDPA.bind(*args, **kwargs)
             bound.arguments["dropout_p"] = 0.0
             query, key, value, *_ = bound.args
             rest = {k: v for k, v in bound.arguments.items() if k not in ("query", "key", "value")}
@@ -125,12 +125,12 @@ def quiet_dropout_modules(model: torch.nn.Module) -> None:
         if isinstance(module, torch.nn.modules.dropout._DropoutNd):
             module.p = 0.0
         for name, value in list(vars(module).items()):
-            if "dropout" in name.lower() and isinstance(value, float) and not isinstance(value, bool):
+            if "dropout" in name.lower() and isinstance(value, float):
                 setattr(module, name, 0.0)
 
 
-def _sdpa_signature() -> inspect.Signature:
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        return None
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention``'s signature, to find ``dropout_p`` however it was passed."""
 
-    return inspect.signature(sdpa)
+
+_SDPA = inspect.signature(_sdpa)

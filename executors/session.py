@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -79,7 +79,7 @@ class Workload:
     num_inputs: int = 0
     dropout: bool = True  # False: every dropout probability is 0 (parity checks), see executors.semantics
     _graphs: dict[int, OpGraph] = field(default_factory=dict)
-    _target_metas: dict[int, tuple[TensorMeta, ...]] = field(default_factory=dict)
+    target_metas: tuple[TensorMeta, ...] = ()  # the targets at the plan's batch
 
     def build(self) -> tuple[torch.nn.Module, tuple[Any, ...]]:
         """The model with the seeded initial weights and one step's batch ``(*inputs, *targets)``, on
@@ -112,25 +112,15 @@ class Workload:
         return tuple(v.name for v in graph.inputs) if self.uses_inputs_in_loss else ()
 
     def target_names(self) -> tuple[str, ...]:
-        return tuple(f"target.{i}" for i in range(len(self.target_metas(self.plan.batch_size))))
+        return tuple(f"target.{i}" for i in range(len(self.target_metas)))
 
-    def target_metas(self, batch_size: int) -> tuple[TensorMeta, ...]:
-        """Shapes and dtypes of the targets at ``batch_size`` rows."""
-        if batch_size not in self._target_metas:
-            targets = instantiate_targets(self.model_file, batch_size=batch_size, model_args=self.model_args)
-            self._target_metas[batch_size] = tuple(tensor_meta(t) for t in targets)
-        return self._target_metas[batch_size]
-
-    def value_meta(self, graph: OpGraph, name: str) -> TensorMeta:
-        """A boundary value's meta: a node's output, a graph input, or a target (at the graph's batch)."""
+    def value_meta(self, graph: OpGraph, name: str, *, batch_size: int) -> TensorMeta:
+        """A boundary value's meta in ``graph`` (captured at ``batch_size`` rows): a node's output, a graph
+        input, or a target (cut along the batch like the inputs)."""
         if name.startswith("target.") and not graph.has_node(name):
-            return self.target_metas(self._batch_of(graph))[int(name.removeprefix("target."))]
+            meta = self.target_metas[int(name.removeprefix("target."))]
+            return replace(meta, shape=(meta.shape[0] * batch_size // self.plan.batch_size, *meta.shape[1:]))
         return graph.node(name).output if graph.has_node(name) else graph.value(name).meta
-
-    def _batch_of(self, graph: OpGraph) -> int:
-        if graph is self.graph:
-            return self.plan.batch_size
-        return next(size for size, other in self._graphs.items() if other is graph)
 
     def graph_at(self, batch_size: int) -> OpGraph:
         """The model's graph at ``batch_size`` rows, with the planned graph's node names."""
@@ -157,6 +147,8 @@ def load_workload(plan: Plan, *, seed: int, device: str, dropout: bool = True) -
         dropout=dropout,
     )  # fmt: skip
     workload.graph = _capture(workload, plan.batch_size)
+    targets = instantiate_targets(model_file, batch_size=plan.batch_size, model_args=workload.model_args)
+    workload.target_metas = tuple(tensor_meta(t) for t in targets)
     found = workload.graph.fingerprint()
     if found != plan.model.fingerprint:
         raise AutoplanError(

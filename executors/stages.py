@@ -107,15 +107,6 @@ def build_stage(
                      params=dict(inner.named_graph_parameters()))  # fmt: skip
 
 
-def shared_params(plan: Plan, segments: Sequence[Segment]) -> list[str]:
-    """Parameters read by more than one stage, in a fixed order."""
-    count: dict[str, int] = {}
-    for segment in segments:
-        for name in segment.params:
-            count[name] = count.get(name, 0) + 1
-    return sorted(name for name, n in count.items() if n > 1)
-
-
 def sync_shared_grads(part: StagePart | None, shared: Sequence[str], *, is_reporter: bool, device: str,
                       metas: Mapping[str, torch.Tensor]) -> None:  # fmt: skip
     """Sum each shared parameter's gradient over the stages that read it (every rank takes part)."""

@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from executors.graph_module import call_node_plain, compile_node
 from planner.ir.graph import NodeKind, OpGraph, OpNode, ValueKind
+from planner.ir.node_call import is_inplace
 from planner.ir.op_kinds import BATCH_STATISTICS
 from planner.plan import NodeSharding, parse_placement
 
@@ -85,7 +86,7 @@ class StageSharding:
             for name in strategies
         }
         self.device = device
-        self.inplace = {graph.node(name).target for name in strategies if _is_inplace(graph.node(name).target)}
+        self.inplace = {graph.node(name).target for name in strategies if is_inplace(graph.node(name).target)}
         self.local_nodes: set[str] = set()  # nodes DTensor had no rule for, run on local shards
         self._callers: dict[str, Any] = {}  # node name -> its compiled call
         self._replicated = (Replicate(),) * mesh.ndim
@@ -254,11 +255,6 @@ class SingleDeviceSharding:
 
     def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
         return None
-
-
-def _is_inplace(target: str) -> bool:
-    name = target.split(".")[1] if target.startswith("aten.") else ""
-    return name.endswith("_") and not name.startswith("_")
 
 
 def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:

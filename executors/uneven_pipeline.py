@@ -27,7 +27,8 @@ from torch import nn
 from executors.graph_module import flat_outputs, model_tensors
 from executors.pipeline import stage_segments
 from executors.session import Workload, split_batch
-from executors.stages import StagePart, build_meshes, build_stage, shared_params, sync_shared_grads
+from executors.stages import StagePart, build_meshes, build_stage, sync_shared_grads
+from planner.costing.estimate import shared_params
 from planner.ir.layers import needs_grad
 from planner.ir.node_call import torch_dtype
 from planner.plan import Plan
@@ -43,7 +44,7 @@ class UnevenPipelineRunner:
         self.with_grad = needs_grad(self.graph)  # both ends of a transfer agree on which values carry gradients
         meshes = build_meshes(plan, device_type=workload.device.split(":")[0])
         self.rank = dist.get_rank()
-        self.shared = shared_params(plan, self.segments)
+        self.shared = shared_params(plan.stages, self.graph)
         self.param_metas = {name: p.detach() for name, p in model.named_parameters() if name in self.shared}
         where = [index for index, stage in enumerate(plan.stages) if self.rank in stage.devices]
         self.index = where[0] if where else None
@@ -140,7 +141,7 @@ class UnevenPipelineRunner:
         return [rank for k, rank in enumerate(previous) if k % mine == self._position()]
 
     def _receive(self, name: str, source: int) -> torch.Tensor:
-        meta = self.workload.value_meta(self.graph, name)
+        meta = self.workload.value_meta(self.graph, name, batch_size=self.plan.batch_size // self.m)
         buffer = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=self.workload.device)
         dist.recv(buffer, source)
         return buffer.requires_grad_(name in self.with_grad)

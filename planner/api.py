@@ -28,6 +28,7 @@ from planner.baselines.data_parallel import data_parallel
 from planner.baselines.handwritten import check_degrees
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
 from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
+from planner.costing.stage_work import runs_as_ddp
 from planner.errors import AutoplanError, InternalError
 from planner.inter.pricing import PricedPipeline
 from planner.inter.search import PipelineOptions, Progress, allowed_slots, microbatch_counts
@@ -218,10 +219,8 @@ def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:
     if not any(node.op_name in BATCH_STATISTICS for node in graph.nodes):
         return plan
     rows = plan.batch_size // plan.num_microbatches
-    stage = plan.stages[0]
-    data_parallel = len(plan.stages) == 1 and len(stage.devices) > 1 and plan.schedule != "dataflow"
-    if data_parallel and all(set(spec) == {"R"} for spec in stage.param_placements.values()):
-        rows //= len(stage.devices)
+    if plan.schedule != "dataflow" and runs_as_ddp(plan.stages, zero=False):  # DDP, or FSDP with zero
+        rows //= len(plan.stages[0].devices)
     share = "one replica's share of a microbatch" if rows * plan.num_microbatches < plan.batch_size else "a microbatch"
     note = (
         f"batch normalization computes its statistics over {rows} of the batch's {plan.batch_size} rows per call "

@@ -5,6 +5,8 @@ is on ``sys.path``). It holds
 
 * :func:`transformers_module`: imports ``transformers`` with ``HF_HUB_OFFLINE=1`` (nothing is
   downloaded; every model is built from its config class with random weights);
+* :func:`tiny_causal_lm`: a decoder LM family (``Llama``, ``Mistral``, ...) from its config class with
+  the zoo's common settings and the family's own;
 * wrappers that make an HF model's ``forward`` take plain positional tensors and return one
   logits tensor: :class:`CausalLMLogits`, :class:`ClassifierLogits`, :class:`Seq2SeqLogits`,
   :class:`ImageClassifierLogits`;
@@ -43,6 +45,20 @@ class CausalLMLogits(nn.Module):
 
     def forward(self, input_ids: Tensor) -> Tensor:
         return self.model(input_ids=input_ids, use_cache=False, return_dict=True).logits
+
+
+def tiny_causal_lm(family: str, *, layers: int, hidden: int, heads: int, seq: int, vocab: int, **config: object
+                   ) -> nn.Module:  # fmt: skip
+    """``{family}ForCausalLM`` built from ``{family}Config`` (random weights, no KV cache, SDPA attention,
+    special tokens 0-2), wrapped to return logits; ``config`` adds the family's own settings."""
+    transformers = transformers_module()
+    settings = {
+        "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+        "max_position_embeddings": seq, "vocab_size": vocab, "pad_token_id": 0, "bos_token_id": 1,
+        "eos_token_id": 2, "use_cache": False, "attn_implementation": "sdpa", **config,
+    }  # fmt: skip
+    model_class = getattr(transformers, f"{family}ForCausalLM")
+    return CausalLMLogits(model_class(getattr(transformers, f"{family}Config")(**settings)))
 
 
 class ClassifierLogits(nn.Module):

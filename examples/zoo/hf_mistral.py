@@ -8,7 +8,7 @@ the default 4096-token sliding window has no effect on a 16-token sequence.
 
 from __future__ import annotations
 
-from _hf_zoo import CausalLMLogits, next_token_loss, random_tokens, transformers_module
+from _hf_zoo import next_token_loss, random_tokens, tiny_causal_lm
 from torch import Tensor, nn
 
 
@@ -22,22 +22,16 @@ def build_model(
     vocab: int = 256,
     **_: object,
 ) -> nn.Module:
-    transformers = transformers_module()
-    config = transformers.MistralConfig(
-        num_hidden_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
+    return tiny_causal_lm(
+        "Mistral",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq=seq,
+        vocab=vocab,
         num_key_value_heads=kv_heads,
         intermediate_size=3 * hidden,
-        max_position_embeddings=seq,
-        vocab_size=vocab,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        use_cache=False,
-        attn_implementation="sdpa",
     )
-    return CausalLMLogits(transformers.MistralForCausalLM(config))
 
 
 def example_inputs(batch_size: int, *, seq: int = 16, vocab: int = 256, **_: object) -> tuple[Tensor, ...]:

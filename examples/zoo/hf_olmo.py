@@ -8,28 +8,22 @@ GQA).
 
 from __future__ import annotations
 
-from _hf_zoo import CausalLMLogits, next_token_loss, random_tokens, transformers_module
+from _hf_zoo import next_token_loss, random_tokens, tiny_causal_lm
 from torch import Tensor, nn
 
 
 def build_model(
     *, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, vocab: int = 256, **_: object
 ) -> nn.Module:
-    transformers = transformers_module()
-    config = transformers.OlmoConfig(
-        num_hidden_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
+    return tiny_causal_lm(
+        "Olmo",
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq=seq,
+        vocab=vocab,
         intermediate_size=4 * hidden,
-        max_position_embeddings=seq,
-        vocab_size=vocab,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        use_cache=False,
-        attn_implementation="sdpa",
     )
-    return CausalLMLogits(transformers.OlmoForCausalLM(config))
 
 
 def example_inputs(batch_size: int, *, seq: int = 16, vocab: int = 256, **_: object) -> tuple[Tensor, ...]:

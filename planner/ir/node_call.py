@@ -131,7 +131,7 @@ def trace_on_meta(
     frozen = tuple(frozen) or (False,) * len(input_metas)
     inputs = [_meta_tensor(meta, grad=not held) for meta, held in zip(input_metas, frozen, strict=True)]
     # an in-place operator (add_) may not update a leaf that requires grad: hand it copies
-    operands = [tensor.clone() for tensor in inputs] if _is_inplace(target) else inputs
+    operands = [tensor.clone() for tensor in inputs] if is_inplace(target) else inputs
     call_args, call_kwargs = bind_call(args, kwargs, operands, device="meta")
     try:
         with FlopCounterMode(display=False) as forward_counter:
@@ -153,7 +153,7 @@ def trace_on_meta(
     )
 
 
-def _is_inplace(target: str) -> bool:
+def is_inplace(target: str) -> bool:
     """``aten.add_.Tensor``, ``Tensor.mul_``: ATen's trailing underscore marks in-place operators."""
     name = op_base_name(target)
     return name.endswith("_") and not name.startswith("_")
