@@ -148,7 +148,7 @@ def run_cell(plan, *, common: dict, plan_s: float, args: argparse.Namespace) -> 
     shape = f"{len(plan.stages)} stage(s) {[list(s.mesh_shape) for s in plan.stages]} m={plan.num_microbatches}"
     with tempfile.TemporaryDirectory(prefix="autoplan-compat-") as directory:
         program = write_program(plan, Path(directory))  # what `plan run` launches, without its preflight
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.num_devices),
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.cluster.num_devices),
                    "--master-port", str(free_port()), str(program), "--steps", str(args.steps), "--check-parity",
                    "--timeout-s", str(args.timeout_s)]  # fmt: skip
         started = time.perf_counter()

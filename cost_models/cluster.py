@@ -9,6 +9,11 @@ Presets take their figures from REFERENCES.md (hardware table and measured NCCL 
 ``local-cpu`` describes this machine's processes before ``plan calibrate`` measures it.
 A cluster file (TOML or JSON) has the fields of :meth:`Cluster.to_json`; ``plan calibrate``
 writes one.
+
+Not all of a device's memory is the plan's: :func:`reserved_bytes` is what the runtime takes
+first (the CUDA context, library workspaces, NCCL buffers and the allocator's fragmentation on a
+GPU; the interpreter and torch's libraries in a CPU process), and :func:`memory_budget_bytes` is
+what is left times ``--memory-fraction``: the budget every search plans under.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ class DeviceSpec:
     # How much slower one process computes while all the cluster's processes run than alone (1 on the presets;
     # ``plan calibrate`` measures it): operator times profiled by one process alone are multiplied by it.
     shared_slowdown: float = 1.0
+    # Bytes per device the plan may not use (None: the default for the device kind, see reserved_bytes).
+    memory_reserve_bytes: int | None = None
+
+    def is_cpu(self) -> bool:
+        return self.name.startswith("cpu")
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; the training dtype (bf16 or fp32) when unknown."""
@@ -54,6 +64,25 @@ class DeviceSpec:
 
 
 RUNTIME_FIELDS = ("sharded_op_overhead_s", "microbatch_overhead_s", "step_overhead_s")
+
+# The default reserve of a GPU: a fixed part plus a share of its capacity. Judgement figures, not measurements:
+# * fixed, 1 GiB: the CUDA context with PyTorch's kernels loaded (commonly 0.3-1 GiB; it is not counted by
+#   torch.cuda.memory_allocated, PyTorch docs "CUDA semantics" > "Memory management"), cuBLAS/cuBLASLt
+#   workspaces (4 MiB per handle and stream on Ampere, 32 MiB on Hopper: cuBLAS docs, cublasSetWorkspace;
+#   pytorch/pytorch#120925) and NCCL's buffers (NCCL_BUFFSIZE, default 4 MiB, per channel and peer of each
+#   communicator: NCCL User Guide, "Environment Variables"; 4 MiB x 32 channels x send/recv is 256 MiB a
+#   communicator, and a plan may open one per mesh axis);
+# * 8% of capacity: fragmentation in PyTorch's caching allocator, the memory it has reserved from CUDA but
+#   cannot hand out (memory_reserved - memory_allocated; PyTorch docs "CUDA semantics" > "Optimizing memory
+#   usage with PYTORCH_CUDA_ALLOC_CONF"), commonly 5-10% in large-model training.
+GPU_FIXED_RESERVE_BYTES = 1 * GIB
+GPU_FRAGMENTATION_SHARE = 0.08
+# The default reserve of a CPU process (device names starting with "cpu": local-cpu, calibrated clusters): the
+# Python interpreter and torch's libraries, which the executors' processes hold besides the plan's tensors.
+# Measured on the development machine (Python 3.11, torch 2.13, Linux): 0.22 GiB peak RSS after importing torch
+# and one forward/backward, 0.31 GiB with torch.distributed (gloo), DTensor and the executors imported; rounded
+# up to 0.5 GiB. No fragmentation share: CPU tensors come from the system allocator, not a caching one.
+CPU_RESERVE_BYTES = GIB // 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,15 +147,65 @@ class Cluster:
                 "step_overhead_s": self.device.step_overhead_s,
                 "shared_slowdown": self.device.shared_slowdown,
                 "mixed_precision": self.device.mixed_precision,
+                **self._reserve_json(),
             },
             "intra_node": {"bandwidth": self.intra_node.bandwidth, "latency_s": self.intra_node.latency_s},
             "inter_node": {"bandwidth": self.inter_node.bandwidth, "latency_s": self.inter_node.latency_s},
         }
 
+    def _reserve_json(self) -> dict[str, int]:
+        """The device's ``memory_reserve_bytes`` when set; absent means the default (TOML has no null)."""
+        reserve = self.device.memory_reserve_bytes
+        return {} if reserve is None else {"memory_reserve_bytes": reserve}
+
     @classmethod
     def from_json(cls, data: dict[str, Any], *, source: str = "file") -> Cluster:
         """Build from a parsed cluster file; a missing or wrong field is an AutoplanError."""
         return _parse_cluster(data, source=source)
+
+
+def reserved_bytes(device: DeviceSpec) -> int:
+    """Bytes of each device the plan may not use: the device's own ``memory_reserve_bytes`` when set
+    (a cluster file may), else :data:`CPU_RESERVE_BYTES` for a CPU process and
+    :data:`GPU_FIXED_RESERVE_BYTES` + :data:`GPU_FRAGMENTATION_SHARE` of capacity for any other device."""
+    if device.memory_reserve_bytes is not None:
+        return device.memory_reserve_bytes
+    if device.is_cpu():
+        return CPU_RESERVE_BYTES
+    return GPU_FIXED_RESERVE_BYTES + int(GPU_FRAGMENTATION_SHARE * device.memory_bytes)
+
+
+def usable_memory_bytes(device: DeviceSpec) -> int:
+    """Capacity less the reserve (never below 0)."""
+    return max(device.memory_bytes - reserved_bytes(device), 0)
+
+
+def memory_budget_bytes(cluster: Cluster, *, memory_fraction: float = 1.0) -> float:
+    """Bytes per device a plan may use: (capacity - reserve) x ``memory_fraction``."""
+    return usable_memory_bytes(cluster.device) * memory_fraction
+
+
+def reserve_reason(device: DeviceSpec) -> str:
+    """Why ``device`` keeps its reserve, as the messages say it."""
+    if device.memory_reserve_bytes is not None:
+        return "by the cluster's memory_reserve_bytes"
+    if device.is_cpu():
+        return "for the Python interpreter and torch libraries"
+    return "for CUDA context, NCCL buffers and allocator fragmentation"
+
+
+def describe_memory_budget(cluster: Cluster, *, memory_fraction: float = 1.0) -> str:
+    """``72.6 GiB (80.0 GiB less 7.4 GiB reserved for CUDA context, NCCL buffers and allocator fragmentation)``;
+    below fraction 1: ``36.3 GiB (memory fraction 0.5 of 72.6 GiB: 80.0 GiB less 7.4 GiB reserved for ...)``."""
+    device = cluster.device
+    budget = memory_budget_bytes(cluster, memory_fraction=memory_fraction)
+    usable = usable_memory_bytes(device)
+    share = "" if memory_fraction == 1.0 else f"memory fraction {memory_fraction:g} of {usable / GIB:.1f} GiB: "
+    reserve = reserved_bytes(device)
+    return (
+        f"{budget / GIB:.1f} GiB ({share}{device.memory_bytes / GIB:.1f} GiB less {reserve / GIB:.1f} GiB "
+        f"reserved {reserve_reason(device)})"
+    )
 
 
 def _local_memory_bytes() -> int:
@@ -276,12 +355,25 @@ def _parse_cluster(data: Any, *, source: str) -> Cluster:
             **{key: _number(device, key, f"{where}: device", default=0.0, allow_zero=True) for key in RUNTIME_FIELDS},
             shared_slowdown=_number(device, "shared_slowdown", f"{where}: device", default=1.0),
             mixed_precision=bool(device.get("mixed_precision", True)),
+            memory_reserve_bytes=_reserve(device, where),
         ),
         intra_node=_link(data, "intra_node", where),
         inter_node=_link(data, "inter_node", where),
         source=source,
     )
     return cluster
+
+
+def _reserve(device: dict, where: str) -> int | None:
+    """``device.memory_reserve_bytes``: absent or null for the default, else 0 <= value < memory_bytes."""
+    if device.get("memory_reserve_bytes") is None:
+        return None
+    reserve = _number(device, "memory_reserve_bytes", f"{where}: device", integer=True, allow_zero=True)
+    if reserve >= device["memory_bytes"]:
+        raise AutoplanError(
+            f"{where}: device.memory_reserve_bytes ({reserve}) must be less than memory_bytes ({device['memory_bytes']})"
+        )
+    return reserve
 
 
 def _section(data: dict, key: str, where: str) -> dict:

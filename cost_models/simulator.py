@@ -17,9 +17,11 @@ Each resource runs one task at a time, in one of two orders:
 start is ``max(resource free, last dependency finished)``; the step time is the makespan. It
 reports, per device, the busy seconds (sum of its resources' task durations), the idle seconds
 (makespan − busy), the peak memory (``base_memory_bytes`` + the running sum of allocations minus
-releases, at its highest) and the bubble fraction ``1 − Σ busy / (num_devices · makespan)``
-over the devices that do any work. With ``record=True`` it also keeps every task's start and
-end (:class:`Span`), for timelines.
+releases, at its highest) and the pipeline bubble (:func:`bubble_fraction`, the one definition the
+estimate uses too): the resources with devices are the stages, each stage's busy time is its tasks
+but those marked ``end_of_step`` (gradient sync, optimizer update), and the span is the end of the
+last task not so marked. With ``record=True`` it also keeps every task's start and end
+(:class:`Span`), for timelines.
 """
 
 from __future__ import annotations
@@ -30,6 +32,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 ORDERS = ("fixed", "ready")
+
+
+def bubble_fraction(stage_busy_s: Sequence[float], *, pipeline_span_s: float) -> float:
+    """The pipeline bubble: the share of the pipeline phase that the stages sit idle, averaged over stages.
+
+    This is the one bubble autoplan reports (``plan``, ``plan show``, ``plan compare``; the estimate of
+    :mod:`planner.inter.pricing` and this simulator compute it the same way). The pipeline phase runs
+    from the first forward to the last backward of a step; the gradient sync, optimizer update and
+    per-step overhead after it are not part of it. A stage is a group of devices working together (a
+    pipeline stage's mesh, or one device of an operator placement); ``stage_busy_s`` is each one's
+    forward and backward seconds in that phase (stages without work are left out), so the bubble is
+    ``1 − Σ busy / (S · span)``: 0 for one stage, ``(S − 1) / (m + S − 1)`` for S equal stages and m
+    microbatches.
+    """
+    working = [busy for busy in stage_busy_s if busy > 0]
+    if not working or pipeline_span_s <= 0:
+        return 0.0
+    return max(0.0, 1.0 - math.fsum(working) / (len(working) * pipeline_span_s))  # no -0% from rounding
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,6 +96,7 @@ class TaskGraph:
         self.alloc_bytes: list[float] = []
         self.free_bytes: list[float] = []
         self.priority: list[float] = []
+        self.end_of_step: list[bool] = []
 
     def __len__(self) -> int:
         return len(self.names)
@@ -100,7 +121,9 @@ class TaskGraph:
         alloc_bytes: float = 0.0,
         free_bytes: float = 0.0,
         priority: float = 0.0,
+        end_of_step: bool = False,
     ) -> int:
+        """``end_of_step``: work after the pipeline phase (gradient sync, optimizer update), outside the bubble."""
         task = len(self.names)
         assert 0 <= resource < len(self.resources), f"task {name}: unknown resource {resource}"
         assert duration_s >= 0 and math.isfinite(duration_s), f"task {name}: duration {duration_s}"
@@ -112,6 +135,7 @@ class TaskGraph:
         self.alloc_bytes.append(float(alloc_bytes))
         self.free_bytes.append(float(free_bytes))
         self.priority.append(float(priority))
+        self.end_of_step.append(end_of_step)
         return task
 
     def set_order(self, resource: int, tasks: Sequence[int]) -> None:
@@ -213,6 +237,17 @@ def _try_start(
     heapq.heappush(events, (now + graph.duration_s[task], task))
 
 
+def _pipeline_bubble(graph: TaskGraph, state: _State) -> float:
+    """:func:`bubble_fraction` of the simulated step: stages are the resources with devices."""
+    busy, span = [0.0] * len(graph.resources), 0.0
+    for task, resource in enumerate(graph.resource_of):
+        if not graph.end_of_step[task]:
+            busy[resource] += graph.duration_s[task]
+            span = max(span, state.start[task] + graph.duration_s[task])
+    stages = [busy[index] for index, resource in enumerate(graph.resources) if resource.devices]
+    return bubble_fraction(stages, pipeline_span_s=span)
+
+
 def _result(graph: TaskGraph, state: _State, *, makespan: float, peak: list[float], record: bool) -> SimResult:
     busy = [0.0] * graph.num_devices
     device_peak = [0.0] * graph.num_devices
@@ -223,8 +258,6 @@ def _result(graph: TaskGraph, state: _State, *, makespan: float, peak: list[floa
         for device in resource.devices:
             busy[device] += per_resource[index]
             device_peak[device] = max(device_peak[device], peak[index])
-    working = [b for b in busy if b > 0]
-    bubble = 1.0 - math.fsum(working) / (len(working) * makespan) if working and makespan > 0 else 0.0
     spans = ()
     if record:
         spans = tuple(
@@ -237,6 +270,6 @@ def _result(graph: TaskGraph, state: _State, *, makespan: float, peak: list[floa
         busy_s=tuple(busy),
         idle_s=tuple(makespan - b for b in busy),
         peak_memory_bytes=tuple(device_peak),
-        bubble_fraction=bubble,
+        bubble_fraction=_pipeline_bubble(graph, state),
         spans=spans,
     )

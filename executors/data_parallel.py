@@ -67,9 +67,16 @@ class DataParallelRunner:
     def parameters(self) -> list[nn.Parameter]:
         return list(self.module.parameters())
 
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        return dict(self.module.named_graph_parameters())
+
     def step(self, inputs: tuple[Any, ...]) -> float:
+        """One step on the whole batch: this replica trains on its share of it."""
         share = split_batch(inputs, num_chunks=self.num_replicas, batch_size=self.plan.batch_size)
-        mine = share[self.devices.index(self.rank)]
+        return self.step_share(share[self.devices.index(self.rank)])
+
+    def step_share(self, mine: tuple[Any, ...]) -> float:
+        """One step on this replica's own ``B/d`` rows (the loss returned is the whole batch's)."""
         pieces = split_batch(
             mine, num_chunks=self.num_microbatches, batch_size=self.plan.batch_size // self.num_replicas
         )

@@ -4,13 +4,14 @@
 model file and its fingerprint — one clear error, exit 2, nothing started), writes the training
 program with :func:`executors.program.write_program` into a temporary directory (so ``plan run``
 and a compiled ``train.py`` are the same code path) and runs it under torchrun's elastic agent
-(``torch.distributed.launcher.api.elastic_launch``) on this machine, ``--nproc-per-node`` = the
-plan's devices, no restarts. When a rank fails the agent stops every other rank (SIGTERM, then
+(``torch.distributed.launcher.api.elastic_launch``) on this machine, one process per device of the
+plan, no restarts. When a rank fails the agent stops every other rank (SIGTERM, then
 SIGKILL) and :func:`launch` prints one line naming the failing rank; ranks that hang are ended by
 the process-group timeout (``--timeout-s``), so no run waits forever and no process outlives it.
 
-For several machines, compile the program (``plan compile``) and start it with torchrun on each
-node (see the README).
+:func:`check_host` refuses, in one line, a GPU plan this machine cannot host (too few CUDA devices,
+or several nodes). For several machines, compile the program (``plan compile``) and start it with
+torchrun on each node (the line ``plan compile`` prints; see the README).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from executors.program import RunOptions, check_options, write_program
+from executors.program import write_program
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, load_plan
+from planner.plan.launch import backend_for
 
 EXIT_USAGE = 2
 
@@ -48,29 +50,43 @@ def preflight(plan: Plan) -> OpGraph:
     return load_workload(plan, seed=0, device="cpu").graph_at(plan.batch_size // plan.num_microbatches)
 
 
-def program_args(options: RunOptions) -> list[str]:
-    args = ["--steps", str(options.steps), "--backend", options.backend, "--optimizer", options.optimizer,
-            "--lr", repr(options.lr), "--seed", str(options.seed), "--timeout-s", repr(options.timeout_s)]  # fmt: skip
-    return [*args, "--check-parity"] if options.check_parity else args
+def check_host(plan: Plan, *, backend: str) -> None:
+    """This machine can start every rank of the plan (one line naming what to do otherwise)."""
+    cluster = plan.cluster
+    if backend != "nccl":
+        return  # CPU processes: any machine can host them (slowly when they outnumber its cores)
+    if cluster.num_nodes > 1:
+        raise AutoplanError(
+            f"the plan spans {cluster.num_nodes} nodes of {cluster.devices_per_node} {cluster.device.name}: "
+            "`plan run` starts one machine's processes; write the program with `plan compile PLAN --out DIR` and "
+            "launch it on every node with the torchrun line it prints"
+        )
+    import torch
+
+    found = torch.cuda.device_count()
+    if found < cluster.devices_per_node:
+        raise AutoplanError(
+            f"the plan needs {cluster.devices_per_node} CUDA devices ({cluster.device.name}) on this machine, "
+            f"it has {found}: run it on the plan's cluster, or pass --backend gloo to try it on CPU processes"
+        )
 
 
 def launch(
-    plan_path: str | Path, options: RunOptions, *, nproc_per_node: int | None = None,
+    plan_path: str | Path, program_args: Sequence[str], *, backend: str | None = None,
     check_plan: Callable[[Plan, OpGraph], None] | None = None,
 ) -> int:  # fmt: skip
-    """Run the plan at ``plan_path``; returns the exit code (0 ok, 1 a rank failed or parity broke, 2 bad input).
-    ``check_plan(plan, graph at the microbatch size)`` raises AutoplanError for a plan that must not start."""
-    check_options(options)
+    """Run the plan at ``plan_path`` with its training program on this machine; returns the exit code
+    (0 ok, 1 a rank failed or parity broke, 2 bad input). ``check_plan(plan, graph at the microbatch
+    size)`` raises AutoplanError for a plan that must not start."""
     plan = load_plan(plan_path)
+    check_host(plan, backend=backend or backend_for(plan.cluster))
     graph = preflight(plan)
     if check_plan is not None:
         check_plan(plan, graph)
-    nproc = nproc_per_node or plan.cluster.num_devices
-    if nproc != plan.cluster.num_devices:
-        raise AutoplanError(f"the plan needs {plan.cluster.num_devices} processes; --nproc-per-node {nproc} differs")
+    args = [*program_args, *(["--backend", backend] if backend else [])]
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as directory:
         program = write_program(plan, Path(directory))
-        return _elastic_run(program, program_args(options), nproc=nproc)
+        return _elastic_run(program, args, nproc=plan.cluster.num_devices)
 
 
 def _elastic_run(program: Path, args: Sequence[str], *, nproc: int) -> int:

@@ -98,7 +98,8 @@ class PipelineRunner:
         loss = self._loss(segments[-1], graph) if last else None
         self.part = build_stage(
             stage=plan.stages[index], graph=graph, segment=segments[index], mesh=meshes[index],
-            model_params=params, model_buffers=buffers, device=workload.device, loss=loss,
+            model_params=params, model_buffers=buffers, device=workload.device,
+            wire_dtype=workload.precision.wire_dtype, loss=loss,
             loss_inputs=tuple(segments[-1].inputs.index(name) for name in loss_inputs) if last else (),
         )  # fmt: skip
         stage = pipelining.PipelineStage(
@@ -123,6 +124,9 @@ class PipelineRunner:
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.part.params.values()) if self.part else []
+
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        return dict(self.part.params) if self.part else {}
 
     def step(self, inputs: tuple[Any, ...]) -> float:
         loss = torch.zeros((), device=self.workload.device)
@@ -159,6 +163,7 @@ def _examples(workload: Workload, graph: OpGraph, names: tuple[str, ...], *, bat
     metas = []
     for name in names:
         meta = workload.value_meta(graph, name, batch_size=batch_size)
-        example = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=workload.device)
+        dtype = workload.precision.wire_dtype(torch_dtype(meta.dtype))
+        example = torch.empty(meta.shape, dtype=dtype, device=workload.device)
         metas.append(example.requires_grad_(example.is_floating_point()))
     return tuple(metas)

@@ -213,6 +213,9 @@ class PlacementRunner:
         """Every parameter this rank keeps a copy of (none on an idle rank)."""
         return [self.params[name] for name in self.held]
 
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        return {name: self.params[name] for name in self.held}
+
     def step(self, inputs: tuple[Any, ...]) -> float:
         pieces = split_batch(inputs, num_chunks=self.m, batch_size=self.plan.batch_size)
         micros = [self._microbatch(piece) for piece in pieces]
@@ -320,7 +323,8 @@ class PlacementRunner:
                 work.wait()
             for index, grad in zip(self.routes.grad_elements[name], buffers, strict=True):
                 grads[index] = grad if grads[index] is None else grads[index] + grad
-        pairs = [(out, grad) for out, grad in zip(outs, grads, strict=True) if grad is not None and out.requires_grad]
+        pairs = [(out, grad.to(out.dtype)) for out, grad in zip(outs, grads, strict=True)
+                 if grad is not None and out.requires_grad]  # fmt: skip
         if pairs:
             torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
 
@@ -337,12 +341,13 @@ class PlacementRunner:
     # communication
 
     def _send(self, tensor: Tensor, dst: int) -> None:
-        payload = tensor.detach().contiguous()
+        payload = tensor.detach().to(self.workload.precision.wire_dtype(tensor.dtype)).contiguous()
         self._sending.append((payload, dist.isend(payload, dst=dst)))
 
     def _post_recv(self, src: int, metas: tuple[TensorMeta, ...] | list[TensorMeta | None]) -> Incoming:
         """Receive buffers for ``metas``; a None (an output nobody reads) is an empty placeholder, not sent."""
-        buffers = [torch.empty(meta.shape if meta else (0,), dtype=torch_dtype(meta.dtype) if meta else None,
+        wire = self.workload.precision.wire_dtype
+        buffers = [torch.empty(meta.shape if meta else (0,), dtype=wire(torch_dtype(meta.dtype)) if meta else None,
                                device=self.device) for meta in metas]  # fmt: skip
         return buffers, [dist.irecv(buffer, src=src) for buffer, meta in zip(buffers, metas, strict=True) if meta]
 

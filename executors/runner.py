@@ -31,6 +31,8 @@ from planner.plan import Plan
 class Runner(Protocol):
     def parameters(self) -> list[nn.Parameter]: ...
 
+    def named_parameters(self) -> dict[str, nn.Parameter]: ...
+
     def step(self, inputs: tuple[Any, ...]) -> float: ...
 
     def gradients(self) -> dict[str, torch.Tensor]: ...
@@ -80,6 +82,9 @@ class TensorParallelRunner:
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.part.params.values())
+
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        return dict(self.part.params)
 
     def step(self, inputs: tuple[Any, ...]) -> float:
         total = torch.zeros((), device=self.workload.device)

@@ -27,11 +27,12 @@ import torch
 import torch.distributed as dist
 
 from executors.graph_module import check_same_nodes
+from executors.precision import Precision
 from executors.semantics import without_dropout
 from planner.errors import AutoplanError
 from planner.ir.capture import capture
 from planner.ir.graph import OpGraph, TensorMeta
-from planner.ir.model_file import ModelFile, instantiate, instantiate_targets, load_model_file
+from planner.ir.model_file import ModelFile, instantiate, instantiate_inputs, instantiate_targets, load_model_file
 from planner.ir.node_call import tensor_meta
 from planner.plan import Plan
 
@@ -80,19 +81,28 @@ class Workload:
     dropout: bool = True  # False: every dropout probability is 0 (parity checks), see executors.semantics
     _graphs: dict[int, OpGraph] = field(default_factory=dict)
     target_metas: tuple[TensorMeta, ...] = ()  # the targets at the plan's batch
+    precision: Precision = field(default_factory=lambda: Precision(name="fp32"))  # see executors.precision
+    build_fn: Callable[[], torch.nn.Module] | None = None  # the program's own build_model (None: the model file's)
 
     def build(self) -> tuple[torch.nn.Module, tuple[Any, ...]]:
         """The model with the seeded initial weights and one step's batch ``(*inputs, *targets)``, on
         this rank's device."""
         torch.manual_seed(self.seed)
-        model, inputs = instantiate(
-            self.model_file, batch_size=self.plan.batch_size, model_args=self.model_args, on_meta=False
-        )
+        model, inputs = self.instantiate(batch_size=self.plan.batch_size, on_meta=False)
         targets = instantiate_targets(
             self.model_file, batch_size=self.plan.batch_size, model_args=self.model_args, on_meta=False
         )
         moved = tuple(x.to(self.device) if isinstance(x, torch.Tensor) else x for x in (*inputs, *targets))
         return model.to(self.device), moved
+
+    def instantiate(self, *, batch_size: int, on_meta: bool) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+        """The model (the program's ``build_model`` when it has one) and inputs at ``batch_size`` rows."""
+        if self.build_fn is None:
+            return instantiate(self.model_file, batch_size=batch_size, model_args=self.model_args, on_meta=on_meta)
+        with torch.device("meta") if on_meta else torch.device("cpu"):
+            model = self.build_fn()
+        inputs = instantiate_inputs(self.model_file, batch_size=batch_size, model_args=self.model_args, on_meta=on_meta)
+        return model, inputs
 
     def model_inputs(self, batch: Sequence[Any]) -> tuple[Any, ...]:
         """What ``forward`` takes from a (micro)batch."""
@@ -134,7 +144,10 @@ class Workload:
         return self._graphs[batch_size]
 
 
-def load_workload(plan: Plan, *, seed: int, device: str, dropout: bool = True) -> Workload:
+def load_workload(
+    plan: Plan, *, seed: int, device: str, dropout: bool = True, precision: Precision | None = None,
+    build_fn: Callable[[], torch.nn.Module] | None = None,
+) -> Workload:  # fmt: skip
     """Rebuild the plan's model and check it is the model the plan was made for; ``dropout=False``
     runs it with every dropout probability 0 (what ``--check-parity`` compares)."""
     if plan.model.file is None:
@@ -144,7 +157,7 @@ def load_workload(plan: Plan, *, seed: int, device: str, dropout: bool = True) -
         plan=plan, model_file=model_file, model_args=dict(plan.model.args), seed=seed, device=device,
         graph=None,  # type: ignore[arg-type]
         loss_fn=model_file.loss_fn or default_loss, uses_inputs_in_loss=model_file.loss_fn is not None,
-        dropout=dropout,
+        dropout=dropout, precision=precision or Precision(name="fp32"), build_fn=build_fn,
     )  # fmt: skip
     workload.graph = _capture(workload, plan.batch_size)
     targets = instantiate_targets(model_file, batch_size=plan.batch_size, model_args=workload.model_args)
@@ -163,7 +176,7 @@ def load_workload(plan: Plan, *, seed: int, device: str, dropout: bool = True) -
 
 
 def _capture(workload: Workload, batch_size: int) -> OpGraph:
-    model, inputs = instantiate(workload.model_file, batch_size=batch_size, model_args=workload.model_args)
+    model, inputs = workload.instantiate(batch_size=batch_size, on_meta=True)
     graph = capture(model, inputs, tracer=workload.plan.model.tracer)
     if len(graph.inputs) != len([x for x in inputs if isinstance(x, torch.Tensor)]):
         raise AutoplanError(

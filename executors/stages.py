@@ -39,20 +39,25 @@ class ShardedStageModule(nn.Module):
         self, inner: GraphModule, sharding: StageSharding | SingleDeviceSharding, *,
         loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None,
         loss_inputs: tuple[int, ...] = (),
+        wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.inner = inner
         self.sharding = sharding
         self._loss = loss
         self._loss_inputs = loss_inputs  # positions of the graph inputs the loss reads among forward's args
+        self._wire_dtype = wire_dtype  # the dtype a sent value travels in (bf16 under mixed precision)
 
     def forward(self, *values: Any) -> Any:
         outputs = self.inner(*(self.sharding.enter(v) for v in values))
         whole = tuple(self.sharding.leave(v) for v in outputs)
         if self._loss is None:  # sent to the next stage: point-to-point sends need contiguous tensors
-            whole = tuple(v.contiguous() if isinstance(v, torch.Tensor) else v for v in whole)
+            whole = tuple(self._to_wire(v).contiguous() if isinstance(v, torch.Tensor) else v for v in whole)
             return whole if len(whole) != 1 else whole[0]
         return self._loss(whole, tuple(values[i] for i in self._loss_inputs))
+
+    def _to_wire(self, value: torch.Tensor) -> torch.Tensor:
+        return value if self._wire_dtype is None else value.to(self._wire_dtype(value.dtype))
 
 
 @dataclass(kw_only=True)
@@ -91,6 +96,7 @@ def build_stage(
     *, stage: Stage, graph: OpGraph, segment: Segment, mesh: DeviceMesh, model_params: Mapping[str, Any],
     model_buffers: Mapping[str, Any], device: str,
     loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None, loss_inputs: tuple[int, ...] = (),
+    wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
 ) -> StagePart:  # fmt: skip
     """The part of ``stage`` this rank runs, every node as the plan's record of it says."""
     sharding: StageSharding | SingleDeviceSharding
@@ -102,7 +108,7 @@ def build_stage(
     params = sharding.distribute_params({name: model_params[name] for name in segment.params}, specs)
     buffers = sharding.distribute_buffers({name: model_buffers[name] for name in segment.buffers})
     inner = GraphModule(graph, segment, params=params, buffers=buffers, call_node=sharding.call_node, device=device)
-    module = ShardedStageModule(inner, sharding, loss=loss, loss_inputs=loss_inputs)
+    module = ShardedStageModule(inner, sharding, loss=loss, loss_inputs=loss_inputs, wire_dtype=wire_dtype)
     return StagePart(stage=stage, segment=segment, module=module, sharding=sharding,
                      params=dict(inner.named_graph_parameters()))  # fmt: skip
 

@@ -31,7 +31,7 @@ def time_plans(paths: Sequence[str], *, steps: int, warmup: int = WARMUP_STEPS) 
     import torch
     import torch.distributed as dist
 
-    from executors.program import RunOptions
+    from executors.precision import make_optimizer
     from executors.runner import make_runner
     from executors.session import load_workload
     from planner.plan import load_plan
@@ -43,7 +43,7 @@ def time_plans(paths: Sequence[str], *, steps: int, warmup: int = WARMUP_STEPS) 
         model, inputs = workload.build()
         runner = make_runner(plan, workload, model)
         params = list(dict.fromkeys(runner.parameters()))
-        optimizer = RunOptions().make_optimizer(params) if params else None
+        optimizer = make_optimizer("sgd", params, lr=0.01) if params else None
         times = []
         for step in range(warmup + steps):
             dist.barrier()

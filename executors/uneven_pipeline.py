@@ -61,6 +61,7 @@ class UnevenPipelineRunner:
         self.part = build_stage(
             stage=stage, graph=self.graph, segment=self.segments[self.index], mesh=meshes[self.index],
             model_params=params, model_buffers=buffers, device=workload.device,
+            wire_dtype=workload.precision.wire_dtype,
             loss=loss if last else None,
             loss_inputs=tuple(self.segments[-1].inputs.index(n) for n in loss_inputs) if last else (),
         )  # fmt: skip
@@ -69,10 +70,14 @@ class UnevenPipelineRunner:
     def parameters(self) -> list[nn.Parameter]:
         return list(self.part.params.values()) if self.part else []
 
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        return dict(self.part.params) if self.part else {}
+
     def step(self, inputs: tuple[Any, ...]) -> float:
         loss = torch.zeros((), device=self.workload.device)
         if self.part is not None:
-            pieces = split_batch(inputs, num_chunks=self.m, batch_size=self.plan.batch_size)
+            first = self.index == 0  # later stages receive their inputs; they read no data
+            pieces = split_batch(inputs, num_chunks=self.m, batch_size=self.plan.batch_size) if first else [()] * self.m
             saved = [self._forward(piece) for piece in pieces]
             for received, outputs in reversed(saved):
                 self._backward(received, outputs)
@@ -142,7 +147,8 @@ class UnevenPipelineRunner:
 
     def _receive(self, name: str, source: int) -> torch.Tensor:
         meta = self.workload.value_meta(self.graph, name, batch_size=self.plan.batch_size // self.m)
-        buffer = torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device=self.workload.device)
+        dtype = self.workload.precision.wire_dtype(torch_dtype(meta.dtype))
+        buffer = torch.empty(meta.shape, dtype=dtype, device=self.workload.device)
         dist.recv(buffer, source)
         return buffer.requires_grad_(name in self.with_grad)
 

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from cost_models.cluster import Cluster, load_cluster
-from cost_models.units import GIB
 from planner.auto import AutoResult, auto_plan
 from planner.baselines.data_parallel import data_parallel
 from planner.baselines.handwritten import check_degrees
@@ -103,7 +102,7 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
         what = (
             f"the megatron plan {','.join(map(str, degrees))}" if name == "megatron" and degrees else f"no {name} plan"
         )
-        raise AutoplanError(f"{what} does not fit in {setup.memory_budget_bytes / GIB:.1f} GiB per device")
+        raise AutoplanError(f"{what} does not fit: the budget per device is {setup.describe_budget()}")
     chosen = result.best if name == "auto" else result.priced[name]
     stats = SearchStats(time_s=search_s, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s,
                         price_s=result.price_s)  # fmt: skip
@@ -151,7 +150,9 @@ def prepare(
     counts = microbatch_counts(batch_size, microbatches)
     allowed_slots(remat)
     if not 0 < memory_fraction <= 1:
-        raise AutoplanError(f"--memory-fraction must be in (0, 1], got {memory_fraction}")
+        raise AutoplanError(
+            f"--memory-fraction must be in (0, 1] (a share of the usable memory), got {memory_fraction}"
+        )
     cluster = _resolve_cluster(cluster)
     check_degrees(degrees, cluster)
     started = time.perf_counter()
@@ -194,6 +195,7 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
         schedule=chosen.schedule,
         optimizer=prepared.setup.optimizer,
         zero=prepared.options.zero,
+        memory_fraction=prepared.setup.memory_fraction,
         stages=chosen.stages,
         estimate=chosen.estimate,
         search=replace(
@@ -237,8 +239,9 @@ def plan(
 
     ``example_inputs`` are one step's inputs at ``batch_size``. The model may live on the
     meta device. Options (keyword only): ``tracer``, ``optimizer``, ``cost_model``,
-    ``memory_fraction``, ``max_stages`` (None: any), ``microbatches`` (None: searched),
-    ``schedule``, ``remat``, ``zero``, ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for
+    ``memory_fraction`` (share of the usable memory: capacity less the device's reserve,
+    :func:`cost_models.cluster.memory_budget_bytes`), ``max_stages`` (None: any), ``microbatches``
+    (None: searched), ``schedule``, ``remat``, ``zero``, ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for
     ``megatron``), ``rl_budget_s`` and ``seed`` (``rl``), ``model_ref``, and
     ``progress(what, done, total)``, called during the search. Raises :class:`AutoplanError`
     for bad input or a model that does not fit.
@@ -274,8 +277,8 @@ def prepare_model_file(
     model_file = load_model_file(path)
     args = dict(model_args or {})
     model, inputs = instantiate(model_file, batch_size=batch_size, model_args=args)
-    return prepare(model, inputs, cluster, batch_size=batch_size, model_ref={"file": str(path), "args": args},
-                   **options)  # fmt: skip
+    ref = {"file": str(Path(path).resolve()), "args": args}  # absolute: the plan runs from any directory
+    return prepare(model, inputs, cluster, batch_size=batch_size, model_ref=ref, **options)
 
 
 def plan_model_file(

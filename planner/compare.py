@@ -5,7 +5,9 @@ Each method (:data:`COMPARE_METHODS`) makes its plan on one prepared model
 uniform-pipeline share one search). Every plan is then replayed by the discrete-event simulator
 (:func:`planner.costing.lowering.simulate_plan`) on the graph at its microbatch size: the simulated step
 time and peak memory per device are what the rows compare, so no method is judged by its own
-estimate. A plan fits when its simulated peak is within the memory budget.
+estimate. A plan fits when its simulated peak is within the memory budget. Each row's pipeline
+bubble is its plan's (:func:`cost_models.simulator.bubble_fraction`), the figure ``plan`` and
+``plan show`` print for that plan.
 
 Where a method's own estimate and the simulation differ by more than :data:`GAP_LIMIT`, the row
 says why (:func:`explain_gap`): it re-simulates without cross-stage transfers and without the
@@ -48,7 +50,7 @@ class ComparisonRow:
     step_time_s: float | None  # simulated; None when the method found no plan
     estimate_s: float | None  # the method's own estimate
     memory_per_device_bytes: float | None  # simulated peak of the fullest device
-    bubble_fraction: float | None
+    bubble_fraction: float | None  # the plan's pipeline bubble (its estimate's), as plan and plan show print it
     search_time_s: float
     note: str = ""
     plan: Plan | None = None
@@ -117,7 +119,7 @@ def _row(prepared: Prepared, method: str) -> ComparisonRow:
         step_time_s=result.step_time_s,
         estimate_s=plan.estimate.step_time_s,
         memory_per_device_bytes=result.max_memory_bytes,
-        bubble_fraction=result.bubble_fraction,
+        bubble_fraction=plan.estimate.bubble_fraction,
         search_time_s=plan.search.time_s,
         note=note,
         plan=plan,

@@ -23,7 +23,7 @@ def main() -> None:
     report = {}
     for path in plans:
         try:
-            results = run_plan(load_plan(path), RunOptions(steps=3, check_parity=True, lr=0.05))
+            results = run_plan(load_plan(path), RunOptions(steps=3, check_parity=True, optimizer="sgd", lr=0.05))
             report[path] = [
                 {"loss": r.loss, "ok": r.parity.ok, "describe": r.parity.describe()} for r in results if r.parity
             ]

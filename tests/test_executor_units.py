@@ -107,7 +107,19 @@ def test_compiled_program_names_its_launch(tmp_path: Path) -> None:
     plan = plan_model_file(MLP, cluster, batch_size=16, method="data-parallel")
     program = write_program(plan, tmp_path / "out")
     text = program.read_text()
-    assert "torchrun --nproc-per-node 2" in text and "DDP" in text
+    assert "torchrun --standalone --nproc-per-node 2" in text and "data 2" in text
+    for part in (
+        "def build_model",
+        "def loss_fn",
+        "def make_dataloader",
+        "def make_optimizer",
+        "def make_lr_schedule",
+        "clip_grad_norm_",
+        "save_checkpoint",
+        "load_checkpoint",
+        "log.log",
+    ):
+        assert part in text, part  # the program keeps these in plain sight
     assert (tmp_path / "out" / "plan.json").is_file()
     compile(text, str(program), "exec")
 

@@ -27,7 +27,8 @@ A100 = load_cluster("dgx-a100")
 
 def setup_for(memory_gib: float | None = None, cluster=A100) -> CostSetup:
     if memory_gib is not None:
-        device = dataclasses.replace(cluster.device, memory_bytes=int(memory_gib * GIB))
+        # the budget is memory_gib: no reserve (cost_models.cluster.reserved_bytes) on these test devices
+        device = dataclasses.replace(cluster.device, memory_bytes=int(memory_gib * GIB), memory_reserve_bytes=0)
         cluster = dataclasses.replace(cluster, device=device)
     return CostSetup(cluster=cluster, compute=RooflineCompute(device=cluster.device), optimizer="adam-mixed")
 

@@ -20,7 +20,13 @@ ARGS = {"hidden": 64, "layers": 2}
 def mlp_plan() -> Plan:
     model_file = load_model_file(EXAMPLES / "mlp.py")
     model, inputs = instantiate(model_file, batch_size=8, model_args=ARGS)
-    return plan(model, inputs, load_cluster("dgx-a100"), batch_size=8, model_ref={"file": "mlp.py", "args": ARGS})
+    return plan(
+        model,
+        inputs,
+        load_cluster("dgx-a100"),
+        batch_size=8,
+        model_ref={"file": str(EXAMPLES / "mlp.py"), "args": ARGS},
+    )
 
 
 def with_stage(p: Plan, **changes: object) -> Plan:

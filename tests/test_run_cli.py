@@ -60,7 +60,8 @@ def test_compiled_program_runs_under_torchrun(mlp_plan: Path, tmp_path: Path) ->
     done = plan_cli("compile", str(mlp_plan), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert (out / "train.py").is_file() and json.loads((out / "plan.json").read_text())["method"] == "megatron"
-    assert "torchrun --nproc-per-node 2" in (out / "train.py").read_text()
+    assert "torchrun --standalone --nproc-per-node 2" in (out / "train.py").read_text()
+    assert f"launch: torchrun --standalone --nproc-per-node 2 {out / 'train.py'}" in done.stdout
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
                str(out / "train.py"), "--steps", "1", "--check-parity"]  # fmt: skip
     run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,

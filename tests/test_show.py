@@ -69,8 +69,9 @@ def test_show_draws_a_placement_plan(plans: dict[str, Path], tmp_path: Path, cap
 def test_show_prints_summary_and_simulated_step(plans: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     assert main(["show", str(plans["mlp"])]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("autoplan auto plan for") and "stage 0: devices 0..3" in out
-    assert "simulated: step" in out and "bubble" in out
+    lines = out.splitlines()
+    assert lines[1].startswith("autoplan auto plan for") and "stage 0: devices 0..3" in out
+    assert "simulated: step" in out and "pipeline bubble" in out and lines[-2].startswith("next: plan run ")
 
 
 def test_show_json_has_stages_and_the_simulated_step(plans: dict[str, Path], tmp_path: Path,
@@ -82,7 +83,7 @@ def test_show_json_has_stages_and_the_simulated_step(plans: dict[str, Path], tmp
     assert {"stages", "simulated_step_time_s", "bubble_fraction", "peak_memory_bytes"} <= set(data)
     assert [stage["devices"] for stage in data["stages"]] == [list(stage.devices) for stage in plan.stages]
     assert [stage["mesh_shape"] for stage in data["stages"]] == [list(stage.mesh_shape) for stage in plan.stages]
-    assert data["stages"][0]["num_nodes"] == len(plan.stages[0].nodes)
+    assert data["stages"][0]["num_operators"] == len(plan.stages[0].nodes)
     assert 0 <= data["stages"][0]["num_params_sharded"] <= data["stages"][0]["num_params"]
     assert data["simulated_step_time_s"] > 0 and 0 <= data["bubble_fraction"] < 1 and data["peak_memory_bytes"] > 0
     assert out.read_bytes().startswith(PNG)

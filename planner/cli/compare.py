@@ -1,7 +1,8 @@
 """``plan compare MODEL_FILE --cluster ... --batch-size B``: every method, judged by one simulator.
 
-Prints one row per method (simulated step time, how many times the best it is, peak memory per
-device, whether it fits, search seconds and notes); ``--json`` prints the rows as a JSON list;
+Prints one row per method (simulated step time, how many times the best it is, the method's
+estimate, peak memory per device, whether it fits, the plan's pipeline bubble, search seconds
+and notes); ``--json`` prints the rows as a JSON list;
 ``--figure out.png`` draws them as a bar chart. The logic is :mod:`planner.compare`.
 """
 
@@ -27,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
             "Plan the model with every method (autoplan's search, the hand-written Megatron, uniform-pipeline and "
             "data-parallel plans, and the device-placement baselines hash, critical-path, multi-objective, m-etf and "
             "rl), replay every plan in one discrete-event simulator, and print one row per method: simulated step "
-            "time, how many times the best it is, peak memory per device, whether it fits, and search seconds."
+            "time, how many times the best it is, peak memory per device, whether it fits, the plan's pipeline bubble "
+            "(as `plan` prints it) and search seconds."
         ),
     )
     add_model_options(parser)
@@ -47,6 +49,7 @@ def run_compare(argv: Sequence[str]) -> int:
     from planner.cli.options import search_kwargs
     from planner.compare import best_step_s, compare, parse_methods
     from planner.ir.model_file import parse_model_args
+    from planner.plan.shape import count_of
 
     options = _parser().parse_args(list(argv))
     methods = parse_methods(options.methods)
@@ -65,8 +68,8 @@ def run_compare(argv: Sequence[str]) -> int:
     if options.json:
         print(json.dumps([row.to_json(best_s=best) for row in rows], indent=2))
     else:
-        _print_table(rows, best, title=f"{options.model_file}, batch {options.batch_size}, {cluster.name} "
-                                        f"({cluster.num_nodes} × {cluster.devices_per_node} {cluster.device.name})")  # fmt: skip
+        machines = f"{count_of(cluster.num_nodes, 'node')} × {cluster.devices_per_node} {cluster.device.name}"
+        _print_table(rows, best, title=f"{options.model_file}, batch {options.batch_size}, {cluster.name} ({machines})")
         if figure is not None:
             print(f"wrote {figure}")
     return 0
@@ -89,7 +92,17 @@ def _print_table(rows, best: float | None, *, title: str) -> None:
     if sys.stderr.isatty():
         sys.stderr.write(f"\r{' ' * 60}\r")
     table = Table(title=title)
-    for column in ("method", "simulated step s", "× best", "estimate s", "GiB / device", "fits", "bubble", "search s"):
+    columns = (
+        "method",
+        "simulated step s",
+        "× best",
+        "estimate s",
+        "GiB / device",
+        "fits",
+        "pipeline bubble",
+        "search s",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in rows:
         ran = row.step_time_s is not None

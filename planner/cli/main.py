@@ -145,8 +145,8 @@ def _run_plan(options: argparse.Namespace) -> int:
     if options.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        print(plan_summary(result))
         print(f"wrote {out}")
+        print(plan_summary(result, plan_path=str(out)))
     if options.explain:
         _print_explanation(result)
     return 0

@@ -64,7 +64,12 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         help="roofline (analytical, any device) or profiled (times measured on this machine's CPU)",
     )
     parser.add_argument(
-        "--memory-fraction", type=float, default=1.0, metavar="F", help="share of device memory the plan may use"
+        "--memory-fraction",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="share of the usable device memory the plan may use: capacity less a reserve for the CUDA context, "
+        "NCCL buffers and allocator fragmentation (GPUs) or the interpreter (cpu); default 1",
     )
     parser.add_argument(
         "--max-stages", type=int, default=None, metavar="K", help="most pipeline stages (default: no limit)"

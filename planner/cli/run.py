@@ -16,44 +16,65 @@ from pathlib import Path
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    from executors.program import OPTIMIZERS, RunOptions
-    from executors.session import BACKENDS
     from planner.cli.options import UsageParser
 
     parser = UsageParser(
         prog="plan run",
         description=(
-            "Train the plan's model for a few steps with torch.distributed, one process per device of the plan on "
-            "this machine (pipeline stages with torch.distributed.pipelining, tensor parallelism with DTensor, data "
-            "parallelism with DDP/FSDP, operator placements with point-to-point sends). The model file named in the "
-            "plan is rebuilt with a fixed seed and checked against the plan's fingerprint. Prints loss and step time "
-            "per step. For several machines use `plan compile` and torchrun."
+            "Train the plan's model for a few steps on this machine: `plan compile` writes the plan's training "
+            "program (train.py) into a temporary directory and torchrun starts one process per device of the plan "
+            "(gloo and CPU processes for a CPU plan, nccl and one GPU each for a GPU plan; a GPU plan needs that many "
+            "GPUs here and one node). The model file named in the plan is rebuilt with a fixed seed and checked "
+            "against the plan's fingerprint. Prints loss, step time, throughput and MFU per step beside the plan's "
+            "estimate. The run uses the plan's optimizer and precision unless --optimizer overrides them. For "
+            "several machines use `plan compile` and torchrun."
         ),
     )
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
-    parser.add_argument("--steps", type=int, default=RunOptions.steps, metavar="N", help="optimizer steps (default 3)")
+    parser.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps (default 3)")
     parser.add_argument("--check-parity", action="store_true",
-                        help="compare loss and every gradient with a single-process run each step; exit 1 on a "
-                             "mismatch (fp32, rtol 1e-4, atol 1e-5)")  # fmt: skip
-    parser.add_argument("--backend", default="gloo", choices=BACKENDS, help="gloo on CPU (default), nccl on GPUs")
-    parser.add_argument("--optimizer", default=RunOptions.optimizer, choices=OPTIMIZERS, help="default sgd")
-    parser.add_argument("--lr", type=float, default=RunOptions.lr, help="learning rate (default 0.01)")
-    parser.add_argument("--seed", type=int, default=RunOptions.seed, help="seed of the weights and the batch")
-    parser.add_argument("--timeout-s", type=float, default=RunOptions.timeout_s, metavar="S",
+                        help="compare loss, gradient norm and every gradient with a single-process run each step, in "
+                             "the run's precision; exit 1 on a mismatch (fp32: rtol 1e-4, atol 1e-5; bf16: rtol "
+                             "3e-2, atol 1e-3)")  # fmt: skip
+    parser.add_argument("--backend", default=None, choices=("gloo", "nccl"),
+                        help="default: the plan's (nccl for GPU plans, gloo for CPU plans)")  # fmt: skip
+    parser.add_argument("--optimizer", default=None, choices=("adam-mixed", "adam-fp32", "sgd", "sgd-momentum"),
+                        help="default: the plan's; another one is reported as a deviation from the estimate")  # fmt: skip
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the program's, 3e-4)")
+    parser.add_argument("--max-grad-norm", type=float, default=None, metavar="X",
+                        help="clip the global gradient norm to X (default: the program's, 1.0; 0 turns it off)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic batches")
+    parser.add_argument("--measure-memory", action="store_true",
+                        help="print each device's model state + peak saved activations beside the estimate")  # fmt: skip
+    parser.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
                         help="seconds a collective may wait for a peer before the run fails (default 60)")  # fmt: skip
     return parser
 
 
+def program_args(args: argparse.Namespace) -> list[str]:
+    """``plan run``'s options as the training program's command line."""
+    from planner.errors import AutoplanError
+
+    if args.steps < 1:
+        raise AutoplanError(f"--steps must be at least 1, got {args.steps}")
+    if args.lr is not None and args.lr <= 0:
+        raise AutoplanError(f"--lr must be positive, got {args.lr:g}")
+    if args.timeout_s <= 0:
+        raise AutoplanError(f"--timeout-s must be positive, got {args.timeout_s:g}")
+    out = ["--steps", str(args.steps), "--seed", str(args.seed), "--timeout-s", repr(args.timeout_s)]
+    for flag, value in (("--optimizer", args.optimizer), ("--lr", args.lr), ("--max-grad-norm", args.max_grad_norm)):
+        if value is not None:
+            out += [flag, str(value)]
+    out += ["--measure-memory"] if args.measure_memory else []
+    return [*out, "--check-parity"] if args.check_parity else out
+
+
 def run_run(argv: Sequence[str]) -> int:
     from executors.launch import launch
-    from executors.program import RunOptions
-
-    args = _run_parser().parse_args(list(argv))
-    options = RunOptions(steps=args.steps, check_parity=args.check_parity, backend=args.backend,
-                         optimizer=args.optimizer, lr=args.lr, seed=args.seed, timeout_s=args.timeout_s)  # fmt: skip
     from planner.costing.stage_work import check_plan_strategies
 
-    return launch(args.plan, options, check_plan=check_plan_strategies)
+    args = _run_parser().parse_args(list(argv))
+    return launch(args.plan, program_args(args), backend=args.backend, check_plan=check_plan_strategies)
 
 
 def _compile_parser() -> argparse.ArgumentParser:
@@ -62,9 +83,11 @@ def _compile_parser() -> argparse.ArgumentParser:
     parser = UsageParser(
         prog="plan compile",
         description=(
-            "Write a self-contained training program for a plan: DIR/train.py beside a copy of the plan as "
-            "DIR/plan.json. Launch it with `torchrun --nproc-per-node N DIR/train.py` (N = the plan's devices), or "
-            "on several machines with torchrun's rendezvous; `plan run` runs the same program."
+            "Write the plan's training program: DIR/train.py, a page of plain Python you own and edit (model build, "
+            "data loader, loss, optimizer, learning-rate schedule, gradient clipping, checkpoints, logging), beside "
+            "a copy of the plan as DIR/plan.json. Prints the torchrun line for the plan's cluster: `torchrun "
+            "--standalone --nproc-per-node M` on one node, `--nnodes N --nproc-per-node M` with a c10d rendezvous "
+            "on several. `plan run` runs the same program here."
         ),
     )
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
@@ -78,6 +101,7 @@ def run_compile(argv: Sequence[str]) -> int:
     from planner.costing.stage_work import check_plan_strategies
     from planner.errors import AutoplanError
     from planner.plan import load_plan
+    from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 
     args = _compile_parser().parse_args(list(argv))
     plan = load_plan(args.plan)
@@ -86,6 +110,11 @@ def run_compile(argv: Sequence[str]) -> int:
         raise AutoplanError(f"--out {out} exists and is not a directory")
     check_plan_strategies(plan, preflight(plan))
     program = write_program(plan, out)
-    print(f"wrote {program} and {out / 'plan.json'}")
-    print(f"launch with: torchrun --nproc-per-node {plan.cluster.num_devices} {program}")
+    print(f"wrote {program} (yours to edit: data loader, loss, optimizer, schedule) and {out / 'plan.json'}")
+    if is_cpu_cluster(plan.cluster):
+        print(f"try it here: plan run {out / 'plan.json'} --steps 10 --check-parity")
+    print(f"launch: {torchrun_command(plan.cluster, str(program), args='--steps 100')}")
+    note = multi_node_note(plan.cluster)
+    if note:
+        print(f"        ({note})")
     return 0

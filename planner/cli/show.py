@@ -3,8 +3,9 @@
 The plan's model is rebuilt from its model file (on the meta device), captured at the full batch
 (its fingerprint must be the plan's) and at the microbatch size, and the plan is replayed by the
 discrete-event simulator (:func:`planner.costing.lowering.simulate_plan`, roofline compute times on the
-plan's cluster): the simulated step, bubble and peak memory per device are printed beside the
-plan's summary (:func:`planner.plan.report.plan_summary`), or as JSON with ``--json``. ``--figure``
+plan's cluster): the simulated step and peak memory per device are printed in the plan's summary
+(:func:`planner.plan.report.plan_summary`, after its estimate), or as JSON with ``--json``. The
+pipeline bubble printed is the plan's, the one ``plan`` and ``plan compare`` print. ``--figure``
 draws the plan on its device grid and the simulated step as a Gantt chart
 (:mod:`planner.cli.plan_figure`). Bad input is one error line and exit 2, and writes nothing.
 """
@@ -34,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="plan show",
         description=(
             "Summarise a plan and replay it in the discrete-event simulator (roofline compute times on the plan's "
-            "cluster): simulated step time, bubble and peak memory per device. --figure draws the stages on the "
+            "cluster): simulated step time and peak memory per device, beside the plan's estimate and pipeline bubble. "
+            "--figure draws the stages on the "
             "device grid with their meshes and a per-device timeline of the simulated step. The plan's model file "
             "is rebuilt and checked against the plan's fingerprint."
         ),
@@ -60,10 +62,9 @@ def run_show(argv: Sequence[str]) -> int:
     if options.json:
         print(json.dumps(show_json(plan, result), indent=2))
         return 0
-    print(plan_summary(plan))
-    print(simulated_line(plan, result))
     if figure is not None:
         print(f"wrote {figure}")
+    print(plan_summary(plan, plan_path=options.plan, simulated_line=simulated_line(plan, result)))
     return 0
 
 
@@ -112,7 +113,7 @@ def microbatch_graph(plan: Plan) -> OpGraph:
     size = plan.batch_size // plan.num_microbatches
     graph = full if size == plan.batch_size else _capture_at(plan, model_file, size)
     if [(n.name, n.target) for n in graph.nodes] != [(n.name, n.target) for n in full.nodes]:
-        raise AutoplanError(f"the model captured at microbatch size {size} has different nodes from the planned "
+        raise AutoplanError(f"the model captured at microbatch size {size} has different operators from the planned "
                             "capture: make the model's graph independent of the batch size")  # fmt: skip
     check_plan_strategies(plan, graph)  # a hand-edited strategy is refused, not guessed at
     return graph
@@ -132,7 +133,7 @@ def stage_json(stage: Stage) -> dict[str, Any]:
         "index": stage.index,
         "devices": list(stage.devices),
         "mesh_shape": list(stage.mesh_shape),
-        "num_nodes": len(stage.nodes),
+        "num_operators": len(stage.nodes),
         "num_params": len(stage.param_placements),
         "num_params_sharded": sharded,
         "remat": stage.remat,
@@ -147,7 +148,7 @@ def show_json(plan: Plan, result: SimResult) -> dict[str, Any]:
         "stages": [stage_json(stage) for stage in sorted(plan.stages, key=lambda s: s.index)],
         "estimated_step_time_s": plan.estimate.step_time_s,
         "simulated_step_time_s": result.step_time_s,
-        "bubble_fraction": result.bubble_fraction,
+        "bubble_fraction": plan.estimate.bubble_fraction,  # the plan's pipeline bubble, as plan prints it
         "peak_memory_bytes": result.max_memory_bytes,
     }
 
@@ -155,8 +156,8 @@ def show_json(plan: Plan, result: SimResult) -> dict[str, Any]:
 def simulated_line(plan: Plan, result: SimResult) -> str:
     estimate = plan.estimate.step_time_s
     versus = f" ({result.step_time_s / estimate - 1:+.0%} vs the estimate)" if estimate > 0 else ""
-    return (f"simulated: step {result.step_time_s:.4g} s{versus}, bubble {result.bubble_fraction:.0%}, peak "
-            f"{_size(result.max_memory_bytes)} per device (discrete-event simulator, roofline compute times)")  # fmt: skip
+    return (f"simulated: step {result.step_time_s:.4g} s{versus}, peak {_size(result.max_memory_bytes)} per device "
+            "(discrete-event simulator, roofline compute times)")  # fmt: skip
 
 
 def _size(num_bytes: float) -> str:

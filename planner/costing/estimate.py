@@ -131,10 +131,9 @@ def mfu(graph: OpGraph, setup: CostSetup, *, step_time_s: float, num_devices: in
 def check_fits(estimate: Estimate, setup: CostSetup, *, what: str) -> None:
     """Raise the user-facing "does not fit" error when the plan needs more memory than allowed."""
     if estimate.memory_per_device_bytes > setup.memory_budget_bytes:
-        share = "" if setup.memory_fraction == 1.0 else f" (memory fraction {setup.memory_fraction:g})"
         raise AutoplanError(
             f"does not fit: {what} needs {estimate.memory_per_device_bytes / GIB:.1f} GiB per device, "
-            f"the device has {setup.memory_budget_bytes / GIB:.1f} GiB{share}"
+            f"the budget is {setup.describe_budget()}"
         )
 
 

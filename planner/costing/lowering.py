@@ -132,7 +132,7 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
     for s, resource in enumerate(stages):
         mine = [backward[c, i] for c, chunk in enumerate(chunks) if chunk.stage == s for i in range(m)]
         seconds = lowered.step_s[s] if include_step else 0.0
-        steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine)
+        steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine, end_of_step=True)
     if fixed:
         _set_pipeline_orders(graph, lowered, stages, forward, backward, steps)
     return graph

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cost_models.cluster import Cluster
+from cost_models.cluster import Cluster, describe_memory_budget, memory_budget_bytes
 from cost_models.compute import ComputeModel, RooflineCompute
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
@@ -27,7 +27,7 @@ class CostSetup:
     cluster: Cluster
     compute: ComputeModel
     optimizer: str
-    memory_fraction: float = 1.0
+    memory_fraction: float = 1.0  # share of the usable memory: capacity less the device's reserve
 
     @property
     def activation_itemsize(self) -> int | None:
@@ -35,7 +35,12 @@ class CostSetup:
 
     @property
     def memory_budget_bytes(self) -> float:
-        return self.cluster.device.memory_bytes * self.memory_fraction
+        """(capacity - reserve) x memory_fraction (:func:`cost_models.cluster.memory_budget_bytes`)."""
+        return memory_budget_bytes(self.cluster, memory_fraction=self.memory_fraction)
+
+    def describe_budget(self) -> str:
+        """The budget with its capacity, reserve and fraction, for messages."""
+        return describe_memory_budget(self.cluster, memory_fraction=self.memory_fraction)
 
 
 def default_optimizer(cluster: Cluster) -> str:
@@ -79,5 +84,8 @@ def plan_setup(plan: Plan) -> CostSetup:
     """The setup a saved plan's stored strategies are priced with: its cluster and optimizer, roofline
     compute (a plan does not keep measured times)."""
     return CostSetup(
-        cluster=plan.cluster, compute=RooflineCompute(device=plan.cluster.device), optimizer=plan.optimizer
+        cluster=plan.cluster,
+        compute=RooflineCompute(device=plan.cluster.device),
+        optimizer=plan.optimizer,
+        memory_fraction=plan.memory_fraction,
     )

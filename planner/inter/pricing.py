@@ -23,7 +23,10 @@ subgraph, identical layers collapsed) and its strategies are read off the layer 
 Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s + w + o`` (``o`` the device's calibrated
 ``step_overhead_s``; every stage syncs once, after its last backward, in parallel with the others;
 ``w`` the tied weights' gradient all-reduce over the world,
-:func:`planner.costing.estimate.shared_param_sync_s`) and bubble ``1 − m·Σ t_s / (S·T)`` (:func:`price_stages`).
+:func:`planner.costing.estimate.shared_param_sync_s`). The pipeline bubble is
+:func:`cost_models.simulator.bubble_fraction` of the pipeline phase ``P = Σ t_s + (m − 1)·max t_s``
+(the end-of-step sync and overhead are outside it): ``1 − m·Σ t_s / (S·P)``, as the stage DP's
+(:class:`planner.inter.stage_dp.StagePlan`) and the simulator's.
 A candidate that no longer fits is dropped (None).
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from cost_models.simulator import bubble_fraction
 from planner.costing.estimate import mfu, model_tflops_per_device, shared_param_sync_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import explain_stage
@@ -238,7 +242,7 @@ def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stag
         step_time_s=step,
         per_stage_time_s=tuple(times),
         memory_per_device_bytes=int(max(stage.memory_bytes for stage in priced)),
-        bubble_fraction=1.0 - m * math.fsum(times) / (count * step) if step > 0 else 0.0,
+        bubble_fraction=bubble_fraction([m * t for t in times], pipeline_span_s=math.fsum(times) + (m - 1) * longest),
         tflops_per_device=model_tflops_per_device(graph, step_time_s=step, num_devices=num_devices),
         mfu=mfu(graph, setup, step_time_s=step, num_devices=num_devices),
         breakdown_s=breakdown,

@@ -161,6 +161,19 @@ def instantiate(
         )
         if not isinstance(model, torch.nn.Module):
             raise AutoplanError(f"build_model in {model_file.path} returned {type(model).__name__}, not an nn.Module")
+    return model, instantiate_inputs(model_file, batch_size=batch_size, model_args=model_args, on_meta=on_meta)
+
+
+def build_kwargs(model_file: ModelFile, model_args: dict[str, Any]) -> dict[str, Any]:
+    """The model arguments ``build_model`` takes (the others are for ``example_inputs``/``example_targets``)."""
+    return _accepted_kwargs(model_file.build_model, model_args)
+
+
+def instantiate_inputs(
+    model_file: ModelFile, *, batch_size: int, model_args: dict[str, Any], on_meta: bool = True
+) -> tuple[Any, ...]:
+    """One step's forward inputs from ``example_inputs`` at ``batch_size`` rows."""
+    with torch.device("meta") if on_meta else torch.device("cpu"):
         inputs = _call(
             model_file,
             "example_inputs",
@@ -168,7 +181,7 @@ def instantiate(
             batch_size,
             **_accepted_kwargs(model_file.example_inputs, model_args),
         )
-    return model, _as_tuple(inputs, model_file, "example_inputs")
+    return _as_tuple(inputs, model_file, "example_inputs")
 
 
 def instantiate_targets(

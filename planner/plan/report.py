@@ -1,9 +1,42 @@
-"""Human-readable text about plans: the short summary ``plan`` prints."""
+"""Human-readable text about plans: the short summary ``plan`` and ``plan show`` print.
+
+The summary opens with the plan's shape (:func:`planner.plan.shape.plan_shape`), says what was
+planned, the stages (graph nodes are *operators* here; *nodes* are the cluster's machines), the
+estimate with its pipeline bubble (:func:`cost_models.simulator.bubble_fraction`), why the
+method's candidate was chosen, in words, and ends with the next command to run.
+"""
 
 from __future__ import annotations
 
+import shlex
+
+from cost_models.cluster import Cluster, reserved_bytes
 from cost_models.units import GIB
-from planner.plan import Plan, Stage
+from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
+from planner.plan.shape import count_of, plan_shape, stage_degrees
+from planner.plan.stage import Stage
+from planner.plan.value import Plan
+
+COMPARED_NOTE = "compared under the same cost model: "  # planner.api's note on the auto-family candidates
+CHOSEN_MARK = "; chosen: "
+# The candidates the auto search prices (planner.auto): their names in the note, and in words.
+CANDIDATES: dict[str, tuple[str, str]] = {
+    "stage-dp": (
+        "stage-DP",
+        "pipeline stages and their submeshes from Alpa's dynamic program, each stage's operators sharded by the "
+        "intra-operator ILP",
+    ),
+    "megatron": (
+        "Megatron",
+        "a tensor × pipeline × data grid point (the best one, or --degrees) with equal layers per stage and Megatron "
+        "tensor parallelism in each",
+    ),
+    "uniform-pipeline": (
+        "uniform-pipeline",
+        "equal layers per stage on equal submeshes, each stage sharded by the ILP",
+    ),
+    "data-parallel": ("data-parallel", "every device holds the whole model and a 1/D share of the batch"),
+}
 
 
 def _device_range(devices: tuple[int, ...]) -> str:
@@ -17,34 +50,117 @@ def _stage_line(stage: Stage) -> str:
     params = f"{sharded} of {len(stage.param_placements)} parameters sharded" if sharded else "parameters replicated"
     mesh = "×".join(str(s) for s in stage.mesh_shape)
     return (
-        f"  stage {stage.index}: devices {_device_range(stage.devices)}, mesh {mesh}, "
-        f"{len(stage.nodes)} nodes, {params}{', activations recomputed' if stage.remat else ''}"
+        f"  stage {stage.index}: devices {_device_range(stage.devices)}, {stage_degrees(stage).text()} (mesh {mesh}), "
+        f"{count_of(len(stage.nodes), 'operator')}, {params}{', activations recomputed' if stage.remat else ''}"
     )
 
 
-def plan_summary(plan: Plan) -> str:
-    """A few lines: what was planned, the stages, the estimate and the search time."""
-    cluster = plan.cluster
-    model = plan.model
-    args = ", ".join(f"{k}={v}" for k, v in model.args.items())
-    estimate = plan.estimate
+def _estimate_lines(plan: Plan) -> list[str]:
+    estimate, cluster = plan.estimate, plan.cluster
     breakdown = ", ".join(
         f"{key.removesuffix('_s').replace('_', ' ')} {value:.3g} s" for key, value in estimate.breakdown_s.items()
     )
+    return [
+        f"estimate: step {estimate.step_time_s:.4g} s ({breakdown})",
+        f"          {estimate.memory_per_device_bytes / GIB:.2f} GiB per device of a {plan.memory_budget_bytes / GIB:.1f} "
+        f"GiB budget, {estimate.tflops_per_device:.3g} TFLOP/s per device ({estimate.mfu:.0%} of peak), "
+        f"{bubble_text(plan)}",
+        f"          budget: {cluster.device.memory_bytes / GIB:.1f} GiB less {reserved_bytes(cluster.device) / GIB:.1f} GiB "
+        f"reserved for {_reserve_reason(cluster)}"
+        + (f", × memory fraction {plan.memory_fraction:g}" if plan.memory_fraction != 1.0 else ""),
+    ]
+
+
+def _reserve_reason(cluster: Cluster) -> str:
+    if cluster.device.memory_reserve_bytes is not None:
+        return "the runtime (the cluster file's memory_reserve_bytes)"
+    if cluster.device.is_cpu():
+        return "the interpreter and torch's libraries"
+    return "the CUDA context, library workspaces, NCCL buffers and allocator fragmentation"
+
+
+def bubble_text(plan: Plan) -> str:
+    """``pipeline bubble 12%``: the one bubble figure every command prints for a plan (its estimate's)."""
+    return f"pipeline bubble {plan.estimate.bubble_fraction:.0%}"
+
+
+def _search_line(plan: Plan) -> str:
+    search = plan.search
+    return (
+        f"search: {search.time_s:.2f} s (capture {search.capture_s:.2f} s, intra-op {search.ilp_s:.2f} s "
+        f"in {search.ilp_solves} layer problems, stage DP {search.dp_s:.2f} s, pricing {search.price_s:.2f} s)"
+    )
+
+
+def _candidate_estimates(compared: str) -> str:
+    """``stage-DP 0.119 s, Megatron 0.123 s`` from the note's ``stage-dp 0.119 s, megatron 0.123 s``."""
+    entries = []
+    for entry in compared.split(", "):
+        name, _, seconds = entry.partition(" ")
+        entries.append(f"{CANDIDATES.get(name, (name,))[0]} {seconds}")
+    return ", ".join(entries)
+
+
+def chosen_in_words(plan: Plan, note: str) -> str | None:
+    """The note ``compared under the same cost model: ...; chosen: X`` in words; None for any other note."""
+    if not note.startswith(COMPARED_NOTE) or CHOSEN_MARK not in note:
+        return None
+    compared, chosen = note.removeprefix(COMPARED_NOTE).rsplit(CHOSEN_MARK, 1)
+    label, what = CANDIDATES.get(chosen, (chosen, "a hand-written plan"))
+    estimates = f"estimated steps of the candidates: {_candidate_estimates(compared)}"
+    if plan.method == "auto":
+        return (
+            f"why this plan: auto chose the {label} candidate — {what} — the fastest in the simulator among the "
+            f"candidates estimated near the best; {estimates}"
+        )
+    return f"why this plan: --method {plan.method} takes the {label} candidate — {what}; {estimates}"
+
+
+def _note_lines(plan: Plan) -> list[str]:
+    lines = []
+    for note in plan.notes:
+        words = chosen_in_words(plan, note)
+        lines.append(words if words is not None else f"note: {note}")
+    return lines
+
+
+def next_step_lines(plan: Plan, *, plan_path: str | None = None) -> list[str]:
+    """What to run next: on this machine for a one-node CPU plan, else compile and launch with torchrun."""
+    path = shlex.quote(plan_path) if plan_path else "PLAN.json"
+    cluster = plan.cluster
+    if is_cpu_cluster(cluster) and cluster.num_nodes == 1:
+        return [
+            f"next: plan run {path} --steps 10 --check-parity   (trains here, checked against one device)",
+            f"      plan compile {path} --out train_dir   (writes train_dir/train.py for torchrun)",
+        ]
+    launch = torchrun_command(cluster, "train_dir/train.py")
+    lines = [f"next: plan compile {path} --out train_dir, then on the cluster: {launch}"]
+    note = multi_node_note(cluster)
+    return [*lines, f"      ({note})"] if note else lines
+
+
+def _batch_text(plan: Plan) -> str:
+    m = plan.num_microbatches
+    return f"batch {plan.batch_size}" + (f" in {m} microbatches of {plan.batch_size // m}" if m > 1 else "")
+
+
+def plan_summary(plan: Plan, *, plan_path: str | None = None, simulated_line: str | None = None) -> str:
+    """A few lines: the plan's shape, what was planned, the stages, the estimate (and ``simulated_line``
+    after it), why this plan, the search time, notes, and what to run next (on ``plan_path``)."""
+    model, cluster = plan.model, plan.cluster
+    args = ", ".join(f"{k}={v}" for k, v in model.args.items())
     lines = [
+        plan_shape(plan),
         f"autoplan {plan.method} plan for {model.file or 'model'}{f' ({args})' if args else ''}: "
         f"{model.num_params / 1e6:,.1f}M parameters",
-        f"cluster {cluster.name}: {cluster.num_nodes} node(s) × {cluster.devices_per_node} {cluster.device.name}",
-        f"batch {plan.batch_size}, {plan.num_microbatches} microbatch(es), schedule {plan.schedule}, "
-        f"optimizer {plan.optimizer}",
+        f"cluster {cluster.name}: {count_of(cluster.num_nodes, 'node')} × {cluster.devices_per_node} "
+        f"{cluster.device.name}",
+        f"{_batch_text(plan)}, optimizer {plan.optimizer}",
         *(_stage_line(stage) for stage in plan.stages),
-        f"estimate: step {estimate.step_time_s:.4g} s ({breakdown})",
-        f"          {estimate.memory_per_device_bytes / GIB:.2f} GiB per device of {cluster.device.memory_bytes / GIB:.1f} GiB, "
-        f"{estimate.tflops_per_device:.3g} TFLOP/s per device ({estimate.mfu:.0%} of peak), "
-        f"bubble {estimate.bubble_fraction:.0%}",
-        f"search: {plan.search.time_s:.2f} s (capture {plan.search.capture_s:.2f} s, intra-op {plan.search.ilp_s:.2f} s "
-        f"in {plan.search.ilp_solves} layer problems, stage DP {plan.search.dp_s:.2f} s, "
-        f"pricing {plan.search.price_s:.2f} s)",
+        *_estimate_lines(plan),
+        *([simulated_line] if simulated_line else []),
+        _search_line(plan),
+        *_note_lines(plan),
+        *next_step_lines(plan, plan_path=plan_path),
     ]
-    lines.extend(f"note: {note}" for note in plan.notes)
     return "\n".join(lines)

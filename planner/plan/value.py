@@ -4,6 +4,7 @@ JSON layout (``format_version`` 2)::
 
     {format_version, method, model: {file, args, fingerprint, tracer, num_params},
      cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer, zero,
+     memory_fraction,
      stages: [{index, nodes, devices, mesh_shape, param_placements, remat, explanation,
                strategies: {node: {split, input_specs, output_spec, compute_shards,
                                    collectives: [{kind, axis, phase, operand}]}}}],
@@ -18,18 +19,22 @@ plans stored only output specs and cannot be read (re-plan).
 
 A placement is one of ``"S(d)"`` (shard tensor dim d), ``"R"`` (replicate) or ``"P"``
 (partial sum), one per mesh axis. :func:`validate_plan` checks the plan against its graph.
+
+``model.file`` is absolute in plans made by ``plan`` (:func:`planner.api.prepare_model_file`);
+:func:`load_plan` finds a relative one (older plans) beside the plan file, then in the current
+directory, and returns the plan with that path made absolute.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from cost_models.atomic_file import write_text_atomic
-from cost_models.cluster import Cluster
+from cost_models.cluster import Cluster, memory_budget_bytes
 from planner.errors import AutoplanError
 from planner.plan.stage import Stage
 
@@ -155,11 +160,17 @@ class Plan:
     zero: bool = False  # optimizer state and gradients sharded over data-parallel axes
     # rows each batch-normalization call computes its statistics over (0: the model has none)
     batch_stat_rows: int = 0
+    memory_fraction: float = 1.0  # --memory-fraction: the share of the usable memory the plan was made for
     format_version: int = FORMAT_VERSION
 
     @property
     def num_devices(self) -> int:
         return sum(len(stage.devices) for stage in self.stages)
+
+    @property
+    def memory_budget_bytes(self) -> float:
+        """Bytes per device the plan was made to fit in: (capacity - reserve) x memory_fraction."""
+        return memory_budget_bytes(self.cluster, memory_fraction=self.memory_fraction)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,6 +183,7 @@ class Plan:
             "schedule": self.schedule,
             "optimizer": self.optimizer,
             "zero": self.zero,
+            "memory_fraction": self.memory_fraction,
             "batch_stat_rows": self.batch_stat_rows,
             "stages": [stage.to_json() for stage in self.stages],
             "estimate": self.estimate.to_json(),
@@ -200,6 +212,7 @@ class Plan:
                 schedule=str(data["schedule"]),
                 optimizer=str(data.get("optimizer", "adam-mixed")),
                 zero=bool(data.get("zero", False)),
+                memory_fraction=float(data.get("memory_fraction", 1.0)),
                 batch_stat_rows=int(data.get("batch_stat_rows", 0)),
                 stages=tuple(Stage.from_json(stage) for stage in data["stages"]),
                 estimate=Estimate.from_json(data["estimate"]),
@@ -216,6 +229,7 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 
 def load_plan(path: str | Path) -> Plan:
+    """The plan at ``path``, its model file found (see :func:`find_model_file`) and made absolute."""
     path = Path(path)
     if not path.is_file():
         raise PlanError(f"plan file {path} does not exist")
@@ -223,4 +237,28 @@ def load_plan(path: str | Path) -> Plan:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise PlanError(f"plan file {path} is not valid JSON: {error}") from None
-    return Plan.from_json(data)
+    plan = Plan.from_json(data)
+    if plan.model.file is None:  # planned from Python: nothing to find
+        return plan
+    found = find_model_file(plan.model.file, plan_path=path)
+    return replace(plan, model=replace(plan.model, file=str(found)))
+
+
+def find_model_file(file: str, *, plan_path: Path) -> Path:
+    """The model file a plan names: an absolute path as it is; a relative one (plans made before paths
+    were stored absolute) beside the plan file first, then in the current directory."""
+    stored = Path(file)
+    if stored.is_absolute():
+        if stored.is_file():
+            return stored
+        raise PlanError(
+            f'model file {file} of plan {plan_path} not found: it moved? re-plan, or edit "model.file" in the plan'
+        )
+    places = (plan_path.resolve().parent, Path.cwd())
+    for folder in places:
+        if (folder / stored).is_file():
+            return (folder / stored).resolve()
+    raise PlanError(
+        f"model file {file} of plan {plan_path} not found (looked in {places[0]} and {places[1]}): it moved? "
+        're-plan, or edit "model.file" in the plan'
+    )

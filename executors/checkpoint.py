@@ -1,0 +1,118 @@
+"""Sharded checkpoints of a training run with ``torch.distributed.checkpoint`` (DCP).
+
+One checkpoint is a directory ``DIR/step-N`` that every rank writes together (:func:`save_checkpoint`):
+
+* ``model.<name>`` — each parameter by its name in the user's model, written by its reporter rank
+  (:class:`executors.parallel_model.ParallelModel`), or for a DTensor by every rank of the
+  reporter's mesh, each its shard (DCP stores shards and de-duplicates replicas);
+* ``optim.<name>.<key>`` — the optimizer state of that parameter (``exp_avg``, ``exp_avg_sq``,
+  ``step``, ``momentum_buffer``), laid out like the parameter;
+* ``progress`` — the number of steps done, the optimizer's hyper-parameters per parameter group
+  (the learning rate a schedule has set among them) and the schedule's state, as JSON.
+
+:func:`load_checkpoint` reads it back into every rank's parameters and optimizer state, whatever
+rank wrote them (DCP reshards on load), and returns the step to resume at. Parameter names, not
+ranks, key the checkpoint, so a checkpoint of one plan loads into any plan of the same model that
+holds the same parameters. ``DIR/latest`` names the newest complete checkpoint: it is written after
+DCP's save returns on every rank, so an interrupted save is never resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
+
+from cost_models.atomic_file import write_text_atomic
+from executors.parallel_model import ParallelModel
+from planner.errors import AutoplanError
+
+LATEST = "latest"
+
+
+def _writes(model: ParallelModel, name: str, param: torch.Tensor) -> bool:
+    reporter = model.reporter[name]
+    if isinstance(param, DTensor):
+        return reporter in param.device_mesh.mesh.flatten().tolist()
+    return reporter == model.rank
+
+
+def _state(model: ParallelModel, optimizer: torch.optim.Optimizer, *, writing: bool) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for name, param in model.named_parameters().items():
+        if writing and not _writes(model, name, param):
+            continue
+        state[f"model.{name}"] = param.data if not isinstance(param, DTensor) else param
+        for key, value in optimizer.state.get(param, {}).items():
+            if isinstance(value, torch.Tensor):
+                state[f"optim.{name}.{key}"] = value
+    return state
+
+
+def save_checkpoint(
+    directory: str | Path, *, model: ParallelModel, optimizer: torch.optim.Optimizer, step: int, scheduler: Any = None
+) -> Path:
+    """Write ``directory/step-<step>`` from every rank (a collective); returns its path."""
+    root = Path(directory)
+    target = root / f"step-{step}"
+    state = _state(model, optimizer, writing=True)
+    groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    progress = {"step": step, "scheduler": scheduler.state_dict() if scheduler is not None else None, "groups": groups}
+    state["progress"] = json.dumps(progress)  # one object, not flattened by DCP
+    dcp.save(state, checkpoint_id=str(target))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        write_text_atomic(root / LATEST, f"step-{step}\n", what="checkpoint pointer")
+    return target
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    pointer = Path(directory) / LATEST
+    if not pointer.is_file():
+        return None
+    return Path(directory) / pointer.read_text().strip()
+
+
+def load_checkpoint(
+    directory: str | Path | None, *, model: ParallelModel, optimizer: torch.optim.Optimizer, scheduler: Any = None
+) -> int:
+    """Load the newest checkpoint under ``directory`` into this rank; returns the step to resume at."""
+    if directory is None:
+        raise AutoplanError("--resume needs --checkpoint-dir DIR")
+    path = latest_checkpoint(directory)
+    if path is None or not path.is_dir():
+        raise AutoplanError(f"--resume: no checkpoint in {directory} (no {LATEST} file naming a step-N directory)")
+    _init_optimizer_state(model, optimizer)
+    state = _state(model, optimizer, writing=False)
+    state["progress"] = ""
+    dcp.load(state, checkpoint_id=str(path))
+    progress = json.loads(state["progress"])
+    for group, saved in zip(optimizer.param_groups, progress["groups"], strict=True):
+        group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in saved.items()})
+    if scheduler is not None and progress["scheduler"] is not None:
+        scheduler.load_state_dict(progress["scheduler"])
+    return int(progress["step"])
+
+
+def _init_optimizer_state(model: ParallelModel, optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state (a step with zero gradients, as torch's own DCP helpers do) so DCP has
+    tensors to load into; the parameters it may move are overwritten by the load."""
+    params = model.parameters()
+    if not params or all(optimizer.state.get(p) for p in params):
+        return
+    saved = [p.grad for p in params]
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    for param, grad in zip(params, saved, strict=True):
+        param.grad = grad

@@ -1,0 +1,80 @@
+"""Measured memory of a rank, in the terms the estimate uses (``cost_models/memory.py``).
+
+CPU tensors have no allocator statistics, so a run measures what the estimate models:
+
+* *model state* (:func:`model_state_bytes`): the bytes of every parameter, gradient and optimizer
+  state tensor this rank holds (its local shards), each storage counted once;
+* *activations* (:class:`ActivationMeter`): the peak, over the step, of the bytes of tensors saved
+  for backward that are still alive — counted by a ``saved_tensors_hooks`` pack hook when autograd
+  saves a tensor, and released by a weak-reference callback when the last reference to it goes.
+
+Their sum is what :meth:`executors.parallel_model.ParallelModel.memory_bytes` reports. It leaves out
+what the estimate leaves out too: transient outputs not saved for backward, the interpreter, torch's
+libraries, communication buffers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
+    local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+    if local.device.type == "meta":
+        return None
+    storage = local.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def model_state_bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of the parameters, their gradients and the optimizer's state, each storage once."""
+    seen: dict[int, int] = {}
+    tensors: list[Any] = [*params, *(p.grad for p in params if p.grad is not None)]
+    if optimizer is not None:
+        tensors += [v for p in params for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+    for tensor in tensors:
+        found = _storage(tensor)
+        if found is not None:
+            seen.setdefault(*found)
+    return sum(seen.values())
+
+
+class ActivationMeter:
+    """``with meter:`` around forward and backward; ``meter.peak_bytes`` after."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}  # storage pointer -> bytes
+        self.refs: dict[int, int] = {}  # storage pointer -> saved tensors alive on it
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda packed: packed)
+
+    def __enter__(self) -> ActivationMeter:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        found = _storage(tensor) if not isinstance(tensor, torch.nn.Parameter) else None
+        if found is None:
+            return tensor
+        pointer, nbytes = found
+        self.refs[pointer] = self.refs.get(pointer, 0) + 1
+        if pointer not in self.live:
+            self.live[pointer] = nbytes
+            self.live_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        weakref.finalize(tensor, self._release, pointer)
+        return tensor
+
+    def _release(self, pointer: int) -> None:
+        self.refs[pointer] -= 1
+        if self.refs[pointer] == 0:
+            del self.refs[pointer]
+            self.live_bytes -= self.live.pop(pointer)

@@ -1,0 +1,163 @@
+"""One rank's part of a planned model, as a training program uses it.
+
+:func:`parallelize` rebuilds the model from the plan (seeded, fingerprint checked), builds the
+executor the plan needs (:func:`executors.runner.make_runner`) and returns a :class:`ParallelModel`:
+
+* :meth:`ParallelModel.rank_info` — what this rank's data loader must yield (:mod:`executors.feed`);
+* :meth:`ParallelModel.train_step` — forward and backward of one step over the plan's microbatches,
+  under the run's precision (:mod:`executors.precision`), gradients synchronised; returns the loss
+  of the whole global batch (the same number on every rank);
+* :meth:`ParallelModel.clip_grad_norm_` — the global gradient norm, each parameter counted once
+  however many ranks hold a copy or a shard of it, and every copy scaled by
+  ``min(1, max_norm / (norm + 1e-6))`` (``torch.nn.utils.clip_grad_norm_``'s rule);
+* :meth:`ParallelModel.named_parameters` — what this rank holds, by the model's parameter names
+  (DTensors where the plan shards or replicates over a mesh).
+
+Each parameter name has one *reporter*: the lowest rank holding it. The gradient norm counts a
+parameter on its reporter only; checkpoints (:mod:`executors.checkpoint`) are written by the
+reporter, or for a DTensor by every rank of the reporter's mesh (each its shard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from executors.feed import RankInfo, assemble, check_batch, data_feeders, rank_info, synthetic_batches
+from executors.memory_probe import ActivationMeter, model_state_bytes
+from executors.precision import Precision
+from executors.runner import Runner, make_runner
+from executors.session import Workload, load_workload
+from executors.train_log import Throughput, throughput_unit
+from planner.plan import Plan
+
+LossFn = Callable[[Any, Sequence[Any]], torch.Tensor]
+
+
+class ParallelModel:
+    def __init__(self, *, plan: Plan, workload: Workload, model: nn.Module) -> None:
+        self.plan, self.workload = plan, workload
+        self.runner: Runner = make_runner(plan, workload, model)
+        self.rank = dist.get_rank()
+        self.activation_peak_bytes: int | None = None  # set by train_step(measure_memory=True)
+        feeders, self.feeds_share = data_feeders(plan)
+        shared_batch = len(feeders) > 1 and not self.feeds_share and plan.batch_size % len(feeders) == 0
+        self.feed_group = dist.new_group(list(feeders)) if shared_batch else None  # every rank calls new_group
+        self._info = rank_info(plan, workload, rank=self.rank)
+        self.held = self.runner.named_parameters()
+        holders: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(holders, sorted(self.held))
+        self.reporter = {}
+        for rank, names in enumerate(holders):
+            for name in names:
+                self.reporter.setdefault(name, rank)
+
+    @property
+    def throughput(self) -> Throughput:
+        """What the log counts per second: tokens for token-id inputs, else samples."""
+        inputs = self.workload.graph.inputs
+        return throughput_unit(self.plan, inputs[0].meta if inputs else None)
+
+    @property
+    def precision(self) -> Precision:
+        return self.workload.precision
+
+    def rank_info(self, *, start_step: int = 0) -> RankInfo:
+        return RankInfo(**{**self._info.__dict__, "start_step": start_step})
+
+    def synthetic_batches(self, info: RankInfo) -> Any:
+        return synthetic_batches(self.workload.model_file, info, model_args=self.workload.model_args)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(dict.fromkeys(self.held.values()))
+
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        return dict(self.held)
+
+    def train_step(self, batch: Sequence[Any] | None, *, measure_memory: bool = False) -> float:
+        """Forward and backward over this step's batch (``None`` on a rank that reads no data);
+        ``measure_memory`` records the peak bytes saved for backward (:mod:`executors.memory_probe`)."""
+        if not measure_memory:
+            return self._train_step(batch)
+        with ActivationMeter() as meter:
+            loss = self._train_step(batch)
+        self.activation_peak_bytes = max(self.activation_peak_bytes or 0, meter.peak_bytes)
+        return loss
+
+    def memory_bytes(self, optimizer: torch.optim.Optimizer | None) -> int:
+        """The largest, over the ranks, of model state + peak saved activations (a collective)."""
+        local = model_state_bytes(self.parameters(), optimizer) + (self.activation_peak_bytes or 0)
+        largest = torch.tensor(float(local), dtype=torch.float64, device=self.workload.device)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return int(largest)
+
+    def _train_step(self, batch: Sequence[Any] | None) -> float:
+        info = self._info
+        if info.needs_data:
+            assert batch is not None, "a rank that reads data must be given its batch"
+            share = check_batch(batch, info, expected_len=info.num_inputs + len(self.workload.target_metas))
+        else:
+            share = ()
+        with self.precision.autocast(self.workload.device):
+            if self.feeds_share:
+                return self.runner.step_share(share)  # type: ignore[attr-defined]
+            whole = assemble(share, info, self.feed_group) if info.needs_data else ()
+            return self.runner.step(whole)
+
+    def grad_norm(self) -> float:
+        """The gradient norm of the whole model (a collective over every rank)."""
+        total = torch.zeros((), dtype=torch.float64, device=self.workload.device)
+        for name, param in self.held.items():
+            if param.grad is None:
+                continue
+            squared = _squared_norm(param.grad)  # every rank of a DTensor's mesh holds it: they all take part
+            if self.reporter[name] == self.rank:
+                total += squared
+        dist.all_reduce(total)
+        return float(total.sqrt())
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Scale every gradient so the global norm is at most ``max_norm``; returns the norm before."""
+        norm = self.grad_norm()
+        coefficient = max_norm / (norm + 1e-6)
+        if coefficient < 1.0:
+            for param in self.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(coefficient)
+        return norm
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        return self.runner.gradients()
+
+
+def _squared_norm(grad: torch.Tensor) -> torch.Tensor:
+    """The whole gradient's squared norm in float64: a DTensor's local shard summed over the mesh axes
+    that shard it (replicated axes hold copies)."""
+    if not isinstance(grad, DTensor):
+        return grad.detach().double().pow(2).sum()
+    squared = grad.to_local().detach().double().pow(2).sum()
+    for axis, placement in enumerate(grad.placements):
+        assert not placement.is_partial(), "gradients are synchronised before their norm is taken"
+        if placement.is_shard():
+            dist.all_reduce(squared, group=grad.device_mesh.get_group(axis))
+    return squared
+
+
+def parallelize(
+    plan: Plan, *, device: str, seed: int = 0, precision: Precision | None = None, dropout: bool = True,
+    loss_fn: LossFn | None = None, build_model: Callable[[], nn.Module] | None = None,
+) -> ParallelModel:  # fmt: skip
+    """This rank's part of ``plan``'s model (the process group must be up). ``build_model`` and ``loss_fn``
+    replace the model file's (the loss takes the output and the targets, or the inputs for files without
+    targets); the model built must still have the plan's fingerprint."""
+    workload = load_workload(plan, seed=seed, device=device, dropout=dropout, precision=precision,
+                             build_fn=build_model)  # fmt: skip
+    if loss_fn is not None:
+        workload.loss_fn = loss_fn
+    model, _ = workload.build()
+    return ParallelModel(plan=plan, workload=workload, model=model)

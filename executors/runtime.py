@@ -1,0 +1,206 @@
+"""The runtime a generated training program imports (``plan compile`` writes ``train.py``; see README).
+
+The program keeps the model build, the data, the loss, the optimizer, the learning-rate schedule,
+gradient clipping, checkpoints and logging in plain sight; this module gives it the parallel parts:
+
+* :func:`start` — join the job torchrun started, with the plan's backend (nccl and one CUDA device
+  per local rank for a GPU plan, gloo for CPU processes) unless told otherwise;
+* :func:`parallelize` — this rank's part of the model (:class:`executors.parallel_model.ParallelModel`)
+  in the run's precision (the plan's optimizer unless overridden; :mod:`executors.precision`);
+* :func:`synthetic_batches` — the default data: a new batch every step from the model file;
+* :class:`StepTimer`, :class:`executors.train_log.StepLogger` — step time (slowest rank) and the log line;
+* :func:`executors.checkpoint.save_checkpoint` / :func:`executors.checkpoint.load_checkpoint` — sharded DCP checkpoints;
+* :class:`executors.parity_check.ParityCheck` — ``--check-parity`` against one process;
+* :func:`run` — run ``main`` as one rank: a user error is one line naming the rank (exit 2), a crash
+  one line (exit 1, the traceback with ``AUTOPLAN_DEBUG=1``), and the rank exits at once so its peers
+  are stopped by torchrun instead of waiting for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from executors.checkpoint import load_checkpoint, save_checkpoint
+from executors.feed import RankInfo
+from executors.feed import synthetic_batches as _synthetic
+from executors.parallel_model import LossFn, ParallelModel
+from executors.parallel_model import parallelize as _parallelize
+from executors.parity_check import ParityCheck
+from executors.precision import Precision, check_optimizer, deviation, make_optimizer
+from executors.session import default_loss, init_distributed
+from executors.train_log import StepLogger, throughput_unit
+from planner.errors import AutoplanError
+from planner.ir.model_file import ModelFile
+from planner.ir.model_file import load_model_file as _load_model_file
+from planner.plan import Plan
+from planner.plan import load_plan as _load_plan
+from planner.plan.launch import backend_for
+
+__all__ = [
+    "ParityCheck", "RankInfo", "Session", "StepLogger", "StepTimer", "check_run_args", "default_loss", "load_checkpoint",
+    "load_model_file", "load_plan", "make_optimizer", "parallelize", "run", "save_checkpoint", "start",
+    "synthetic_batches", "throughput_unit",
+]  # fmt: skip
+
+
+def load_plan(path: str | Path) -> Plan:
+    return _load_plan(path)
+
+
+def load_model_file(plan: Plan) -> ModelFile:
+    """The plan's model file, imported (``build_model``, ``example_inputs``, ``loss_fn``, ...)."""
+    if plan.model.file is None:
+        raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
+    return _load_model_file(plan.model.file)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Session:
+    plan: Plan
+    rank: int
+    world_size: int
+    backend: str
+    device: str
+
+
+def start(plan: Plan, *, backend: str | None = None, timeout_s: float = 60.0) -> Session:
+    """Join the job (torchrun's environment) with the plan's backend, or ``backend`` when given."""
+    chosen = backend or backend_for(plan.cluster)
+    if chosen == "nccl" and not torch.cuda.is_available():
+        raise AutoplanError(
+            f"this plan is for {plan.cluster.device.name} GPUs (nccl) but this machine has no CUDA device: run it on "
+            "the plan's cluster, or pass --backend gloo to try it on CPU processes"
+        )
+    rank, world = init_distributed(backend=chosen, timeout_s=timeout_s)
+    if world != plan.cluster.num_devices:
+        raise AutoplanError(
+            f"the plan is for {plan.cluster.num_devices} devices ({plan.cluster.num_nodes} node(s) × "
+            f"{plan.cluster.devices_per_node}) but {world} processes were started: use torchrun --nnodes "
+            f"{plan.cluster.num_nodes} --nproc-per-node {plan.cluster.devices_per_node}"
+        )
+    device = f"cuda:{torch.cuda.current_device()}" if chosen == "nccl" else "cpu"
+    return Session(plan=plan, rank=rank, world_size=world, backend=chosen, device=device)
+
+
+def parallelize(
+    session: Session, *, optimizer: str, seed: int = 0, build_model: Callable[[], nn.Module] | None = None,
+    loss_fn: LossFn | None = None, check_parity: bool = False,
+) -> ParallelModel:  # fmt: skip
+    """This rank's part of the plan's model, in the precision ``optimizer`` trains with. Says (rank 0) when
+    the optimizer is not the plan's, and that dropout is off when checking parity."""
+    check_optimizer(optimizer)
+    plan = session.plan
+    if session.rank == 0:
+        print(f"training with {optimizer}: {Precision.for_optimizer(optimizer).describe()}", flush=True)
+        note = deviation(planned=plan.optimizer, running=optimizer)
+        if note:
+            print(note, flush=True)
+        if check_parity:
+            print("parity check against one process: dropout off and random draws fixed on both sides "
+                  "(random streams differ by design)", flush=True)  # fmt: skip
+    return _parallelize(plan, device=session.device, seed=seed, precision=Precision.for_optimizer(optimizer),
+                        dropout=not check_parity, loss_fn=loss_fn, build_model=build_model)  # fmt: skip
+
+
+def synthetic_batches(plan: Plan, info: RankInfo) -> Iterator[tuple[Any, ...]]:
+    """A new random batch ``(*inputs, *targets)`` of ``info.rows`` rows every step, drawn from the model
+    file's ``example_inputs``/``example_targets`` with a seed of (seed, step, data rank)."""
+    return _synthetic(load_model_file(plan), info, model_args=dict(plan.model.args))
+
+
+def check_run_args(args: Any) -> None:
+    """The program's options make sense together (one clear line otherwise, exit 2)."""
+    try:
+        _check_run_args(args)
+    except AutoplanError as error:
+        print(f"train.py: error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def _check_run_args(args: Any) -> None:
+    if args.steps < 1:
+        raise AutoplanError(f"--steps must be at least 1, got {args.steps}")
+    if args.lr <= 0:
+        raise AutoplanError(f"--lr must be positive, got {args.lr:g}")
+    check_optimizer(args.optimizer)
+    if (args.resume or args.stop_after or args.checkpoint_every) and args.checkpoint_dir is None:
+        raise AutoplanError("--resume, --stop-after and --checkpoint-every need --checkpoint-dir DIR")
+    if args.resume and args.check_parity:
+        raise AutoplanError("--check-parity starts both sides from the initial weights: it cannot follow --resume")
+    if args.backend not in (None, "gloo", "nccl"):
+        raise AutoplanError(f"--backend must be gloo or nccl, got {args.backend!r}")
+
+
+class StepTimer:
+    """Seconds of one step: from a barrier to the end of the slowest rank's optimizer step."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.started = 0.0
+        self.left_out = 0.0
+
+    @contextlib.contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Work inside is not part of the step's time (the parity check)."""
+        begun = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.left_out += time.perf_counter() - begun
+
+    def start(self) -> None:
+        self._sync()
+        dist.barrier()
+        self.started, self.left_out = time.perf_counter(), 0.0
+
+    def stop(self) -> float:
+        self._sync()
+        elapsed = torch.tensor(time.perf_counter() - self.started - self.left_out, device=self.session.device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return float(elapsed)
+
+    def _sync(self) -> None:
+        if self.session.backend == "nccl":
+            torch.cuda.synchronize()
+
+
+def run(main: Callable[[], int]) -> NoReturn:
+    """Run one rank's ``main`` and exit with its code; errors become one line on stderr naming the rank."""
+    try:
+        code = main()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except AutoplanError as error:
+        print(f"rank {_rank()}: {error}", file=sys.stderr, flush=True)
+        _exit_now(2)
+    except Exception as error:  # the failing rank names itself; torchrun stops the others
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(f"rank {_rank()} failed: {type(error).__name__}: {first}", file=sys.stderr, flush=True)
+        if os.environ.get("AUTOPLAN_DEBUG"):  # the whole traceback, for a bug report
+            traceback.print_exc()
+        _exit_now(1)
+    sys.exit(code)
+
+
+def _rank() -> str:
+    return str(dist.get_rank()) if dist.is_initialized() else os.environ.get("RANK", "?")
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Leave at once: a failed rank must not wait at interpreter exit for its process group's threads
+    (peers blocked in a collective with it), or the run would hang until the collective timeout."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

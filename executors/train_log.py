@@ -1,0 +1,72 @@
+"""The line a training program prints per step: loss, step time, throughput and MFU beside the plan's estimate.
+
+Throughput counts *tokens* when the model's first input is a 2-D integer tensor (``batch × sequence``
+token ids: tokens per step = its number of elements at the global batch) and *samples* (the global
+batch) otherwise. MFU is the model's FLOPs per step over the step time and the peak of all devices:
+the plan's estimate carries both its own MFU and its step time, so the measured MFU is
+``estimate.mfu × estimate.step_time_s / measured step`` (the same FLOPs, the measured time). On a
+machine unlike the plan's cluster (a CPU run of a GPU plan) the MFU is against the plan's devices,
+so it reads as "how far this machine is from the plan", not as this machine's utilisation.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from cost_models.units import MIB
+from planner.ir.graph import TensorMeta
+from planner.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    unit: str  # "tokens" or "samples"
+    per_step: int
+
+
+def throughput_unit(plan: Plan, first_input: TensorMeta | None) -> Throughput:
+    if first_input is not None and len(first_input.shape) == 2 and first_input.dtype.startswith("int"):
+        return Throughput(unit="tokens", per_step=int(first_input.shape[0] * first_input.shape[1]))
+    return Throughput(unit="samples", per_step=plan.batch_size)
+
+
+class StepLogger:
+    """Prints one line per logged step on rank 0 (``every`` steps and the last one)."""
+
+    def __init__(self, plan: Plan, *, throughput: Throughput, every: int = 1, out: TextIO | None = None) -> None:
+        self.plan, self.throughput, self.every = plan, throughput, max(1, every)
+        self.out = out or sys.stdout
+
+    def header(self) -> str:
+        estimate = self.plan.estimate
+        return (
+            f"plan estimate: step {_ms(estimate.step_time_s)}, "
+            f"{self.throughput.per_step / estimate.step_time_s:,.0f} {self.throughput.unit}/s, "
+            f"MFU {estimate.mfu:.1%} on {self.plan.cluster.num_devices} × {self.plan.cluster.device.name}"
+        )
+
+    def line(self, *, step: int, loss: float, step_time_s: float, lr: float, grad_norm: float | None = None,
+             memory_bytes: int | None = None, parity: str | None = None) -> str:  # fmt: skip
+        estimate = self.plan.estimate
+        mfu = estimate.mfu * estimate.step_time_s / step_time_s if step_time_s > 0 else 0.0
+        rate = self.throughput.per_step / step_time_s if step_time_s > 0 else 0.0
+        norm = f"  grad norm {grad_norm:.3g}" if grad_norm is not None else ""
+        if memory_bytes is not None:
+            planned = estimate.memory_per_device_bytes
+            norm += f"  memory {memory_bytes / MIB:.1f} MiB (plan {planned / MIB:.1f} MiB)"
+        return (
+            f"step {step + 1}  loss {loss:.6f}  {_ms(step_time_s)} (plan {_ms(estimate.step_time_s)})  "
+            f"{rate:,.0f} {self.throughput.unit}/s  MFU {mfu:.1%}  lr {lr:.3g}{norm}"
+            f"{f'  {parity}' if parity else ''}"
+        )
+
+    def log(self, *, step: int, last: bool, **fields: Any) -> None:
+        """Print the step's line every ``every`` steps, on the last step, and whenever parity is checked."""
+        if (step + 1) % self.every == 0 or last or fields.get("parity"):
+            print(self.line(step=step, **fields), file=self.out, flush=True)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.2f} s"

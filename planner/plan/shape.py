@@ -1,0 +1,105 @@
+"""A plan's shape in the words engineers use: ``pipeline 2 × tensor 4 × data 8, 16 microbatches, 1F1B, recompute on``.
+
+The degrees come from the plan itself: the pipeline degree is the number of stages; inside a
+stage, each mesh axis is *tensor* (model) parallel or *data* parallel (:func:`axis_roles`). An
+axis along which every parameter is replicated is data parallel. An axis that shards parameters
+is tensor parallel, unless more parameters have their gradients all-reduced over it (the
+strategies' ``sync`` collectives: replicas that saw different shares of the batch) than are
+sharded along it: an axis that splits the batch and shards only, say, the embeddings is data
+parallel (the stage line of the summary counts the sharded parameters). Degrees of 1 are left out. Operator placements
+(schedule ``dataflow``) have no degrees: they put each operator on one device and let
+microbatches flow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.plan.stage import Stage
+from planner.plan.value import Plan
+
+SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageDegrees:
+    tensor: int
+    data: int
+
+    def text(self) -> str:
+        """``tensor 4 × data 2``; ``1 device`` when both are 1."""
+        parts = [f"{name} {size}" for name, size in (("tensor", self.tensor), ("data", self.data)) if size > 1]
+        return " × ".join(parts) or "1 device"
+
+
+def axis_roles(stage: Stage) -> tuple[str, ...]:
+    """Per mesh axis of ``stage``: ``"tensor"`` when parameters are sharded along it and at least as many
+    as have their gradients synced over it, else ``"data"``."""
+    return tuple(_axis_role(stage, axis) for axis in range(len(stage.mesh_shape)))
+
+
+def _axis_role(stage: Stage, axis: int) -> str:
+    sharded = sum(spec[axis].startswith("S") for spec in stage.param_placements.values())
+    synced = sum(
+        collective.phase == "sync" and collective.axis == axis
+        for record in stage.strategies.values()
+        for collective in record.collectives
+    )
+    return "tensor" if sharded and sharded >= synced else "data"
+
+
+def stage_degrees(stage: Stage) -> StageDegrees:
+    """The stage's tensor and data degrees: products of the sizes of its tensor and data mesh axes."""
+    tensor = data = 1
+    for size, role in zip(stage.mesh_shape, axis_roles(stage), strict=True):
+        if role == "tensor":
+            tensor *= size
+        else:
+            data *= size
+    return StageDegrees(tensor=tensor, data=data)
+
+
+def count_of(number: int, singular: str, plural: str | None = None) -> str:
+    """``1 microbatch``, ``4 microbatches``."""
+    return f"{number} {singular if number == 1 else plural or singular + 's'}"
+
+
+def plan_shape(plan: Plan) -> str:
+    """One line: the degrees, microbatches, schedule, recomputation and ZeRO of ``plan``."""
+    if plan.schedule == "dataflow":
+        return _placement_shape(plan)
+    stages = sorted(plan.stages, key=lambda stage: stage.index)
+    parts = [_degrees_text(stages)]
+    if plan.num_microbatches > 1:
+        parts.append(count_of(plan.num_microbatches, "microbatch", "microbatches"))
+    if len(stages) > 1:
+        parts.append(SCHEDULE_NAMES.get(plan.schedule, plan.schedule))
+    parts.append(_recompute_text(stages))
+    if plan.zero:
+        parts.append("ZeRO (optimizer state and gradients sharded over the data axes)")
+    return ", ".join(parts)
+
+
+def _degrees_text(stages: list[Stage]) -> str:
+    degrees = [stage_degrees(stage) for stage in stages]
+    if len(stages) == 1:
+        return degrees[0].text()
+    if len(set(degrees)) == 1:
+        inner = degrees[0].text()
+        return f"pipeline {len(stages)}" + ("" if inner == "1 device" else f" × {inner}")
+    return f"pipeline {len(stages)} stages on {'+'.join(str(len(stage.devices)) for stage in stages)} devices"
+
+
+def _recompute_text(stages: list[Stage]) -> str:
+    recomputing = sum(stage.remat for stage in stages)
+    if recomputing in (0, len(stages)):
+        return "recompute on" if recomputing else "recompute off"
+    return f"recompute on in {recomputing} of {len(stages)} stages"
+
+
+def _placement_shape(plan: Plan) -> str:
+    used = len({device for stage in plan.stages for device in stage.devices})
+    total = plan.cluster.num_devices
+    over = count_of(used, "device") if used == total else f"{used} of {count_of(total, 'device')}"
+    flowing = count_of(plan.num_microbatches, "microbatch", "microbatches")
+    return f"operator placement over {over} ({plan.method}), {flowing} flowing"
