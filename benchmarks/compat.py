@@ -142,8 +142,8 @@ def plan_family(path: Path, *, methods: list[str], world: int, batch_size: int, 
 
 
 def run_cell(plan, *, common: dict, plan_s: float, args: argparse.Namespace) -> Cell:
-    from executors.launch import free_port
-    from executors.program import write_program
+    from executors.training.launch import free_port
+    from executors.training.program import write_program
 
     shape = f"{len(plan.stages)} stage(s) {[list(s.mesh_shape) for s in plan.stages]} m={plan.num_microbatches}"
     with tempfile.TemporaryDirectory(prefix="autoplan-compat-") as directory:

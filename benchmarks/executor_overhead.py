@@ -3,7 +3,7 @@
 Each case plans a model file for two local CPU ranks (gloo, one thread per rank), starts the two
 ranks with torchrun, and times two training loops in the same job, one step of each in turn:
 
-* **ours**: the plan run the way ``plan run`` runs it (:func:`executors.program.run_plan`):
+* **ours**: the plan run the way ``plan run`` runs it (:func:`executors.training.program.run_plan`):
   ``load_workload`` -> ``make_runner`` -> per step ``zero_grad``, ``runner.step(inputs)`` (forward,
   backward, gradient sync, loss all-reduce or broadcast), ``SGD.step``. A data-parallel plan runs
   on ``DataParallelRunner`` (the captured graph interpreted node by node, wrapped in DDP); a
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from results_page import save_table  # noqa: E402
 
-from executors.launch import free_port  # noqa: E402
+from executors.training.launch import free_port  # noqa: E402
 
 TARGET = 1.10
 MLP_ARGS = {"hidden": 1024, "layers": 8}

@@ -52,7 +52,7 @@ from cost_models.calibration import (
     to_toml,
 )
 from cost_models.cluster import Cluster
-from executors.launch import free_port
+from executors.training.launch import free_port
 from planner.errors import AutoplanError
 
 KIB = 1024

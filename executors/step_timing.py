@@ -65,7 +65,7 @@ def run_timing(
     paths: Sequence[str], *, world: int, steps: int, out: Path, timeout_s: float = 1800.0
 ) -> dict[str, float]:
     """Launch one torchrun job of ``world`` processes (one thread each) timing every plan."""
-    from executors.launch import free_port
+    from executors.training.launch import free_port
 
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
                str(free_port()), "-m", "executors.step_timing", str(out), str(steps), *paths]  # fmt: skip

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from executors.program import RunOptions, run_plan
 from executors.session import init_distributed
+from executors.training.program import RunOptions, run_plan
 from planner.plan import load_plan
 
 

@@ -13,9 +13,9 @@ from cost_models.cluster import load_cluster
 from executors.graph_module import GraphModule, make_segment, model_tensors
 from executors.parity import compare
 from executors.pipeline import check_pipeline, stage_segments
-from executors.program import write_program
 from executors.session import split_batch
 from executors.tensor_parallel import to_placements
+from executors.training.program import write_program
 from planner.api import plan_model_file
 from planner.costing.collectives import charged_collectives
 from planner.costing.setup import plan_setup

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import load_cluster
-from executors.launch import free_port
+from executors.training.launch import free_port
 from planner.api import plan_prepared, prepare_model_file
 from planner.plan import Plan, load_plan, save_plan
 from tests.conftest import captured, edit_strategy

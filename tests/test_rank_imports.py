@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from cost_models.cluster import load_cluster
-from executors.launch import free_port
-from executors.program import write_program
+from executors.training.launch import free_port
+from executors.training.program import write_program
 from planner.api import plan_model_file
 from tests.conftest import EXAMPLES, ROOT
 

@@ -159,6 +159,6 @@ def _alive(pid: int) -> bool:
 
 
 def _port() -> int:
-    from executors.launch import free_port
+    from executors.training.launch import free_port
 
     return free_port()

@@ -9,7 +9,7 @@ in the plan's precision.
   (``--nnodes 2``, c10d rendezvous) with ``--check-parity``.
 * An ``adam-mixed`` plan trains under bf16 autocast (its loss differs from the fp32 run's, and parity
   holds against bf16 in one process), and its measured memory per device (model state + peak saved
-  activations, :mod:`executors.memory_probe`) is no larger than the estimate's.
+  activations, :mod:`executors.training.memory_probe`) is no larger than the estimate's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from executors.launch import free_port
+from executors.training.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}

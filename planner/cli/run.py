@@ -70,7 +70,7 @@ def program_args(args: argparse.Namespace) -> list[str]:
 
 
 def run_run(argv: Sequence[str]) -> int:
-    from executors.launch import launch
+    from executors.training.launch import launch
     from planner.costing.stage_work import check_plan_strategies
 
     args = _run_parser().parse_args(list(argv))
@@ -96,8 +96,8 @@ def _compile_parser() -> argparse.ArgumentParser:
 
 
 def run_compile(argv: Sequence[str]) -> int:
-    from executors.launch import preflight
-    from executors.program import write_program
+    from executors.training.launch import preflight
+    from executors.training.program import write_program
     from planner.costing.stage_work import check_plan_strategies
     from planner.errors import AutoplanError
     from planner.plan import load_plan

@@ -2,7 +2,7 @@
 
 :func:`launch` checks everything it can before starting anything (the plan file, the options, the
 model file and its fingerprint — one clear error, exit 2, nothing started), writes the training
-program with :func:`executors.program.write_program` into a temporary directory (so ``plan run``
+program with :func:`executors.training.program.write_program` into a temporary directory (so ``plan run``
 and a compiled ``train.py`` are the same code path) and runs it under torchrun's elastic agent
 (``torch.distributed.launcher.api.elastic_launch``) on this machine, one process per device of the
 plan, no restarts. When a rank fails the agent stops every other rank (SIGTERM, then
@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from executors.program import write_program
+from executors.training.program import write_program
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, load_plan

@@ -3,7 +3,7 @@
 :class:`ParityCheck` builds the user's own ``nn.Module`` on rank 0 with the same seed (same initial
 weights), the same optimizer and learning-rate schedule (built by the program's own
 ``make_optimizer`` / ``make_lr_schedule``) and the same gradient clipping, and runs every step on
-the whole global batch — gathered from the ranks that read it (:func:`executors.feed.global_batch_on_rank0`)
+the whole global batch — gathered from the ranks that read it (:func:`executors.training.feed.global_batch_on_rank0`)
 — under the run's precision, in chunks of the plan's batch-statistics rows. :meth:`ParityCheck.check`
 compares the loss, the gradient norm before clipping and every gradient after clipping, by name,
 within the precision's tolerance (:mod:`executors.parity`), then steps the reference's optimizer.
@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executors.feed import global_batch_on_rank0
-from executors.parallel_model import ParallelModel
 from executors.parity import ParityResult, Reference, compare, gather_gradients
+from executors.training.feed import global_batch_on_rank0
+from executors.training.parallel_model import ParallelModel
 
 
 class ParityCheck:

@@ -3,7 +3,7 @@
 One checkpoint is a directory ``DIR/step-N`` that every rank writes together (:func:`save_checkpoint`):
 
 * ``model.<name>`` — each parameter by its name in the user's model, written by its reporter rank
-  (:class:`executors.parallel_model.ParallelModel`), or for a DTensor by every rank of the
+  (:class:`executors.training.parallel_model.ParallelModel`), or for a DTensor by every rank of the
   reporter's mesh, each its shard (DCP stores shards and de-duplicates replicas);
 * ``optim.<name>.<key>`` — the optimizer state of that parameter (``exp_avg``, ``exp_avg_sq``,
   ``step``, ``momentum_buffer``), laid out like the parameter;
@@ -29,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
 from cost_models.atomic_file import write_text_atomic
-from executors.parallel_model import ParallelModel
+from executors.training.parallel_model import ParallelModel
 from planner.errors import AutoplanError
 
 LATEST = "latest"

@@ -5,12 +5,12 @@ gradient clipping, checkpoints and logging in plain sight; this module gives it 
 
 * :func:`start` — join the job torchrun started, with the plan's backend (nccl and one CUDA device
   per local rank for a GPU plan, gloo for CPU processes) unless told otherwise;
-* :func:`parallelize` — this rank's part of the model (:class:`executors.parallel_model.ParallelModel`)
+* :func:`parallelize` — this rank's part of the model (:class:`executors.training.parallel_model.ParallelModel`)
   in the run's precision (the plan's optimizer unless overridden; :mod:`executors.precision`);
 * :func:`synthetic_batches` — the default data: a new batch every step from the model file;
-* :class:`StepTimer`, :class:`executors.train_log.StepLogger` — step time (slowest rank) and the log line;
-* :func:`executors.checkpoint.save_checkpoint` / :func:`executors.checkpoint.load_checkpoint` — sharded DCP checkpoints;
-* :class:`executors.parity_check.ParityCheck` — ``--check-parity`` against one process;
+* :class:`StepTimer`, :class:`executors.training.train_log.StepLogger` — step time (slowest rank) and the log line;
+* :func:`executors.training.checkpoint.save_checkpoint` / :func:`executors.training.checkpoint.load_checkpoint` — sharded DCP checkpoints;
+* :class:`executors.training.parity_check.ParityCheck` — ``--check-parity`` against one process;
 * :func:`run` — run ``main`` as one rank: a user error is one line naming the rank (exit 2), a crash
   one line (exit 1, the traceback with ``AUTOPLAN_DEBUG=1``), and the rank exits at once so its peers
   are stopped by torchrun instead of waiting for it.
@@ -32,15 +32,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executors.checkpoint import load_checkpoint, save_checkpoint
-from executors.feed import RankInfo
-from executors.feed import synthetic_batches as _synthetic
-from executors.parallel_model import LossFn, ParallelModel
-from executors.parallel_model import parallelize as _parallelize
-from executors.parity_check import ParityCheck
 from executors.precision import Precision, check_optimizer, deviation, make_optimizer
 from executors.session import default_loss, init_distributed
-from executors.train_log import StepLogger, throughput_unit
+from executors.training.checkpoint import load_checkpoint, save_checkpoint
+from executors.training.feed import RankInfo
+from executors.training.feed import synthetic_batches as _synthetic
+from executors.training.parallel_model import LossFn, ParallelModel
+from executors.training.parallel_model import parallelize as _parallelize
+from executors.training.parity_check import ParityCheck
+from executors.training.train_log import StepLogger, throughput_unit
 from planner.errors import AutoplanError
 from planner.ir.model_file import ModelFile
 from planner.ir.model_file import load_model_file as _load_model_file

@@ -8,7 +8,7 @@ CPU tensors have no allocator statistics, so a run measures what the estimate mo
   for backward that are still alive — counted by a ``saved_tensors_hooks`` pack hook when autograd
   saves a tensor, and released by a weak-reference callback when the last reference to it goes.
 
-Their sum is what :meth:`executors.parallel_model.ParallelModel.memory_bytes` reports. It leaves out
+Their sum is what :meth:`executors.training.parallel_model.ParallelModel.memory_bytes` reports. It leaves out
 what the estimate leaves out too: transient outputs not saved for backward, the interpreter, torch's
 libraries, communication buffers.
 """

@@ -1,7 +1,7 @@
 """The training program of a plan: ``plan compile`` writing it, and the same loop in-process for tests.
 
-:func:`write_program` writes ``DIR/train.py`` (the text is :data:`executors.program_template.TEMPLATE`:
-a page of plain code that imports :mod:`executors.runtime` for the parallel parts) beside
+:func:`write_program` writes ``DIR/train.py`` (the text is :data:`executors.training.program_template.TEMPLATE`:
+a page of plain code that imports :mod:`executors.training.runtime` for the parallel parts) beside
 ``DIR/plan.json``; ``plan run`` launches the same file with torchrun.
 
 :func:`run_plan` is the program's loop without checkpoints or data loader, for callers that already
@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 
 from cost_models.atomic_file import write_text_atomic
-from executors.parallel_model import parallelize
 from executors.parity import ParityResult
-from executors.parity_check import ParityCheck
 from executors.precision import Precision, check_optimizer, make_optimizer
-from executors.program_template import TEMPLATE
 from executors.session import BACKENDS
+from executors.training.parallel_model import parallelize
+from executors.training.parity_check import ParityCheck
+from executors.training.program_template import TEMPLATE
 from planner.errors import AutoplanError
 from planner.ir.model_file import build_kwargs, load_model_file
 from planner.plan import Plan, save_plan

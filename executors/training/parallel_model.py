@@ -3,7 +3,7 @@
 :func:`parallelize` rebuilds the model from the plan (seeded, fingerprint checked), builds the
 executor the plan needs (:func:`executors.runner.make_runner`) and returns a :class:`ParallelModel`:
 
-* :meth:`ParallelModel.rank_info` — what this rank's data loader must yield (:mod:`executors.feed`);
+* :meth:`ParallelModel.rank_info` — what this rank's data loader must yield (:mod:`executors.training.feed`);
 * :meth:`ParallelModel.train_step` — forward and backward of one step over the plan's microbatches,
   under the run's precision (:mod:`executors.precision`), gradients synchronised; returns the loss
   of the whole global batch (the same number on every rank);
@@ -14,7 +14,7 @@ executor the plan needs (:func:`executors.runner.make_runner`) and returns a :cl
   (DTensors where the plan shards or replicates over a mesh).
 
 Each parameter name has one *reporter*: the lowest rank holding it. The gradient norm counts a
-parameter on its reporter only; checkpoints (:mod:`executors.checkpoint`) are written by the
+parameter on its reporter only; checkpoints (:mod:`executors.training.checkpoint`) are written by the
 reporter, or for a DTensor by every rank of the reporter's mesh (each its shard).
 """
 
@@ -28,12 +28,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from executors.feed import RankInfo, assemble, check_batch, data_feeders, rank_info, synthetic_batches
-from executors.memory_probe import ActivationMeter, model_state_bytes
 from executors.precision import Precision
 from executors.runner import Runner, make_runner
 from executors.session import Workload, load_workload
-from executors.train_log import Throughput, throughput_unit
+from executors.training.feed import RankInfo, assemble, check_batch, data_feeders, rank_info, synthetic_batches
+from executors.training.memory_probe import ActivationMeter, model_state_bytes
+from executors.training.train_log import Throughput, throughput_unit
 from planner.plan import Plan
 
 LossFn = Callable[[Any, Sequence[Any]], torch.Tensor]
@@ -81,7 +81,7 @@ class ParallelModel:
 
     def train_step(self, batch: Sequence[Any] | None, *, measure_memory: bool = False) -> float:
         """Forward and backward over this step's batch (``None`` on a rank that reads no data);
-        ``measure_memory`` records the peak bytes saved for backward (:mod:`executors.memory_probe`)."""
+        ``measure_memory`` records the peak bytes saved for backward (:mod:`executors.training.memory_probe`)."""
         if not measure_memory:
             return self._train_step(batch)
         with ActivationMeter() as meter:
