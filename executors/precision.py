@@ -96,13 +96,17 @@ def make_optimizer(name: str, params: list[nn.Parameter], *, lr: float, weight_d
     return torch.optim.SGD(params, lr=lr, momentum=0.9 if name == "sgd-momentum" else 0.0, weight_decay=weight_decay)
 
 
+def describe_optimizer(name: str) -> str:
+    """E.g. ``AdamW, 16 B/param, bf16 autocast, fp32 master weights, gradients and optimizer state``."""
+    kind = "AdamW" if name.startswith("adam") else "SGD" + (" with momentum" if name == "sgd-momentum" else "")
+    return f"{kind}, {optimizer_bytes(name).total} B/param, {Precision.for_optimizer(name).describe()}"
+
+
 def deviation(*, planned: str, running: str) -> str | None:
     """One line saying how the estimate no longer applies, or None when the run is what was planned."""
     if planned == running:
         return None
-    was, now = optimizer_bytes(planned), optimizer_bytes(running)
     return (
-        f"note: the plan was costed with {planned} ({was.total} B/param, {Precision.for_optimizer(planned).describe()}); "
-        f"this run uses {running} ({now.total} B/param, {Precision.for_optimizer(running).describe()}), so its memory "
-        "and step time no longer match the estimate"
+        f"note: the plan was costed with {planned} ({describe_optimizer(planned)}); this run uses {running} "
+        f"({describe_optimizer(running)}), so its memory and step time no longer match the estimate"
     )

@@ -146,13 +146,13 @@ class Workload:
 
 def load_workload(
     plan: Plan, *, seed: int, device: str, dropout: bool = True, precision: Precision | None = None,
-    build_fn: Callable[[], torch.nn.Module] | None = None,
+    build_fn: Callable[[], torch.nn.Module] | None = None, model_file: ModelFile | None = None,
 ) -> Workload:  # fmt: skip
     """Rebuild the plan's model and check it is the model the plan was made for; ``dropout=False``
     runs it with every dropout probability 0 (what ``--check-parity`` compares)."""
     if plan.model.file is None:
         raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
-    model_file = load_model_file(plan.model.file)
+    model_file = model_file or load_model_file(plan.model.file)  # a program passes the file it already imported
     workload = Workload(
         plan=plan, model_file=model_file, model_args=dict(plan.model.args), seed=seed, device=device,
         graph=None,  # type: ignore[arg-type]

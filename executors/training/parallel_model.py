@@ -21,6 +21,7 @@ reporter, or for a DTensor by every rank of the reporter's mesh (each its shard)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from executors.session import Workload, load_workload
 from executors.training.feed import RankInfo, assemble, check_batch, data_feeders, rank_info, synthetic_batches
 from executors.training.memory_probe import ActivationMeter, model_state_bytes
 from executors.training.train_log import Throughput, throughput_unit
+from planner.ir.model_file import ModelFile
 from planner.plan import Plan
 
 LossFn = Callable[[Any, Sequence[Any]], torch.Tensor]
@@ -68,7 +70,7 @@ class ParallelModel:
         return self.workload.precision
 
     def rank_info(self, *, start_step: int = 0) -> RankInfo:
-        return RankInfo(**{**self._info.__dict__, "start_step": start_step})
+        return replace(self._info, start_step=start_step)
 
     def synthetic_batches(self, info: RankInfo) -> Any:
         return synthetic_batches(self.workload.model_file, info, model_args=self.workload.model_args)
@@ -151,12 +153,13 @@ def _squared_norm(grad: torch.Tensor) -> torch.Tensor:
 def parallelize(
     plan: Plan, *, device: str, seed: int = 0, precision: Precision | None = None, dropout: bool = True,
     loss_fn: LossFn | None = None, build_model: Callable[[], nn.Module] | None = None,
+    model_file: ModelFile | None = None,
 ) -> ParallelModel:  # fmt: skip
     """This rank's part of ``plan``'s model (the process group must be up). ``build_model`` and ``loss_fn``
     replace the model file's (the loss takes the output and the targets, or the inputs for files without
     targets); the model built must still have the plan's fingerprint."""
     workload = load_workload(plan, seed=seed, device=device, dropout=dropout, precision=precision,
-                             build_fn=build_model)  # fmt: skip
+                             build_fn=build_model, model_file=model_file)  # fmt: skip
     if loss_fn is not None:
         workload.loss_fn = loss_fn
     model, _ = workload.build()

@@ -23,8 +23,7 @@ import torch.distributed as dist
 
 from cost_models.atomic_file import write_text_atomic
 from executors.parity import ParityResult
-from executors.precision import Precision, check_optimizer, make_optimizer
-from executors.session import BACKENDS
+from executors.precision import Precision, describe_optimizer, make_optimizer
 from executors.training.parallel_model import parallelize
 from executors.training.parity_check import ParityCheck
 from executors.training.program_template import TEMPLATE
@@ -38,11 +37,9 @@ from planner.plan.launch import multi_node_note, torchrun_command
 class RunOptions:
     steps: int = 3
     check_parity: bool = False
-    backend: str | None = None  # None: the plan's (nccl for GPUs, gloo for CPU processes)
     optimizer: str | None = None  # None: the plan's
     lr: float = 0.01
     seed: int = 0
-    timeout_s: float = 60.0
     max_grad_norm: float | None = None  # None: no clipping
 
     def optimizer_for(self, plan: Plan) -> str:
@@ -55,19 +52,6 @@ class StepResult:
     loss: float
     step_time_s: float
     parity: ParityResult | None = None
-
-
-def check_options(options: RunOptions) -> None:
-    if options.steps < 1:
-        raise AutoplanError(f"--steps must be at least 1, got {options.steps}")
-    if options.optimizer is not None:
-        check_optimizer(options.optimizer)
-    if options.lr <= 0:
-        raise AutoplanError(f"--lr must be positive, got {options.lr:g}")
-    if options.backend is not None and options.backend not in BACKENDS:
-        raise AutoplanError(f"--backend must be one of {', '.join(BACKENDS)}, got {options.backend!r}")
-    if options.max_grad_norm is not None and options.max_grad_norm <= 0:
-        raise AutoplanError(f"--max-grad-norm must be positive, got {options.max_grad_norm:g}")
 
 
 def run_plan(
@@ -117,19 +101,6 @@ def _barrier(device: str) -> None:
     dist.barrier()
 
 
-def describe_executor(plan: Plan) -> str:
-    from executors.runner import is_pure_data_parallel
-
-    if plan.schedule == "dataflow":
-        return "operators placed on devices, activations and gradients sent point to point (executors.placement)"
-    if len(plan.stages) > 1:
-        return (f"{len(plan.stages)} pipeline stages under torch.distributed.pipelining "
-                f"({plan.schedule}), DTensor inside each stage (executors.pipeline)")  # fmt: skip
-    if is_pure_data_parallel(plan) and plan.num_devices > 1:
-        return "data parallel with " + ("FSDP" if plan.zero else "DDP") + " (executors.data_parallel)"
-    return f"tensor parallel with DTensor on mesh {list(plan.stages[0].mesh_shape)} (executors.tensor_parallel)"
-
-
 def write_program(plan: Plan, out_dir: Path) -> Path:
     """Write ``out_dir/train.py`` and ``out_dir/plan.json``; returns the program's path."""
     if plan.model.file is None:
@@ -156,16 +127,9 @@ def program_text(plan: Plan, *, model_file: Any, program: Path) -> str:
         devices=plan.cluster.num_devices, launch=torchrun_command(plan.cluster, str(program), args="--steps 100"),
         launch_note=f"\n({note})\n" if note else "", model_file=plan.model.file,
         model_args=repr(build_kwargs(model_file, dict(plan.model.args))), optimizer=plan.optimizer,
-        optimizer_text=optimizer_text(plan.optimizer),
+        optimizer_text=describe_optimizer(plan.optimizer),
         loss_call="MODEL_FILE.loss_fn(output, targets)" if has_loss
         else "runtime.default_loss(output, targets)  # the model file has no loss_fn: the mean of the output",
         loss_data="`targets` are the batch's targets" if model_file.has_targets
         else "`targets` are the batch's inputs (the model file has no example_targets)",
     )  # fmt: skip
-
-
-def optimizer_text(name: str) -> str:
-    from cost_models.memory import optimizer_bytes
-
-    kind = "AdamW" if name.startswith("adam") else "SGD" + (" with momentum" if name == "sgd-momentum" else "")
-    return f"{kind}, {optimizer_bytes(name).total} B/param, {Precision.for_optimizer(name).describe()}"

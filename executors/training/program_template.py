@@ -65,7 +65,7 @@ def make_dataloader(rank_info):
 
     The default draws a new synthetic batch every step from the model file's example_inputs.
     """
-    return runtime.synthetic_batches(PLAN, rank_info)
+    return runtime.synthetic_batches(PLAN, rank_info, model_file=MODEL_FILE)
 
 
 def make_optimizer(params, args):
@@ -112,7 +112,7 @@ def parse_args(argv=None):
 def main(args):
     session = runtime.start(PLAN, backend=args.backend, timeout_s=args.timeout_s)
     model = runtime.parallelize(session, optimizer=args.optimizer, seed=args.seed, build_model=build_model,
-                                loss_fn=loss_fn, check_parity=args.check_parity)
+                                loss_fn=loss_fn, check_parity=args.check_parity, model_file=MODEL_FILE)
     optimizer = make_optimizer(model.parameters(), args)
     schedule = make_lr_schedule(optimizer, args)
     start = 0

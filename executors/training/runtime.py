@@ -96,7 +96,7 @@ def start(plan: Plan, *, backend: str | None = None, timeout_s: float = 60.0) ->
 
 def parallelize(
     session: Session, *, optimizer: str, seed: int = 0, build_model: Callable[[], nn.Module] | None = None,
-    loss_fn: LossFn | None = None, check_parity: bool = False,
+    loss_fn: LossFn | None = None, check_parity: bool = False, model_file: ModelFile | None = None,
 ) -> ParallelModel:  # fmt: skip
     """This rank's part of the plan's model, in the precision ``optimizer`` trains with. Says (rank 0) when
     the optimizer is not the plan's, and that dropout is off when checking parity."""
@@ -111,13 +111,15 @@ def parallelize(
             print("parity check against one process: dropout off and random draws fixed on both sides "
                   "(random streams differ by design)", flush=True)  # fmt: skip
     return _parallelize(plan, device=session.device, seed=seed, precision=Precision.for_optimizer(optimizer),
-                        dropout=not check_parity, loss_fn=loss_fn, build_model=build_model)  # fmt: skip
+                        dropout=not check_parity, loss_fn=loss_fn, build_model=build_model,
+                        model_file=model_file)  # fmt: skip
 
 
-def synthetic_batches(plan: Plan, info: RankInfo) -> Iterator[tuple[Any, ...]]:
+def synthetic_batches(plan: Plan, info: RankInfo, *, model_file: ModelFile | None = None
+                      ) -> Iterator[tuple[Any, ...]]:  # fmt: skip
     """A new random batch ``(*inputs, *targets)`` of ``info.rows`` rows every step, drawn from the model
     file's ``example_inputs``/``example_targets`` with a seed of (seed, step, data rank)."""
-    return _synthetic(load_model_file(plan), info, model_args=dict(plan.model.args))
+    return _synthetic(model_file or load_model_file(plan), info, model_args=dict(plan.model.args))
 
 
 def check_run_args(args: Any) -> None:
