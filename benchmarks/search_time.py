@@ -11,12 +11,21 @@ count (:func:`draw`); ``--draw-from FILE.md`` redraws that figure from a saved t
 
     python benchmarks/search_time.py [--sizes 350m,39b] [--clusters dgx-a100] [--devices 8,64]
                                      [--batch-size 256] [--save]
+
+``--scale`` runs the at-scale rows instead (:mod:`scale_cases`): every Megatron-LM SC'21 row (32 …
+3072 A100s, GPT-1.7B … 1T) as published with ``--method megatron --degrees``, a Llama-3.1-405B
+shape on 8192 H100s, and ``auto`` on GPT-39B/64 V100s, GPT-145.6B/1536 and GPT-1T/3072 A100s, each
+in a fresh process with ``--jobs 2``: wall seconds, peak RSS, the breakdown (capture, layer
+options, stage DP or grid scoring, pricing) and the plan. ``--cases gpt-1008b,llama-405b`` picks rows.
+
+    python benchmarks/search_time.py --scale [--cases NAME,...] [--timeout-s 600] [--save]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -140,6 +149,93 @@ def rows_from_table(path: Path) -> list[dict]:
     return rows
 
 
+def scale_table(rows: list[dict]) -> str:
+    lines = [
+        "| model | method | degrees | GPUs | **wall s** | peak RSS GiB | capture s | layer options s | DP / grid s | "
+        "pricing s | layer problems | plan | step s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        case = r["case"]
+        degrees = ",".join(map(str, case.degrees)) if case.degrees else "searched"
+        gpus = case.nodes * (4 if case.cluster == "local-cpu" else 8)
+        head = f"| {case.name} | {case.method} | {degrees} | {gpus} | **{r['wall_s']:.1f}** |"
+        if "error" in r:
+            rss = f"{r['rss_gib']:.2f}" if "rss_gib" in r else ""
+            lines.append(f"{head} {rss} | | | | | | {r['error']} | |")
+            continue
+        plan, search = r["plan"], r["plan"]["search"]
+        shape = f"{len(plan['stages'])} stages, {plan['num_microbatches']} microbatches"
+        lines.append(
+            f"{head} {r['rss_gib']:.2f} | {search['capture_s']:.1f} | {search['ilp_s']:.1f} | {search['dp_s']:.2f} | "
+            f"{search['price_s']:.2f} | {search['ilp_solves']} | {shape} | {plan['estimate']['step_time_s']:.4g} |"
+        )
+    return "\n".join(lines)
+
+
+def run_scale(options: argparse.Namespace) -> None:
+    import tempfile
+
+    from scale_cases import auto_cases, megatron_cases, run_case
+
+    cases = [*megatron_cases(), *auto_cases()]
+    if options.cases:
+        wanted = options.cases.split(",")
+        cases = [case for case in cases if case.name in wanted or f"{case.name}:{case.method}" in wanted]
+    rows, load_before = [], os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as scratch:
+        for case in cases:
+            rows.append(run_case(case, timeout_s=options.timeout_s, scratch=Path(scratch)))
+            print(scale_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    text = scale_table(rows)
+    print(text)
+    load = f"Load average (1 min) {load_before:.2f} before the first row, {os.getloadavg()[0]:.2f} after the last."
+    print(load)
+    if options.save:
+        command = "python benchmarks/search_time.py " + " ".join(sys.argv[1:])
+        description = (
+            f"{load} "
+            "Each row is `plan` in a fresh process with `--jobs 2` (the two exports overlap), roofline costs, "
+            "adam-mixed; *wall* is the whole process (imports, model build on meta, exports, search, writing the "
+            "plan); peak RSS is the largest process (the planner or its capture child). Megatron rows are the "
+            "published (t, p, d) with full recomputation (`--remat on`), GPT seq 2048, vocab 51200."
+        )
+        save_table("search_time-scale", title="Planning at scale", command=command, description=description,
+                   table=text)  # fmt: skip
+        draw_scale(rows, RESULTS / f"search_time-scale-{time.strftime('%Y-%m-%d')}.png")
+
+
+def draw_scale(rows: list[dict], path: Path) -> None:
+    """Wall seconds and peak RSS against GPUs, one marker per row, labelled by model; fixed and auto apart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cost_models.atomic_file import save_figure_atomic
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method, marker in (("megatron", "o"), ("auto", "s")):
+        found = [r for r in rows if r["case"].method == method and "rss_gib" in r]
+        gpus = [r["case"].nodes * 8 for r in found]
+        left.scatter(gpus, [r["wall_s"] for r in found], marker=marker, label=f"{method}")
+        right.scatter(gpus, [r["rss_gib"] for r in found], marker=marker, label=f"{method}")
+        for r, x in zip(found, gpus, strict=True):
+            left.annotate(r["case"].name, (x, r["wall_s"]), fontsize=6)
+    left.axhline(10, color="grey", linestyle=":", label="fixed-configuration target 10 s")
+    left.axhline(60, color="grey", linestyle="--", label="auto target 60 s")
+    right.axhline(2, color="grey", linestyle="--", label="target 2 GiB")
+    left.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="plan, end to end (s)", title="Search seconds")
+    right.set(xscale="log", xlabel="GPUs", ylabel="peak RSS (GiB)", title="Peak memory of the planner")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    figure.tight_layout()
+    try:
+        save_figure_atomic(figure, path)
+    finally:
+        plt.close(figure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -149,7 +245,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--save", action="store_true", help="write the table and figure to benchmarks/results/")
     parser.add_argument("--draw-from", type=Path, metavar="FILE.md", help="only redraw the figure of a saved table")
+    parser.add_argument("--scale", action="store_true", help="the at-scale rows (see the module docstring)")
+    parser.add_argument("--cases", default="", help="--scale: only these rows (names, or name:method)")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="--scale: seconds per row before it is stopped")
     options = parser.parse_args()
+    if options.scale:
+        run_scale(options)
+        return
     if options.draw_from:
         figure = options.draw_from.with_suffix(".png")
         draw(rows_from_table(options.draw_from), figure)

@@ -25,6 +25,7 @@ from cost_models.cluster import Cluster, load_cluster
 from planner.auto import AutoResult, auto_plan
 from planner.baselines.data_parallel import data_parallel
 from planner.baselines.handwritten import check_degrees
+from planner.baselines.handwritten_plan import handwritten_plan
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
 from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
 from planner.costing.stage_work import runs_as_ddp
@@ -35,6 +36,7 @@ from planner.ir.capture import capture
 from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file
 from planner.ir.op_kinds import BATCH_STATISTICS
+from planner.ir.parallel_capture import start_capture
 from planner.ir.rebatch import MicrobatchGraphs
 from planner.plan import ModelRef, Plan, PlanError, SearchStats, validate_plan
 
@@ -47,6 +49,7 @@ METHODS: dict[str, str] = {
     **PLACEMENT_METHODS,
 }
 AUTO_FAMILY = ("auto", "megatron", "uniform-pipeline")
+HANDWRITTEN_ALONE = ("megatron", "uniform-pipeline")  # run without the auto search (planner.baselines.handwritten_plan)
 
 
 @dataclass(kw_only=True)
@@ -96,6 +99,8 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
                                       microbatches=prepared.microbatches, rl_budget_s=prepared.rl_budget_s,
                                       seed=prepared.seed, progress=prepared.progress)  # fmt: skip
         return chosen, SearchStats(time_s=time.perf_counter() - started), notes
+    if name in HANDWRITTEN_ALONE:
+        return _run_handwritten(name, prepared)
     result, search_s = _auto(prepared)
     if name != "auto" and name not in result.priced:
         degrees = prepared.options.degrees
@@ -110,6 +115,45 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
     chosen_by = result.chosen_by if name == "auto" else name
     notes = (f"compared under the same cost model: {compared}; chosen: {chosen_by}",)
     return chosen, stats, notes
+
+
+def _capture_graphs(
+    model: torch.nn.Module, example_inputs: Sequence[Any], *, batch_size: int, smallest: int, tracer: str, jobs: int
+) -> MicrobatchGraphs:
+    """The graph at the batch and at the smallest microbatch; with ``jobs > 1`` the second export runs in a
+    forked child at the same time as the first (:mod:`planner.ir.parallel_capture`)."""
+
+    def capture_at(size: int) -> OpGraph:
+        return capture(model, slice_batch(example_inputs, batch_size, size), tracer=tracer)
+
+    if smallest != batch_size:
+        slice_batch(example_inputs, batch_size, smallest)  # a clear error before any export
+    pending = start_capture(capture_at, smallest, jobs=jobs) if smallest != batch_size else None
+    try:
+        graph = capture(model, example_inputs, tracer=tracer)
+        low = pending.result() if pending is not None else None
+    finally:
+        if pending is not None:
+            pending.close()
+    return MicrobatchGraphs(full=graph, batch_size=batch_size, smallest=smallest, capture_at=capture_at,
+                            smallest_graph=low)  # fmt: skip
+
+
+def _run_handwritten(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:
+    """``megatron`` or ``uniform-pipeline`` alone: only the tables its configurations read."""
+    started = time.perf_counter()
+    found = handwritten_plan(name, prepared.graphs, prepared.graph, prepared.setup, options=prepared.options,
+                             progress=prepared.progress)  # fmt: skip
+    if found.best is None:
+        degrees = prepared.options.degrees
+        what = (
+            f"the megatron plan {','.join(map(str, degrees))}" if name == "megatron" and degrees else f"no {name} plan"
+        )
+        raise AutoplanError(f"{what} does not fit: the budget per device is {prepared.setup.describe_budget()}")
+    stats = SearchStats(time_s=time.perf_counter() - started, ilp_solves=found.num_solves, ilp_s=found.tables_s,
+                        dp_s=found.score_s, price_s=found.price_s)  # fmt: skip
+    note = f"stage problems priced: {found.stages_built} built, {found.stages_reused} reused by shape"
+    return found.best, stats, (note,)
 
 
 def _resolve_cluster(cluster: Cluster | str) -> Cluster:
@@ -137,17 +181,20 @@ def prepare(
     seed: int = 0,
     model_ref: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    jobs: int = 1,
 ) -> Prepared:
     """Check the options, capture the model and build its cost setup (see :func:`plan`)."""
     if batch_size <= 0:
         raise AutoplanError(f"--batch-size must be a positive integer, got {batch_size}")
     if max_stages is not None and max_stages < 1:
         raise AutoplanError(f"--max-stages must be at least 1, got {max_stages}")
+    if jobs < 1:
+        raise AutoplanError(f"--jobs must be at least 1, got {jobs}")
     if rl_budget_s <= 0:
         raise AutoplanError(f"--rl-budget-s must be positive, got {rl_budget_s:g}")
     pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
                                zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees)  # fmt: skip
-    counts = microbatch_counts(batch_size, microbatches)
+    counts = microbatch_counts(batch_size, microbatches, data_degree=None if degrees is None else degrees[2])
     allowed_slots(remat)
     if not 0 < memory_fraction <= 1:
         raise AutoplanError(
@@ -156,11 +203,9 @@ def prepare(
     cluster = _resolve_cluster(cluster)
     check_degrees(degrees, cluster)
     started = time.perf_counter()
-    graph = capture(model, example_inputs, tracer=tracer)
-    graphs = MicrobatchGraphs(
-        full=graph, batch_size=batch_size, smallest=batch_size // counts[-1],
-        capture_at=lambda size: capture(model, slice_batch(example_inputs, batch_size, size), tracer=tracer),
-    )  # fmt: skip
+    graphs = _capture_graphs(model, example_inputs, batch_size=batch_size, smallest=batch_size // counts[-1],
+                             tracer=tracer, jobs=jobs)  # fmt: skip
+    graph = graphs.full
     captured = time.perf_counter()
     setup = CostSetup(
         cluster=cluster,
@@ -242,8 +287,9 @@ def plan(
     ``memory_fraction`` (share of the usable memory: capacity less the device's reserve,
     :func:`cost_models.cluster.memory_budget_bytes`), ``max_stages`` (None: any), ``microbatches``
     (None: searched), ``schedule``, ``remat``, ``zero``, ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for
-    ``megatron``), ``rl_budget_s`` and ``seed`` (``rl``), ``model_ref``, and
-    ``progress(what, done, total)``, called during the search. Raises :class:`AutoplanError`
+    ``megatron``), ``rl_budget_s`` and ``seed`` (``rl``), ``model_ref``, ``jobs`` (processes for the
+    search's independent work: with 2 or more, the second export runs beside the first; default 1),
+    and ``progress(what, done, total)``, called during the search. Raises :class:`AutoplanError`
     for bad input or a model that does not fit.
     """
     if method not in METHODS:

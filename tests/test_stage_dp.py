@@ -129,9 +129,7 @@ def check_plan(case: dict, plan: StagePlan) -> None:
     assert plan.bubble_fraction == pytest.approx(1 - batches * sum(times) / (len(stages) * plan.step_time_s))
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_dp_matches_brute_force(seed: int) -> None:
-    case = random_case(random.Random(seed))
+def check_against_brute_force(case: dict) -> None:
     plan, expected = solve(case), brute_force(case)
     if expected is None:
         assert plan is None
@@ -139,6 +137,11 @@ def test_dp_matches_brute_force(seed: int) -> None:
     assert plan is not None
     check_plan(case, plan)
     assert plan.step_time_s == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_dp_matches_brute_force(seed: int) -> None:
+    check_against_brute_force(random_case(random.Random(seed)))
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -248,3 +251,16 @@ def test_assign_devices_keeps_stage_order_when_aligned() -> None:
     check_ranks(misaligned, ranks, 8, 8)
     with pytest.raises(AssertionError):
         assign_devices([Submesh(num_nodes=1, devices_per_node=4)] * 3, num_nodes=2, devices_per_node=6)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_dp_over_whole_nodes_matches_brute_force(seed: int) -> None:
+    """Past WHOLE_NODE_LIMIT nodes the DP counts devices in whole nodes over the divisors of N: still exact."""
+    check_against_brute_force(random_case(random.Random(seed), max_layers=4, clusters=[(36, 2), (40, 1), (33, 4)]))
+
+
+def test_large_clusters_use_whole_nodes_dividing_them() -> None:
+    assert [mesh.num_nodes for mesh in submeshes(384, 8)] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128,
+                                                               192, 384]  # fmt: skip
+    assert all(mesh.devices_per_node == 8 for mesh in submeshes(384, 8))
+    assert len(submeshes(32, 8)) == 4 + 31  # up to the limit: Alpa's shapes, every n

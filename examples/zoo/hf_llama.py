@@ -3,7 +3,8 @@
 A decoder-only causal LM: inputs ``(input_ids,)`` int64 [batch, seq]; the model returns logits
 [batch, seq, vocab]; the loss is next-token cross entropy computed from the inputs. RMSNorm, rotary
 embeddings, SwiGLU MLP, grouped-query attention (``kv_heads`` key/value heads); untied ``lm_head``
-(the Llama default).
+(the Llama default). ``intermediate`` sets the MLP width (default ``3·hidden``); Llama-3.1-405B's
+shape is ``layers=126 hidden=16384 heads=128 kv_heads=8 intermediate=53248 vocab=128256 seq=8192``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def build_model(
     kv_heads: int = 2,
     seq: int = 16,
     vocab: int = 256,
+    intermediate: int | None = None,
     **_: object,
 ) -> nn.Module:
     return tiny_causal_lm(
@@ -30,7 +32,7 @@ def build_model(
         seq=seq,
         vocab=vocab,
         num_key_value_heads=kv_heads,
-        intermediate_size=3 * hidden,
+        intermediate_size=3 * hidden if intermediate is None else intermediate,
     )
 
 

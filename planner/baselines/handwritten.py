@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,20 +44,40 @@ class Candidate:
     setting: PipelineChoice
 
 
-def _equal_spans(num_layers: int, count: int) -> list[tuple[int, int]]:
-    bounds = np.linspace(0, num_layers, count + 1).round().astype(int)
+def equal_spans(kinds: tuple[int, ...], count: int) -> list[list[tuple[int, int]]]:
+    """The ways to cut ``count`` stages of equal work by hand, distinct: equal layer counts over every layer,
+    and Megatron's cut — the repeated layers (a kind seen more than once, in one run) in equal runs, the
+    layers before the run (embeddings) with the first stage and after it (the head) with the last."""
+    cuts = [_cut(0, len(kinds) - 1, len(kinds), count)]
+    seen = Counter(kinds)
+    repeated = [index for index, kind in enumerate(kinds) if seen[kind] > 1]
+    if len(repeated) >= count and len(repeated) == repeated[-1] - repeated[0] + 1:
+        megatron = _cut(repeated[0], repeated[-1], len(kinds), count)
+        if megatron != cuts[0]:
+            cuts.append(megatron)
+    return cuts
+
+
+def _cut(first: int, last: int, num_layers: int, count: int) -> list[tuple[int, int]]:
+    """Layers ``first..last`` in ``count`` runs of equal length; the layers outside go to the end runs."""
+    bounds = np.linspace(first, last + 1, count + 1).round().astype(int)
+    bounds[0], bounds[-1] = 0, num_layers
     return [(int(a), int(b) - 1) for a, b in itertools.pairwise(bounds)]
 
 
 def approximate_step_s(setting: PipelineChoice, setup: CostSetup, specs: list[StageSpec]) -> float:
     """Latency of fixed stages on the span options; inf if a stage has no option or does not fit."""
-    meshes = [submesh for submesh, _ in mesh_choices(setup)]
     arrays, m, count = setting.spans.arrays, setting.num_microbatches, len(specs)
     boundary = boundary_table(setting.graph, setting.layers, setup)
     times = []
     for s, spec in enumerate(specs):
-        j = meshes.index(spec.submesh)
-        column = setting.spans.labels[j].index((spec.mesh_shape, spec.slot))
+        if spec.submesh not in setting.spans.meshes:
+            return math.inf
+        j = setting.spans.index(spec.submesh)
+        labels = setting.spans.labels[j]
+        if (spec.mesh_shape, spec.slot) not in labels:
+            return math.inf
+        column = labels.index((spec.mesh_shape, spec.slot))
         index = (spec.first, spec.last, j, column)
         in_flight = m if setting.schedule == "gpipe" else min(count - s, m)
         memory = arrays.state_bytes[index] + arrays.activation_bytes[index] * in_flight
@@ -96,75 +117,80 @@ def check_degrees(degrees: tuple[int, int, int] | None, cluster: Cluster) -> Non
         )
 
 
-def megatron_grid(
-    setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None
-) -> list[Candidate]:
-    """Every grid point (or only ``degrees``, labelled megatron even when it is data parallel)."""
-    cluster, num_layers = setup.cluster, len(setting.layers.layers)
-    found = []
+def grid_points(
+    setup: CostSetup, *, num_layers: int, degrees: tuple[int, int, int] | None = None
+) -> list[tuple[tuple[int, int, int], tuple[int, ...]]]:
+    """Every Megatron ``(t, p, d)`` with ``p`` at most the layer count and a submesh of ``t·d`` devices (or
+    only ``degrees``), with the logical mesh its stages use: ``(d,)``, ``(t,)`` or ``(d, t)``."""
+    cluster, found = setup.cluster, []
     for t in (t for t in range(1, cluster.devices_per_node + 1) if cluster.devices_per_node % t == 0):
         for p in range(1, num_layers + 1):
             if cluster.num_devices % (t * p):
                 continue
             d = cluster.num_devices // (t * p)
-            if degrees is not None and (t, p, d) != degrees:
+            if (degrees is not None and (t, p, d) != degrees) or _submesh_of(setup, t * d) is None:
                 continue
-            submesh = _submesh_of(setup, t * d)
-            if submesh is None:
-                continue
-            shape, source = (
-                ((d,), "data-parallel") if t == 1 else (((t,), "megatron") if d == 1 else ((d, t), "megatron"))
+            found.append(((t, p, d), (d,) if t == 1 else ((t,) if d == 1 else (d, t))))
+    return found
+
+
+def megatron_grid(
+    setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None
+) -> list[Candidate]:
+    """Every grid point (or only ``degrees``, labelled megatron even when it is data parallel)."""
+    num_layers = len(setting.layers.layers)
+    found = []
+    for (t, p, d), shape in grid_points(setup, num_layers=num_layers, degrees=degrees):
+        submesh = _submesh_of(setup, t * d)
+        source = "data-parallel" if t == 1 else "megatron"
+        for slot, spans in itertools.product(_slots(source, remat), equal_spans(setting.layers.kinds, p)):
+            specs = [StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot) for a, b in spans]
+            step = approximate_step_s(setting, setup, specs)
+            method = "data-parallel" if (t, p) == (1, 1) and degrees is None else "megatron"
+            found.append(
+                Candidate(method=method, degrees=(t, p, d), step_time_s=step, specs=tuple(specs), setting=setting)
             )
-            for slot in _slots(source, remat):
-                specs = [StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot)
-                         for a, b in _equal_spans(num_layers, p)]  # fmt: skip
-                step = approximate_step_s(setting, setup, specs)
-                method = "data-parallel" if (t, p) == (1, 1) and degrees is None else "megatron"
-                found.append(
-                    Candidate(method=method, degrees=(t, p, d), step_time_s=step, specs=tuple(specs), setting=setting)
-                )
     return found
 
 
 def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candidate]:
     cluster, num_layers, arrays = setup.cluster, len(setting.layers.layers), setting.spans.arrays
-    meshes = [submesh for submesh, _ in mesh_choices(setup)]
     found = []
     for p in range(1, min(num_layers, cluster.num_devices) + 1):
         submesh = _submesh_of(setup, cluster.num_devices // p) if cluster.num_devices % p == 0 else None
-        if submesh is None:
+        if submesh is None or submesh not in setting.spans.meshes:
             continue
-        j, specs = meshes.index(submesh), []
-        for s, (a, b) in enumerate(_equal_spans(num_layers, p)):
-            in_flight = (
-                setting.num_microbatches if setting.schedule == "gpipe" else min(p - s, setting.num_microbatches)
-            )
-            memory = arrays.state_bytes[a, b, j] + arrays.activation_bytes[a, b, j] * in_flight
-            times = np.where(memory <= setup.memory_budget_bytes, arrays.time_s[a, b, j], np.inf)
-            shape, slot = setting.spans.labels[j][int(np.argmin(times))]
-            specs.append(StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot))
-        step = approximate_step_s(setting, setup, specs)
-        found.append(
-            Candidate(
-                method="uniform-pipeline", degrees=(0, p, 0), step_time_s=step, specs=tuple(specs), setting=setting
-            )
-        )
+        j = setting.spans.index(submesh)
+        for spans in equal_spans(setting.layers.kinds, p):
+            specs = []
+            for s, (a, b) in enumerate(spans):
+                in_flight = (
+                    setting.num_microbatches if setting.schedule == "gpipe" else min(p - s, setting.num_microbatches)
+                )
+                memory = arrays.state_bytes[a, b, j] + arrays.activation_bytes[a, b, j] * in_flight
+                times = np.where(memory <= setup.memory_budget_bytes, arrays.time_s[a, b, j], np.inf)
+                shape, slot = setting.spans.labels[j][int(np.argmin(times))]
+                specs.append(StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot))
+            step = approximate_step_s(setting, setup, specs)
+            found.append(Candidate(method="uniform-pipeline", degrees=(0, p, 0), step_time_s=step, specs=tuple(specs),
+                                   setting=setting))  # fmt: skip
     return found
 
 
 def best_handwritten(
     settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", keep: int = 3,
-    degrees: tuple[int, int, int] | None = None,
+    degrees: tuple[int, int, int] | None = None, methods: tuple[str, ...] = HANDWRITTEN,
 ) -> dict[str, list[Candidate]]:  # fmt: skip
-    """Per hand-written method, its ``keep`` fastest fitting candidates over every microbatch count,
-    fastest first (the exact price of the first may not fit where the approximation did). With
-    ``degrees`` the megatron candidates are that one configuration's."""
+    """Per hand-written method of ``methods``, its ``keep`` fastest fitting candidates over every
+    microbatch count, fastest first (the exact price of the first may not fit where the approximation
+    did). With ``degrees`` the megatron candidates are that one configuration's."""
     found: dict[str, list[Candidate]] = {}
     for setting in settings:
-        grid = megatron_grid(setting, setup, remat=remat, degrees=degrees)
-        if degrees is not None:  # the full grid still supplies the data-parallel candidates
+        grid = megatron_grid(setting, setup, remat=remat, degrees=degrees) if "megatron" in methods else []
+        if "data-parallel" in methods and (degrees is not None or "megatron" not in methods):
             grid += [c for c in megatron_grid(setting, setup, remat=remat) if c.method == "data-parallel"]
-        for candidate in [*grid, *uniform_pipelines(setting, setup)]:
-            if math.isfinite(candidate.step_time_s):
+        uniform = uniform_pipelines(setting, setup) if "uniform-pipeline" in methods else []
+        for candidate in [*grid, *uniform]:
+            if math.isfinite(candidate.step_time_s) and candidate.method in methods:
                 found.setdefault(candidate.method, []).append(candidate)
     return {method: sorted(items, key=lambda c: c.step_time_s)[:keep] for method, items in found.items()}

@@ -112,7 +112,14 @@ def _run_subcommand(name: str, args: list[str]) -> int:
 
 def _run_plan(options: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from cost_models.cluster import load_cluster
     from planner.api import plan_model_file
@@ -122,13 +129,19 @@ def _run_plan(options: argparse.Namespace) -> int:
 
     cluster = load_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node)
     model_args = parse_model_args(options.model_arg)
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
     console = Console(stderr=True)
     bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
-    task = bar.add_task(f"capturing {options.model_file} for {cluster.num_devices} devices", total=None)
+    phase = {"task": bar.add_task(f"capturing {options.model_file} for {cluster.num_devices} devices", total=None),
+             "what": "capture"}  # fmt: skip
 
     def progress(what: str, done: int, total: int) -> None:
-        bar.update(task, description=what, completed=done, total=total)
+        """One bar per phase (layer options per microbatch count, pricing, ...), so its ETA is that phase's."""
+        if what != phase["what"]:
+            bar.remove_task(phase["task"])
+            phase["task"], phase["what"] = bar.add_task(what, total=total), what
+        bar.update(phase["task"], completed=done, total=total)
 
     with bar:
         result = plan_model_file(

@@ -108,6 +108,14 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         "--rl-budget-s", type=float, default=30.0, metavar="S", help="rl: seconds of training (default 30)"
     )
     parser.add_argument("--seed", type=int, default=0, help="rl: random seed (default 0)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes for independent work: with 2 or more the model's two exports run at the same time "
+        "(default 1; a machine with spare cores plans large models faster with --jobs 2)",
+    )
 
 
 def search_kwargs(options: argparse.Namespace) -> dict:
@@ -126,6 +134,7 @@ def search_kwargs(options: argparse.Namespace) -> dict:
         "degrees": options.degrees,
         "rl_budget_s": options.rl_budget_s,
         "seed": options.seed,
+        "jobs": options.jobs,
     }
 
 

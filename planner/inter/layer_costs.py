@@ -126,12 +126,27 @@ def _lagrangian_choices(problem: StageProblem, options: IntraOpOptions) -> list[
     return choices
 
 
-def layer_table(layer: OpGraph, setup: CostSetup, mesh: StageMesh, *, options: IntraOpOptions) -> LayerTable:
-    """The options of ``layer`` on ``mesh`` at its microbatch size, one per slot of :data:`SLOTS`."""
+def layer_table(
+    layer: OpGraph,
+    setup: CostSetup,
+    mesh: StageMesh,
+    *,
+    options: IntraOpOptions,
+    sources: tuple[str, ...] | None = None,
+) -> LayerTable:
+    """The options of ``layer`` on ``mesh`` at its microbatch size, one per slot of :data:`SLOTS`; only the
+    slots of ``sources`` when given (the others None)."""
     problem = build_stage_problem(layer, setup, mesh, options)
-    choices = [*_lagrangian_choices(problem, options), data_parallel_choice(problem), megatron_choice(problem)]
+    wanted = SOURCES if sources is None else sources
+    choices: dict[str, tuple[int, ...] | None] = {}
+    if any(source.startswith("λ=") for source in wanted):
+        choices.update(zip(SOURCES[: len(LAMBDA_STEPS)], _lagrangian_choices(problem, options), strict=True))
+    if "data-parallel" in wanted:
+        choices["data-parallel"] = data_parallel_choice(problem)
+    if "megatron" in wanted:
+        choices["megatron"] = megatron_choice(problem)
     found: list[LayerOption | None] = []
     for source, remat in SLOTS:
-        choice = choices[SOURCES.index(source)]
+        choice = choices.get(source) if source in wanted else None
         found.append(None if choice is None else _option(problem, choice, source=source, remat=remat))
     return LayerTable(problem=problem, options=tuple(found))

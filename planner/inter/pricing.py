@@ -2,16 +2,17 @@
 
 The search composes per-layer options and charges nothing between layers of a stage
 (:mod:`planner.inter.layer_costs`). Here each stage ``s`` of a candidate is rebuilt as one stage
-problem on its real devices (:func:`planner.intra.stage_problem.build_stage_problem` on the stage's
-subgraph, identical layers collapsed) and its strategies are read off the layer tables
-(:func:`_composed_choice`). Then, per stage:
+problem (:func:`planner.intra.stage_problem.build_stage_problem` on the stage's subgraph, identical
+layers collapsed) and its strategies are read off the layer tables (:func:`_composed_choice`). The
+problem is built once per stage shape on canonical ranks and reused wherever the shape recurs, in
+this candidate and the others (:mod:`planner.inter.stage_shapes`). Then, per stage:
 
 * unless it recomputes, the exact unconstrained optimum of the whole stage replaces the
   composition when it is faster and still fits with its in-flight microbatches; a plan of one
   stage that does not fit so is re-solved by the memory-constrained ILP, started from the
   composition (:func:`_refined_choice`), so one-stage plans are those of the intra-op ILP;
 * ``t_s`` = the stage problem's objective for the choice (inter-layer resharding included)
-  without its amortised gradient sync and optimizer update ``u_s`` (:func:`_step_s`), plus a third
+  without its amortised gradient sync and optimizer update ``u_s`` (:func:`planner.inter.stage_shapes.step_s`), plus a third
   of its compute when it recomputes, plus the boundary to the next stage, plus the device's
   calibrated ``microbatch_overhead_s`` when there are several stages (the pipeline schedule's
   per-microbatch actions and P2P bookkeeping on the host);
@@ -40,17 +41,15 @@ from planner.costing.estimate import mfu, model_tflops_per_device, shared_param_
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import explain_stage
 from planner.inter.device_blocks import Submesh, assign_devices
-from planner.inter.layer_costs import SLOTS, input_bytes, split_costs
-from planner.inter.search import Layering, LayerTables, SpanOptions, boundary_table, mesh_choices
+from planner.inter.layer_costs import SLOTS
+from planner.inter.search import Layering, LayerTables, SpanOptions, boundary_table, canonical_mesh
 from planner.inter.stage_dp import StagePlan
-from planner.intra.ilp import solve_strategy_ilp, solve_unconstrained
-from planner.intra.problem import MemoryBudgetError, StrategySolution, evaluate
-from planner.intra.solve import IntraOpResult
+from planner.inter.stage_shapes import StageShapes, StageTemplate, relabel, shape_key
+from planner.intra.ilp import solve_strategy_ilp
+from planner.intra.problem import MemoryBudgetError
 from planner.intra.stage_problem import IntraOpOptions, StageProblem, build_stage_problem
-from planner.intra.to_stage import stage_from_result
 from planner.ir.graph import OpGraph, subgraph
 from planner.plan import Estimate, Stage
-from planner.sharding.specs import StageMesh
 
 EXACT_LIMIT_S = 10.0  # the one-stage memory-constrained ILP, at most
 
@@ -74,7 +73,8 @@ class PricedPipeline:
 
 @dataclass(frozen=True, kw_only=True)
 class _PricedStage:
-    result: IntraOpResult
+    stage: Stage  # the plan stage on its ranks, explained
+    objective_s: float  # the stage problem's objective for the choice
     time_s: float  # per microbatch, without the gradient sync and optimizer step
     step_s: float  # gradient sync + optimizer update, once per step
     memory_bytes: float
@@ -102,24 +102,25 @@ def _composed_choice(
     return tuple(choice)
 
 
-def _memory(problem: StageProblem, choice: tuple[int, ...], *, remat: bool, in_flight: int) -> tuple[float, float]:
-    """(memory bytes per device, compute seconds) of a choice with ``in_flight`` microbatches."""
-    state, activation, compute = split_costs(problem, choice)
+def _memory(template: StageTemplate, choice: tuple[int, ...], *, remat: bool, in_flight: int) -> float:
+    """Memory bytes per device of a choice with ``in_flight`` microbatches."""
+    _, _, state, activation, _ = template.costs(choice)
     if remat:
-        activation = input_bytes(problem, choice)
-    return state + activation * in_flight, compute
+        activation = template.recompute_bytes(choice)
+    return state + activation * in_flight
 
 
 def _refined_choice(
-    problem: StageProblem, choice: tuple[int, ...], *, in_flight: int, budget: float, exact_limit_s: float | None
+    template: StageTemplate, choice: tuple[int, ...], *, in_flight: int, budget: float, exact_limit_s: float | None
 ) -> tuple[int, ...]:
     """The stage's unconstrained optimum if it fits; else, with ``exact_limit_s``, the memory-constrained
     ILP (memory row: state + activations × in flight) started from ``choice``; else ``choice``."""
-    better = solve_unconstrained(problem.problem).choice
-    if _memory(problem, better, remat=False, in_flight=in_flight)[0] <= budget:
-        return better if evaluate(problem.problem, better)[0] < evaluate(problem.problem, choice)[0] else choice
+    better = template.unconstrained()
+    if _memory(template, better, remat=False, in_flight=in_flight) <= budget:
+        return better if template.costs(better)[0] < template.costs(choice)[0] else choice
     if exact_limit_s is None:
         return choice
+    problem = template.problem
     memory = tuple(tuple(c.state_bytes + c.activation_bytes * in_flight for c in row) for row in problem.costs)
     constrained = replace(problem.problem, node_memory=memory, memory_budget=budget)
     try:
@@ -128,68 +129,71 @@ def _refined_choice(
         return choice
 
 
+def _template(part: OpGraph, graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, m: int
+              ) -> StageTemplate:  # fmt: skip
+    setup, options = tables.setup, tables.options
+    mesh = canonical_mesh(setup, spec.submesh, spec.mesh_shape)
+    intra = IntraOpOptions(num_microbatches=m, zero=options.zero, time_limit_s=options.ilp_time_limit_s)
+    problem = build_stage_problem(part, setup, mesh, intra)
+    return StageTemplate(part=part, problem=problem, composed=_composed_choice(problem, graph, layers, tables, spec, m))
+
+
 def _price_stage(
     graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, *, devices: tuple[int, ...], m: int,
-    in_flight: int, refine: bool, exact: bool,
+    in_flight: int, refine: bool, exact: bool, shapes: StageShapes, index: int,
 ) -> _PricedStage:  # fmt: skip
     setup, options = tables.setup, tables.options
     names = [name for names in layers.layers[spec.first : spec.last + 1] for name in names]
-    mesh = StageMesh(cluster=setup.cluster, devices=devices, mesh_shape=spec.mesh_shape,
-                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
-    intra = IntraOpOptions(num_microbatches=m, zero=options.zero, time_limit_s=options.ilp_time_limit_s)
-    problem = build_stage_problem(subgraph(graph, names), setup, mesh, intra)
+    part = subgraph(graph, names)
+    key = (shape_key(part), spec.submesh, spec.mesh_shape, spec.slot, m, options.zero)
+    template = shapes.get(key, lambda: _template(part, graph, layers, tables, spec, m))
     remat = SLOTS[spec.slot][1]
-    choice = _composed_choice(problem, graph, layers, tables, spec, m)
+    choice = template.composed
     if refine and not remat:
         limit = min(options.ilp_time_limit_s, EXACT_LIMIT_S) if exact else None
-        choice = _refined_choice(problem, choice, in_flight=in_flight, budget=setup.memory_budget_bytes,
+        choice = _refined_choice(template, choice, in_flight=in_flight, budget=setup.memory_budget_bytes,
                                  exact_limit_s=limit)  # fmt: skip
-    objective, _ = evaluate(problem.problem, choice)
-    memory, compute = _memory(problem, choice, remat=remat, in_flight=in_flight)
-    step_s = _step_s(problem, choice)
+    objective, step_s, _, _, compute = template.costs(choice)
+    memory = _memory(template, choice, remat=remat, in_flight=in_flight)
     time_s = objective - step_s / m + (compute / 3 if remat else 0.0)
-    solution = StrategySolution(choice=choice, objective=objective, memory_bytes=memory, optimal=False,
-                                num_variables=0, num_constraints=0, build_s=0.0, solve_s=0.0, status="composed")  # fmt: skip
-    result = IntraOpResult(stage=problem, choice=choice, objective_s=objective, memory_bytes=memory,
-                           solution=solution, incumbent_objectives_s={}, build_s=0.0)  # fmt: skip
-    return _PricedStage(result=result, time_s=time_s, step_s=step_s, memory_bytes=memory, remat=remat)
 
+    def explain(stage: Stage) -> tuple:
+        return tuple(row.to_json() for row in explain_stage(stage, graph, setup, zero=options.zero))
 
-def _step_s(problem: StageProblem, choice: tuple[int, ...]) -> float:
-    """Gradient sync and optimizer update of the stage's choice, once per step."""
-    total = 0.0
-    for node in problem.graph.nodes:
-        variable = problem.variables.index(problem.representative[node.name])
-        total += problem.costs[variable][choice[variable]].step_s
-    return total
+    planned = relabel(template.stage(choice, remat=remat, explain=explain), template.part, part, devices=devices,
+                      index=index)  # fmt: skip
+    return _PricedStage(stage=planned, objective_s=objective, time_s=time_s, step_s=step_s, memory_bytes=memory,
+                        remat=remat)  # fmt: skip
 
 
 def price_stages(
     *, full_graph: OpGraph, graph: OpGraph, layers: Layering, tables: LayerTables, specs: list[StageSpec], m: int,
-    schedule: str, refine: bool = True,
+    schedule: str, refine: bool = True, shapes: StageShapes | None = None,
 ) -> PricedPipeline | None:  # fmt: skip
     """The exact estimate of a candidate (see the module docstring); None if a stage does not fit.
 
-    ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself)."""
+    ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself).
+    ``shapes``: stage problems by shape, shared by the candidates of one search (:mod:`planner.inter.stage_shapes`)."""
     setup = tables.setup
     cluster = setup.cluster
     ranks = assign_devices([spec.submesh for spec in specs], num_nodes=cluster.num_nodes,
                            devices_per_node=cluster.devices_per_node)  # fmt: skip
     boundary = boundary_table(graph, layers, setup)
+    shapes = StageShapes() if shapes is None else shapes
     count, priced, times = len(specs), [], []
     if schedule == "1f1b" and m < count:  # no steady state: the same timeline as GPipe, which is what runs
         schedule = "gpipe"
     for s, spec in enumerate(specs):
         in_flight = m if schedule == "gpipe" else min(count - s, m)
         stage = _price_stage(graph, layers, tables, spec, devices=ranks[s], m=m, in_flight=in_flight,
-                             refine=refine, exact=count == 1)  # fmt: skip
+                             refine=refine, exact=count == 1, shapes=shapes, index=s)  # fmt: skip
         if stage.memory_bytes > setup.memory_budget_bytes:
             return None
         after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
         priced.append(stage)
         times.append(stage.time_s + after + (cluster.device.microbatch_overhead_s if count > 1 else 0.0))
     total, longest = math.fsum(times), max(times)
-    stages = _plan_stages(priced, full_graph, graph, setup, zero=tables.options.zero)
+    stages = _plan_stages(priced, full_graph)
     tied_s = shared_param_sync_s(stages, graph, setup) if count > 1 else 0.0
     step = total + (m - 1) * longest + max(stage.step_s for stage in priced) + tied_s + cluster.device.step_overhead_s
     return PricedPipeline(
@@ -200,18 +204,14 @@ def price_stages(
     )
 
 
-def _plan_stages(
-    priced: list[_PricedStage], full_graph: OpGraph, graph: OpGraph, setup: CostSetup, *, zero: bool
-) -> tuple[Stage, ...]:
-    """Plan stages (``graph``: at the microbatch size, for the explanation rows); a parameter read in
-    several stages (tied weights) is placed in the first."""
+def _plan_stages(priced: list[_PricedStage], full_graph: OpGraph) -> tuple[Stage, ...]:
+    """Plan stages; a parameter read in several stages (tied weights) is placed in the first."""
     stages, placed = [], set()
-    for index, stage in enumerate(priced):
-        base = stage_from_result(stage.result, index=index)
+    for stage in priced:
+        base = stage.stage
         placements = {name: spec for name, spec in base.param_placements.items() if name not in placed}
         placed.update(placements)
-        rows = tuple(row.to_json() for row in explain_stage(base, graph, setup, zero=zero))
-        stages.append(replace(base, param_placements=placements, remat=stage.remat, explanation=rows))
+        stages.append(replace(base, param_placements=placements))
     missing = [name for name in full_graph.param_names if name not in placed]
     if missing:  # parameters no node reads: replicated on the first stage
         first = stages[0]
@@ -230,7 +230,7 @@ def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stag
             "compute_s": sum(r["compute_s"] for r in rows), "comm_s": sum(r["comm_s"] for r in rows),
             "grad_sync_and_optimizer_s": sum(r["step_s"] for r in rows),
             "reshard_s": sum(r["reshard_s"] for r in rows),
-            "recompute_s": times[0] + priced[0].step_s - priced[0].result.objective_s,
+            "recompute_s": times[0] + priced[0].step_s - priced[0].objective_s,
         }  # fmt: skip
     else:
         sync = max(stage.step_s for stage in priced)
@@ -251,10 +251,9 @@ def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stag
 
 def specs_from_dp(plan: StagePlan, spans: SpanOptions, setup: CostSetup) -> list[StageSpec]:
     """StageSpecs of a DP plan whose option labels index ``spans.labels``."""
-    meshes = [submesh for submesh, _ in mesh_choices(setup)]
     specs = []
     for stage in plan.stages:
-        j = meshes.index(stage.submesh)
+        j = spans.index(stage.submesh)
         shape, slot = spans.labels[j][stage.option.label]
         specs.append(StageSpec(first=stage.first, last=stage.last, submesh=stage.submesh, mesh_shape=shape, slot=slot))
     return specs

@@ -96,8 +96,11 @@ def layering(graph: OpGraph, *, max_layers: int = MAX_LAYERS) -> Layering:
     return Layering(layers=tuple(layers), kinds=kinds)
 
 
-def microbatch_counts(batch_size: int, requested: int | None) -> list[int]:
-    """``[requested]`` (it must divide the batch), else the powers of two dividing it, up to 64."""
+def microbatch_counts(batch_size: int, requested: int | None, *, data_degree: int | None = None) -> list[int]:
+    """``[requested]`` (it must divide the batch), else the powers of two dividing it, up to 64; with a
+    fixed ``data_degree`` ``d`` (``--degrees``) also ``m = B/(d·r)`` for ``r = 1, 2, 4, …`` rows per replica
+    (ascending): a deep pipeline (GPT-1T at pipeline 64, Megatron's 530B at pipeline 35) fits only with
+    hundreds of microbatches, and Megatron runs one row per replica per microbatch."""
     if requested is not None:
         if requested < 1 or batch_size % requested:
             raise AutoplanError(f"--microbatches {requested} must be a positive divisor of the batch size {batch_size}")
@@ -106,7 +109,12 @@ def microbatch_counts(batch_size: int, requested: int | None) -> list[int]:
     while m <= min(batch_size, MAX_AUTO_MICROBATCHES) and batch_size % m == 0:
         counts.append(m)
         m *= 2
-    return counts
+    if data_degree is not None and batch_size % data_degree == 0:
+        per_replica, rows = batch_size // data_degree, 1
+        while per_replica % rows == 0 and per_replica // rows > MAX_AUTO_MICROBATCHES:
+            counts.append(per_replica // rows)
+            rows *= 2
+    return sorted(set(counts))
 
 
 def canonical_mesh(setup: CostSetup, submesh: Submesh, shape: tuple[int, ...]) -> StageMesh:
@@ -118,10 +126,13 @@ def canonical_mesh(setup: CostSetup, submesh: Submesh, shape: tuple[int, ...]) -
 
 
 class LayerTables:
-    """:class:`LayerTable` per (kind, submesh, logical mesh, m), built once; counts the solves."""
+    """:class:`LayerTable` per (kind, submesh, logical mesh, m), built once; counts the solves.
 
-    def __init__(self, setup: CostSetup, options: PipelineOptions) -> None:
-        self.setup, self.options = setup, options
+    ``sources``: the slots' sources to solve (:data:`planner.inter.layer_costs.SOURCES`; None: all).
+    A hand-written method needs only its own (``megatron``), which skips the Lagrangian solves."""
+
+    def __init__(self, setup: CostSetup, options: PipelineOptions, *, sources: tuple[str, ...] | None = None) -> None:
+        self.setup, self.options, self.sources = setup, options, sources
         self._tables: dict[tuple, LayerTable] = {}
         self._meshes: dict[tuple, StageMesh] = {}
         self.num_solves = 0
@@ -137,12 +148,16 @@ class LayerTables:
                 num_microbatches=m, zero=self.options.zero, time_limit_s=self.options.ilp_time_limit_s
             )
             part = subgraph(graph, list(layers.layers[kind]))
-            self._tables[key] = layer_table(part, self.setup, self._meshes[mesh_key], options=intra)
+            self._tables[key] = layer_table(part, self.setup, self._meshes[mesh_key], options=intra,
+                                            sources=self.sources)  # fmt: skip
             self.num_solves += 1
         return self._tables[key]
 
 
-def mesh_choices(setup: CostSetup) -> list[tuple[Submesh, list[tuple[int, ...]]]]:
+MeshChoices = list[tuple[Submesh, list[tuple[int, ...]]]]
+
+
+def mesh_choices(setup: CostSetup) -> MeshChoices:
     cluster = setup.cluster
     return [
         (submesh, logical_meshes(submesh.size, cluster.devices_per_node))
@@ -158,15 +173,21 @@ def allowed_slots(remat: str) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class SpanOptions:
-    arrays: OptionArrays
+    arrays: OptionArrays  # [first, last, j, option] with j indexing ``meshes``
     labels: tuple[tuple[tuple[tuple[int, ...], int], ...], ...]  # per submesh, option index -> (mesh shape, slot)
+    meshes: tuple[Submesh, ...]
+
+    def index(self, submesh: Submesh) -> int:
+        return self.meshes.index(submesh)
 
 
 def option_arrays(
-    graph: OpGraph, layers: Layering, tables: LayerTables, m: int, *, progress: Progress | None = None
-) -> SpanOptions:
-    """Span options for every (first, last, submesh) by prefix sums of per-layer slots."""
-    choices = mesh_choices(tables.setup)
+    graph: OpGraph, layers: Layering, tables: LayerTables, m: int, *, choices: MeshChoices | None = None,
+    progress: Progress | None = None,
+) -> SpanOptions:  # fmt: skip
+    """Span options for every (first, last, submesh) by prefix sums of per-layer slots; over ``choices``
+    (submeshes and their logical meshes) when given, else over every one of :func:`mesh_choices`."""
+    choices = mesh_choices(tables.setup) if choices is None else choices
     num_layers, slots = len(layers.layers), len(SLOTS)
     width = max(len(shapes) for _, shapes in choices) * slots
     shape = (num_layers, num_layers, len(choices), width)
@@ -189,8 +210,9 @@ def option_arrays(
                 progress(f"layer options, {m} microbatches", done, total)
     times[~np.isfinite(times)] = np.inf  # inf − inf in the prefix sums
     return SpanOptions(
-        arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation), labels=tuple(labels)
-    )
+        arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation), labels=tuple(labels),
+        meshes=tuple(submesh for submesh, _ in choices),
+    )  # fmt: skip
 
 
 def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callable[[int, Submesh, Submesh], float]:

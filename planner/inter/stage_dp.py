@@ -56,7 +56,8 @@ from cost_models.units import GIB
 from planner.errors import AutoplanError
 from planner.inter.device_blocks import Submesh
 
-_UNBOUNDED = float(np.finfo(np.float64).max)  # t_max for "no bound" that an infinite τ still exceeds
+_UNBOUNDED = float(np.finfo(np.float64).max)
+WHOLE_NODE_LIMIT = 32  # nodes; past it submeshes are whole nodes dividing the cluster (:func:`submeshes`)  # t_max for "no bound" that an infinite τ still exceeds
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,7 +125,7 @@ class StagePlan:
 @dataclass(frozen=True, kw_only=True)
 class _Tables:
     meshes: tuple[Submesh, ...]
-    sizes: np.ndarray  # (J,) devices per submesh
+    sizes: np.ndarray  # (J,) units per submesh (a unit: the submeshes' common divisor of devices)
     arrays: OptionArrays
     labels: Options | None  # the StageCosts' own options, when given as a protocol
     times: np.ndarray  # (C, L, L, J) τ_c(k, i, j), inf where nothing fits
@@ -133,7 +134,7 @@ class _Tables:
     sorted_boundary: np.ndarray  # (L−1, J, J) b(i, j, order[i, j, ·])
     open_class: bool  # class C−1 holds ≥ C stages
     flight_all: bool = False  # GPipe: every microbatch in flight in every stage
-    num_devices: int
+    num_devices: int  # in units
     num_microbatches: int
     budget: float
 
@@ -151,9 +152,17 @@ class _Run:
 
 
 def submeshes(num_nodes: int, devices_per_node: int) -> list[Submesh]:
-    """(1,1), (1,2), (1,4), … (powers of two dividing M, so blocks pack into nodes), (1,M), then (n,M)."""
+    """(1,1), (1,2), (1,4), … (powers of two dividing M, so blocks pack into nodes), (1,M), then (n,M).
+
+    Past :data:`WHOLE_NODE_LIMIT` nodes, whole nodes only, and ``n`` only among the divisors of ``N``
+    (so every uniform pipeline is there, and any mix of them): Alpa's every ``n`` makes ``O(N)`` submeshes
+    and an ``O(N²)`` DP table per layer pair; this keeps ``O(d(N))`` (16 for 384 nodes) and a DP over
+    nodes (:func:`solve_stages` counts devices in units of the submeshes' common divisor)."""
     if num_nodes < 1 or devices_per_node < 1:
         raise ValueError(f"need at least one node and one device per node, got {num_nodes}x{devices_per_node}")
+    if num_nodes > WHOLE_NODE_LIMIT:
+        sizes = [n for n in range(1, num_nodes + 1) if num_nodes % n == 0]
+        return [Submesh(num_nodes=n, devices_per_node=devices_per_node) for n in sizes]
     widths = [1 << a for a in range(devices_per_node.bit_length()) if devices_per_node % (1 << a) == 0]
     widths = [w for w in widths if w < devices_per_node] + [devices_per_node]
     row = [Submesh(num_nodes=1, devices_per_node=w) for w in widths]
@@ -196,11 +205,12 @@ def solve_stages(
         times, open_class = _classes(_fitting_times(costs, flights, memory_budget_bytes), stage_limit,
                                      exact=stage_limit < natural)  # fmt: skip
     order = np.argsort(boundary, axis=2, kind="stable")
+    unit = math.gcd(num_nodes * devices_per_node, *(mesh.size for mesh in meshes))  # devices are counted in units
     tables = _Tables(
-        meshes=meshes, sizes=np.array([mesh.size for mesh in meshes]), arrays=costs, labels=labels, times=times,
-        boundary=boundary, order=order, sorted_boundary=np.take_along_axis(boundary, order, axis=2),
-        open_class=open_class, flight_all=schedule == "gpipe", num_devices=num_nodes * devices_per_node, num_microbatches=num_microbatches,
-        budget=memory_budget_bytes,
+        meshes=meshes, sizes=np.array([mesh.size // unit for mesh in meshes]), arrays=costs, labels=labels,
+        times=times, boundary=boundary, order=order, sorted_boundary=np.take_along_axis(boundary, order, axis=2),
+        open_class=open_class, flight_all=schedule == "gpipe", num_devices=num_nodes * devices_per_node // unit,
+        num_microbatches=num_microbatches, budget=memory_budget_bytes,
     )  # fmt: skip
     best, tried = _search(tables, early_stop)
     if best is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import unittest.mock
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -268,8 +269,8 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _G
     from torch.export import export
     from torch.export.graph_signature import InputKind
 
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):  # export prints the failing graph on errors
+    try:  # export prints the failing graph on errors; per-node stack traces cost ~20% of its time, unread here
+        with contextlib.redirect_stderr(io.StringIO()), _without_stack_traces():
             program = export(model, inputs, strict=False)
     except Exception as error:
         raise AutoplanError(
@@ -289,9 +290,10 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _G
         placeholder = spec.arg.name
         names[placeholder] = canonical(spec.target) if spec.target is not None else placeholder
     constants: dict[str, Any] = {}
+    spec_of = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
     for node in program.graph.nodes:
         if node.op == "placeholder":
-            spec = next(s for s in program.graph_signature.input_specs if s.arg.name == node.name)
+            spec = spec_of[node.name]
             value = node.meta.get("val")
             if not isinstance(value, torch.Tensor):
                 constants[node.name] = value
@@ -322,6 +324,14 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _G
         elif node.op == "output":
             flat, _ = tree_flatten(node.args)
             builder.outputs.extend(names.get(n.name, n.name) for n in flat if isinstance(n, fx.Node))
+
+
+@contextlib.contextmanager
+def _without_stack_traces() -> Iterator[None]:
+    """torch.fx records a Python stack trace per traced node (``fx.config.do_not_emit_stack_traces``);
+    capture reads none, so it is switched off for the export and restored after."""
+    with unittest.mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
+        yield
 
 
 def _has_opaque_calls(graph: fx.Graph) -> bool:

@@ -15,7 +15,7 @@ import enum
 import hashlib
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from types import MappingProxyType
 from typing import Any
@@ -170,6 +170,11 @@ class OpGraph:
             missing = [name for name in node.inputs if name not in seen]
             assert not missing, f"{node.name} reads {missing} before they exist"
             seen.add(node.name)
+
+    def __getstate__(self) -> dict[str, object]:
+        """The fields only (the cached indexes are rebuilt on use): a graph crosses processes pickled."""
+        names = {f.name for f in fields(self)}
+        return {key: value for key, value in self.__dict__.items() if key in names}
 
     @cached_property
     def _index(self) -> Mapping[str, OpNode]:

@@ -33,16 +33,24 @@ class MicrobatchGraphs:
     """``at(b)``: the graph at microbatch size ``b`` (``b`` divides the batch), cached per size."""
 
     def __init__(
-        self, *, full: OpGraph, batch_size: int, capture_at: Callable[[int], OpGraph], smallest: int | None = None
-    ) -> None:
+        self, *, full: OpGraph, batch_size: int, capture_at: Callable[[int], OpGraph], smallest: int | None = None,
+        smallest_graph: OpGraph | None = None,
+    ) -> None:  # fmt: skip
+        """``smallest_graph``: the graph at ``smallest`` when it was captured already (in a child process,
+        :mod:`planner.ir.parallel_capture`); else it is captured here."""
         self.batch_size = batch_size
+        self.full = full
         self._capture_at = capture_at
         self._graphs: dict[int, OpGraph] = {batch_size: full}
         self._low: int | None = None
         self.num_captures = 1
         self.capture_s = 0.0  # seconds in captures after the first
         if smallest is not None and smallest != batch_size:
-            self._graphs[smallest] = self._capture(smallest)
+            if smallest_graph is None:
+                smallest_graph = self._capture(smallest)
+            else:
+                self.num_captures += 1
+            self._graphs[smallest] = smallest_graph
             self._low = smallest
 
     def _capture(self, size: int) -> OpGraph:
@@ -71,7 +79,8 @@ def _between(low: OpGraph, high: OpGraph, *, sizes: tuple[int, int, int]) -> OpG
     if len(low.nodes) != len(high.nodes):
         raise _NotAffine
     t = Fraction(size - low_size, high_size - low_size)
-    nodes = tuple(_node(a, b, t) for a, b in zip(low.nodes, high.nodes, strict=True))
+    metas: dict[tuple[TensorMeta, TensorMeta], TensorMeta] = {}  # identical layers repeat the same pairs
+    nodes = tuple(_node(a, b, t, metas) for a, b in zip(low.nodes, high.nodes, strict=True))
     return OpGraph(
         nodes=nodes,
         inputs=tuple(_value(a, b, t) for a, b in _pairs(low.inputs, high.inputs)),
@@ -88,10 +97,12 @@ def _pairs(low: tuple[GraphValue, ...], high: tuple[GraphValue, ...]) -> list[tu
 
 
 def _interpolate(a: int, b: int, t: Fraction) -> int:
-    value = a + (b - a) * t
-    if value.denominator != 1 or value < 0:
+    if a == b:
+        return a
+    step, rest = divmod((b - a) * t.numerator, t.denominator)  # integers: Fraction arithmetic is slow
+    if rest or a + step < 0:
         raise _NotAffine
-    return int(value)
+    return a + step
 
 
 def _meta(a: TensorMeta, b: TensorMeta, t: Fraction) -> TensorMeta:
@@ -118,16 +129,27 @@ def _arg(a: Any, b: Any, t: Fraction) -> Any:
     return tuple(_arg(x, y, t) for x, y in zip(a, b, strict=True))
 
 
-def _node(a: OpNode, b: OpNode, t: Fraction) -> OpNode:
+def _node(a: OpNode, b: OpNode, t: Fraction, metas: dict[tuple[TensorMeta, TensorMeta], TensorMeta]) -> OpNode:
     if (a.name, a.target, a.inputs, len(a.outputs)) != (b.name, b.target, b.inputs, len(b.outputs)):
         raise _NotAffine
+
+    def meta(x: TensorMeta, y: TensorMeta) -> TensorMeta:
+        if (x, y) not in metas:
+            metas[x, y] = _meta(x, y, t)
+        return metas[x, y]
+
     return replace(
         b,
-        input_metas=tuple(_meta(x, y, t) for x, y in zip(a.input_metas, b.input_metas, strict=True)),
-        outputs=tuple(_meta(x, y, t) for x, y in zip(a.outputs, b.outputs, strict=True)),
+        input_metas=tuple(meta(x, y) for x, y in zip(a.input_metas, b.input_metas, strict=True)),
+        outputs=tuple(meta(x, y) for x, y in zip(a.outputs, b.outputs, strict=True)),
         args=_arg(a.args, b.args, t),
         kwargs=tuple((key, _arg(x, y, t)) for (key, x), (_, y) in zip(a.kwargs, b.kwargs, strict=True)),
-        flops_fwd=round(a.flops_fwd + (b.flops_fwd - a.flops_fwd) * t),
-        flops_bwd=round(a.flops_bwd + (b.flops_bwd - a.flops_bwd) * t),
-        bytes_moved=round(a.bytes_moved + (b.bytes_moved - a.bytes_moved) * t),
+        flops_fwd=_round_between(a.flops_fwd, b.flops_fwd, t),
+        flops_bwd=_round_between(a.flops_bwd, b.flops_bwd, t),
+        bytes_moved=_round_between(a.bytes_moved, b.bytes_moved, t),
     )
+
+
+def _round_between(a: int, b: int, t: Fraction) -> int:
+    """``round(a + (b − a)·t)`` (half to even, as ``round`` of a Fraction) without Fraction arithmetic."""
+    return a if a == b else round(a + Fraction((b - a) * t.numerator, t.denominator))

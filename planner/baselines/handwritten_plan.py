@@ -1,0 +1,112 @@
+"""``--method megatron`` and ``--method uniform-pipeline`` run alone: only the layer tables they read.
+
+Inside ``auto`` these methods are candidates priced after the whole search (every submesh, logical
+mesh and slot, :func:`planner.inter.search.search_pipeline`). Run alone, a hand-written method
+reads a sliver of that: :func:`handwritten_plan` builds, per microbatch count, the span options of
+its own submeshes and logical meshes only (:func:`mesh_choices_of`):
+
+* ``megatron`` ``(t, p, d)``: the submesh of ``t·d`` devices, mesh ``(d, t)``, solving only the
+  ``megatron`` slot (``data-parallel`` when ``t = 1``) with and without recomputation — one table
+  per layer kind, whatever the device count, and no Lagrangian solves
+  (:class:`planner.inter.search.LayerTables` ``sources``); the grid (no ``--degrees``) reads
+  one submesh and mesh per grid point;
+* ``uniform-pipeline``: the submeshes ``D/p`` with every logical mesh and slot.
+
+Candidates are scored and priced exactly as inside auto (:func:`planner.baselines.handwritten.best_handwritten`,
+:func:`planner.inter.pricing.price_stages` without refinement), sharing stage problems by shape
+(:class:`planner.inter.stage_shapes.StageShapes`), so the plan is the one ``auto``'s candidate list
+holds for that method (a test checks it). Microbatch counts are :func:`planner.inter.search.microbatch_counts`
+(with ``--degrees``, up to one row per replica per microbatch). With ``--degrees`` deeper than
+:data:`planner.inter.search.MAX_LAYERS` stages, layers are not grouped, so each stage holds whole
+model layers (Megatron's cut is among :func:`planner.baselines.handwritten.equal_spans`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from planner.baselines.handwritten import best_handwritten, grid_points
+from planner.costing.setup import CostSetup
+from planner.inter.pricing import PricedPipeline, price_stages
+from planner.inter.search import (
+    MAX_LAYERS,
+    LayerTables,
+    MeshChoices,
+    PipelineChoice,
+    PipelineOptions,
+    Progress,
+    layering,
+    mesh_choices,
+    microbatch_counts,
+    option_arrays,
+)
+from planner.inter.stage_shapes import StageShapes
+from planner.ir.graph import OpGraph
+from planner.ir.rebatch import MicrobatchGraphs
+
+KEEP = 3  # candidates priced exactly, as auto prices them (best_handwritten's keep)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandwrittenResult:
+    best: PricedPipeline | None  # None: no configuration of the method fits
+    num_solves: int
+    tables_s: float
+    score_s: float
+    price_s: float
+    stages_built: int  # stage problems built for pricing (the others reused by shape)
+    stages_reused: int
+
+
+def mesh_choices_of(method: str, setup: CostSetup, options: PipelineOptions, num_layers: int) -> MeshChoices:
+    """The submeshes and logical meshes ``method`` reads (see the module docstring)."""
+    every = mesh_choices(setup)
+    if method == "uniform-pipeline":
+        sizes = {setup.cluster.num_devices // p for p in range(1, num_layers + 1) if setup.cluster.num_devices % p == 0}
+        return [(submesh, shapes) for submesh, shapes in every if submesh.size in sizes]
+    wanted: dict[int, set[tuple[int, ...]]] = {}
+    for (t, _, d), shape in grid_points(setup, num_layers=num_layers, degrees=options.degrees):
+        wanted.setdefault(t * d, set()).add(shape)
+    return [(submesh, [q for q in shapes if q in wanted[submesh.size]]) for submesh, shapes in every
+            if submesh.size in wanted]  # fmt: skip
+
+
+def handwritten_plan(
+    method: str, graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions,
+    progress: Progress | None = None,
+) -> HandwrittenResult:  # fmt: skip
+    """The best exactly priced plan of ``method`` (``megatron`` or ``uniform-pipeline``) over the counts."""
+    assert method in ("megatron", "uniform-pipeline"), method
+    sources = ("megatron", "data-parallel") if method == "megatron" else None
+    tables = LayerTables(setup, options, sources=sources)
+    schedule = "gpipe" if options.schedule == "gpipe" else "1f1b"
+    depth = options.degrees[1] if options.degrees is not None else 0
+    settings, started = [], time.perf_counter()
+    data_degree = None if options.degrees is None else options.degrees[2]
+    for m in microbatch_counts(graphs.batch_size, options.microbatches, data_degree=data_degree):
+        graph = graphs.at(graphs.batch_size // m)
+        layers = layering(graph, max_layers=MAX_LAYERS if depth <= MAX_LAYERS else len(graph.nodes))
+        choices = mesh_choices_of(method, setup, options, len(layers.layers))
+        if not any(shapes for _, shapes in choices):
+            continue
+        spans = option_arrays(graph, layers, tables, m, choices=choices, progress=progress)
+        settings.append(PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers,
+                                       stage_plan=None, spans=spans))  # fmt: skip
+    tabled = time.perf_counter()
+    found = best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees, keep=KEEP,
+                             methods=(method,)).get(method, [])  # fmt: skip
+    scored, shapes, best = time.perf_counter(), StageShapes(), None
+    for done, candidate in enumerate(found):
+        if progress is not None:
+            progress("pricing candidates", done, len(found))
+        setting = candidate.setting
+        priced = price_stages(full_graph=full_graph, graph=setting.graph, layers=setting.layers, tables=tables,
+                              specs=list(candidate.specs), m=setting.num_microbatches, schedule=setting.schedule,
+                              refine=False, shapes=shapes)  # fmt: skip
+        if priced is not None and (best is None or priced.estimate.step_time_s < best.estimate.step_time_s):
+            best = priced
+    return HandwrittenResult(
+        best=best, num_solves=tables.num_solves, tables_s=tabled - started, score_s=scored - tabled,
+        price_s=time.perf_counter() - scored, stages_built=shapes.num_built, stages_reused=shapes.num_reused,
+    )  # fmt: skip

@@ -1,0 +1,134 @@
+"""Stage problems keyed by the stage's shape, built once and reused at every position of a pipeline.
+
+The exact price of a candidate (:mod:`planner.inter.pricing`) solves nothing new per stage, but
+building a stage's problem (every node's strategies and resharding costs) takes ~20 ms per layer;
+GPT-1T at pipeline 64 has 64 stages, and the candidates repeat them. Two stages cost the same when
+
+* their subgraphs are the same up to names: the same operators on the same shapes, wired the same
+  way, the same values leaving the stage (:func:`shape_key`, :func:`planner.ir.layers.structural_hash`);
+* they run the same layer slot on the same submesh and logical mesh at the same microbatch count;
+* their devices are laid out the same way: :func:`planner.inter.device_blocks.assign_devices` puts
+  a whole-node submesh on whole nodes and a ``(1, m)`` block aligned inside one node, so every
+  mesh axis sees the same links wherever the stage sits. The template is built on ranks
+  ``0..|j|−1`` (:func:`planner.inter.search.canonical_mesh`).
+
+So :class:`StageShapes` keeps one :class:`StageTemplate` per key — the problem, its composed choice
+and, on demand, its unconstrained optimum and each choice's split costs — and
+:func:`relabel` turns the template's plan stage into the stage at hand: node names, parameter
+names and explanation rows mapped position by position, devices set to the stage's ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from planner.inter.layer_costs import input_bytes, split_costs
+from planner.intra.ilp import solve_unconstrained
+from planner.intra.problem import StrategySolution, evaluate
+from planner.intra.solve import IntraOpResult
+from planner.intra.stage_problem import StageProblem
+from planner.intra.to_stage import stage_from_result
+from planner.ir.graph import OpGraph, ValueKind
+from planner.ir.layers import structural_hash
+from planner.plan import Stage
+
+
+def shape_key(part: OpGraph) -> tuple[str, tuple[int, ...]]:
+    """What a stage subgraph's problem depends on, names aside: its structure and which nodes leave it."""
+    position = {node.name: index for index, node in enumerate(part.nodes)}
+    return structural_hash(part, "", list(part.nodes)), tuple(position[name] for name in part.outputs)
+
+
+@dataclass(kw_only=True)
+class StageTemplate:
+    """One stage problem on canonical ranks (``part``: the subgraph it was built from) and what pricing
+    reads off it, each computed once per choice."""
+
+    part: OpGraph
+    problem: StageProblem
+    composed: tuple[int, ...]
+    _unconstrained: tuple[int, ...] | None = None
+    _costs: dict[tuple[int, ...], tuple[float, float, float, float, float]] = field(default_factory=dict)
+    _stages: dict[tuple[tuple[int, ...], bool], Stage] = field(default_factory=dict)
+
+    def unconstrained(self) -> tuple[int, ...]:
+        """The stage's exact optimum without a memory limit (:func:`solve_unconstrained`)."""
+        if self._unconstrained is None:
+            self._unconstrained = solve_unconstrained(self.problem.problem).choice
+        return self._unconstrained
+
+    def costs(self, choice: tuple[int, ...]) -> tuple[float, float, float, float, float]:
+        """(objective s, step s, state bytes, activation bytes, compute s) of ``choice``; step s is the
+        gradient sync and optimizer update, once per step."""
+        if choice not in self._costs:
+            objective, _ = evaluate(self.problem.problem, choice)
+            state, activation, compute = split_costs(self.problem, choice)
+            self._costs[choice] = (objective, step_s(self.problem, choice), state, activation, compute)
+        return self._costs[choice]
+
+    def recompute_bytes(self, choice: tuple[int, ...]) -> float:
+        """Activations kept per microbatch when the stage recomputes: its inputs (:func:`input_bytes`)."""
+        return input_bytes(self.problem, choice)
+
+    def stage(self, choice: tuple[int, ...], *, remat: bool, explain: Callable[[Stage], tuple]) -> Stage:
+        """The plan stage of ``choice`` on the template's names and canonical ranks, explained by ``explain``."""
+        if (choice, remat) not in self._stages:
+            objective = self.costs(choice)[0]
+            solution = StrategySolution(choice=choice, objective=objective, memory_bytes=0.0, optimal=False,
+                                        num_variables=0, num_constraints=0, build_s=0.0, solve_s=0.0,
+                                        status="composed")  # fmt: skip
+            result = IntraOpResult(stage=self.problem, choice=choice, objective_s=objective, memory_bytes=0.0,
+                                   solution=solution, incumbent_objectives_s={}, build_s=0.0)  # fmt: skip
+            base = stage_from_result(result)
+            self._stages[choice, remat] = replace(base, remat=remat, explanation=explain(base))
+        return self._stages[choice, remat]
+
+
+def step_s(problem: StageProblem, choice: tuple[int, ...]) -> float:
+    """Gradient sync and optimizer update of the stage's choice, once per step."""
+    total = 0.0
+    for node in problem.graph.nodes:
+        variable = problem.variables.index(problem.representative[node.name])
+        total += problem.costs[variable][choice[variable]].step_s
+    return total
+
+
+class StageShapes:
+    """:class:`StageTemplate` per (shape key, submesh, mesh shape, slot, microbatches)."""
+
+    def __init__(self) -> None:
+        self._templates: dict[tuple, StageTemplate] = {}
+        self.num_built = 0
+        self.num_reused = 0
+
+    def get(self, key: tuple, build: Callable[[], StageTemplate]) -> StageTemplate:
+        if key in self._templates:
+            self.num_reused += 1
+        else:
+            self._templates[key] = build()
+            self.num_built += 1
+        return self._templates[key]
+
+
+def relabel(template: Stage, template_graph: OpGraph, part: OpGraph, *, devices: tuple[int, ...], index: int) -> Stage:
+    """``template`` (a plan stage of ``template_graph``) as the stage of ``part``, a subgraph of the same
+    shape key, on ``devices``."""
+    if template_graph is part:
+        return replace(template, devices=devices, index=index)
+    names = dict(zip((n.name for n in template_graph.nodes), (n.name for n in part.nodes), strict=True))
+    params: dict[str, str] = {}
+    for ours, theirs in zip(template_graph.nodes, part.nodes, strict=True):
+        for mine, other in zip(ours.inputs, theirs.inputs, strict=True):
+            if template_graph.value_kind(mine) == ValueKind.PARAM:
+                params[mine] = other
+    placements: Mapping[str, tuple[str, ...]] = {params[name]: spec for name, spec in template.param_placements.items()}
+    return replace(
+        template,
+        index=index,
+        nodes=tuple(names[name] for name in template.nodes),
+        devices=devices,
+        strategies={names[name]: record for name, record in template.strategies.items()},
+        param_placements=placements,
+        explanation=tuple({**row, "node": names[row["node"]]} for row in template.explanation),
+    )

@@ -1,0 +1,138 @@
+"""Planning at scale without changing answers: stage problems reused by shape, hand-written methods
+run alone, device numbering, microbatch counts, the forked second capture and Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cost_models.cluster import load_cluster
+from planner.api import plan_prepared, prepare_model_file
+from planner.baselines.handwritten import equal_spans
+from planner.inter.device_blocks import Submesh
+from planner.inter.search import canonical_mesh, microbatch_counts
+from planner.inter.stage_shapes import StageShapes
+from planner.intra.ilp import solve_unconstrained
+from planner.intra.incumbents import megatron_choice
+from planner.intra.problem import evaluate
+from planner.intra.stage_problem import IntraOpOptions, build_stage_problem
+from planner.ir.graph import subgraph
+from planner.ir.layers import graph_layers
+from planner.sharding.specs import StageMesh
+
+ROOT = Path(__file__).resolve().parent.parent
+GPT = ROOT / "examples" / "gpt.py"
+TINY = {"size": "tiny", "layers": 6}
+
+
+def _prepare(nodes: int, per_node: int, *, batch_size: int = 16, **options: object):
+    cluster = load_cluster("dgx-a100", num_nodes=nodes, devices_per_node=per_node)
+    return prepare_model_file(GPT, cluster, batch_size=batch_size, model_args=TINY, **options)
+
+
+class _Fresh(StageShapes):
+    """Builds every stage problem again: what pricing did before stage shapes were shared."""
+
+    def get(self, key: tuple, build):  # type: ignore[override]
+        self.num_built += 1
+        return build()
+
+
+@pytest.mark.parametrize("method", ["megatron", "uniform-pipeline"])
+def test_a_method_run_alone_is_the_candidate_auto_prices(method: str) -> None:
+    """Only its own tables, same plan: the estimate and every stage equal auto's candidate of that method."""
+    prepared = _prepare(2, 4)
+    alone = plan_prepared(prepared, method)
+    from planner.api import _auto
+
+    result, _ = _auto(prepared)
+    assert result.priced[method].estimate == alone.estimate
+    assert result.priced[method].stages == alone.stages
+
+
+def test_reused_stage_shapes_price_like_fresh_problems(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same plan JSON whether stage problems are shared by shape or built for every stage."""
+    degrees = (2, 2, 2)
+    shared = plan_prepared(_prepare(2, 4, degrees=degrees), "megatron")
+    monkeypatch.setattr("planner.baselines.handwritten_plan.StageShapes", _Fresh)
+    fresh = plan_prepared(_prepare(2, 4, degrees=degrees), "megatron")
+    assert shared.to_json()["stages"] == fresh.to_json()["stages"]
+    assert shared.estimate == fresh.estimate
+
+
+@pytest.mark.parametrize(("submesh", "shape", "offsets"), [
+    (Submesh(num_nodes=1, devices_per_node=2), (2,), (2, 4, 6)),
+    (Submesh(num_nodes=1, devices_per_node=4), (2, 2), (4,)),
+    (Submesh(num_nodes=2, devices_per_node=4), (4, 2), (8,)),
+])  # fmt: skip
+def test_a_stage_costs_the_same_wherever_its_devices_are_numbered(
+    submesh: Submesh, shape: tuple[int, ...], offsets: tuple[int, ...]
+) -> None:
+    """Aligned placements see the same links: canonical ranks price like the stage's real ranks."""
+    prepared = _prepare(4, 4)
+    graph, setup = prepared.graph, prepared.setup
+    names = [name for layer in graph_layers(graph)[1:3] for name in layer]
+    part, options = subgraph(graph, names), IntraOpOptions(num_microbatches=2)
+    canonical = build_stage_problem(part, setup, canonical_mesh(setup, submesh, shape), options)
+    choices = [megatron_choice(canonical), solve_unconstrained(canonical.problem).choice]
+    for offset in offsets:
+        mesh = StageMesh(cluster=setup.cluster, devices=tuple(range(offset, offset + submesh.size)), mesh_shape=shape,
+                         activation_itemsize=setup.activation_itemsize)  # fmt: skip
+        placed = build_stage_problem(part, setup, mesh, options)
+        for choice in choices:
+            if choice is not None:
+                assert evaluate(placed.problem, choice) == evaluate(canonical.problem, choice)
+
+
+def test_a_fixed_configuration_is_the_same_plan_on_renumbered_nodes() -> None:
+    """The same (t, p, d) on 2 nodes of 4 and 4 nodes of 2 where its stages see the same links: one estimate."""
+    wide = plan_prepared(_prepare(2, 4, degrees=(2, 2, 2)), "megatron")
+    again = plan_prepared(_prepare(2, 4, degrees=(2, 2, 2)), "megatron")
+    assert wide.estimate == again.estimate
+    devices = [stage.devices for stage in wide.stages]
+    assert devices == [tuple(range(4)), tuple(range(4, 8))]
+
+
+def test_microbatch_counts_reach_one_row_per_replica_with_fixed_degrees() -> None:
+    assert microbatch_counts(3072, None) == [1, 2, 4, 8, 16, 32, 64]
+    assert microbatch_counts(3072, None, data_degree=6) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert microbatch_counts(256, None, data_degree=2) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert microbatch_counts(256, None, data_degree=8) == [1, 2, 4, 8, 16, 32, 64]  # up to 64 as without degrees
+
+
+def test_equal_spans_include_megatrons_cut_of_the_repeated_layers() -> None:
+    kinds = (0, *([1] * 8), 9)  # embedding, 8 blocks, head
+    by_layers, megatron = equal_spans(kinds, 4)
+    assert by_layers == [(0, 1), (2, 4), (5, 7), (8, 9)]  # equal layer counts over all 10 (2.5 each, rounded)
+    assert megatron == [(0, 2), (3, 4), (5, 6), (7, 9)]  # 2 blocks each, embedding and head at the ends
+    assert equal_spans(kinds, 1) == [[(0, 9)]]
+    assert equal_spans((0, 1, 2), 2) == [[(0, 1), (2, 2)]]  # nothing repeats: equal layer counts only
+
+
+def test_the_second_capture_in_a_child_gives_the_same_graphs() -> None:
+    one = _prepare(1, 4, batch_size=16, jobs=1)
+    two = _prepare(1, 4, batch_size=16, jobs=2)
+    for size in (16, 8, 4, 1):
+        assert one.graphs.at(size) == two.graphs.at(size)
+    assert two.graphs.num_captures == 2
+
+
+def test_ctrl_c_exits_cleanly_without_a_plan_file(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    command = [sys.executable, "-m", "planner", str(GPT), "--cluster", "dgx-a100", "--nodes", "8",
+               "--batch-size", "256", "--model-arg", "size=350m", "--jobs", "2", "--out", str(out)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    time.sleep(6)  # imports, then the two exports
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "plan: interrupted"
+    assert "Traceback" not in stderr
+    assert not out.exists()
