@@ -193,7 +193,7 @@ def prepare(
     if rl_budget_s <= 0:
         raise AutoplanError(f"--rl-budget-s must be positive, got {rl_budget_s:g}")
     pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
-                               zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees)  # fmt: skip
+                               zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees, jobs=jobs)  # fmt: skip
     counts = microbatch_counts(batch_size, microbatches, data_degree=None if degrees is None else degrees[2])
     allowed_slots(remat)
     if not 0 < memory_fraction <= 1:

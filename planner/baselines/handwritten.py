@@ -30,7 +30,7 @@ from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.layer_costs import SLOTS
 from planner.inter.pricing import StageSpec
-from planner.inter.search import PipelineChoice, boundary_table, mesh_choices
+from planner.inter.search import PipelineChoice, mesh_choices
 
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 
@@ -68,7 +68,7 @@ def _cut(first: int, last: int, num_layers: int, count: int) -> list[tuple[int, 
 def approximate_step_s(setting: PipelineChoice, setup: CostSetup, specs: list[StageSpec]) -> float:
     """Latency of fixed stages on the span options; inf if a stage has no option or does not fit."""
     arrays, m, count = setting.spans.arrays, setting.num_microbatches, len(specs)
-    boundary = boundary_table(setting.graph, setting.layers, setup)
+    boundary = setting.boundary_s
     times = []
     for s, spec in enumerate(specs):
         if spec.submesh not in setting.spans.meshes:

@@ -36,6 +36,7 @@ from planner.inter.search import (
     PipelineChoice,
     PipelineOptions,
     Progress,
+    boundary_table,
     layering,
     mesh_choices,
     microbatch_counts,
@@ -92,7 +93,8 @@ def handwritten_plan(
             continue
         spans = option_arrays(graph, layers, tables, m, choices=choices, progress=progress)
         settings.append(PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers,
-                                       stage_plan=None, spans=spans))  # fmt: skip
+                                       stage_plan=None, spans=spans,
+                                       boundary_s=boundary_table(graph, layers, setup)))  # fmt: skip
     tabled = time.perf_counter()
     found = best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees, keep=KEEP,
                              methods=(method,)).get(method, [])  # fmt: skip

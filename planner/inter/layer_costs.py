@@ -56,10 +56,22 @@ class LayerOption:
 
 @dataclass(frozen=True, kw_only=True)
 class LayerTable:
-    """One layer's problem on one mesh and its option per slot (None where the slot has none)."""
+    """One layer's option per slot on one mesh (None where the slot has none), and how to read a choice
+    back by name: the problem's variables, their representatives and strategy names (the problem itself
+    is dropped, so a table is small enough to come back from a worker process)."""
 
-    problem: StageProblem
+    variables: tuple[str, ...]
+    representative: dict[str, str]
+    strategy_names: tuple[tuple[str, ...], ...]  # per variable
     options: tuple[LayerOption | None, ...]  # aligned with SLOTS
+
+    def strategy_name(self, node: str, option: LayerOption) -> str:
+        """The strategy ``option`` gives ``node`` (a node of this table's layer)."""
+        variable = self.variables.index(self.representative[node])
+        return self.strategy_names[variable][option.choice[variable]]
+
+    def variable_choice(self, node: str, option: LayerOption) -> int:
+        return option.choice[self.variables.index(self.representative[node])]
 
     def arrays(self) -> np.ndarray:
         """(3, slots): time, state and activation bytes; inf time for an empty slot."""
@@ -149,4 +161,6 @@ def layer_table(
     for source, remat in SLOTS:
         choice = choices.get(source) if source in wanted else None
         found.append(None if choice is None else _option(problem, choice, source=source, remat=remat))
-    return LayerTable(problem=problem, options=tuple(found))
+    names = tuple(tuple(strategy.name for strategy in row) for row in problem.strategies)
+    return LayerTable(variables=tuple(problem.variables), representative=dict(problem.representative),
+                      strategy_names=names, options=tuple(found))  # fmt: skip

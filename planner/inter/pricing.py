@@ -95,10 +95,9 @@ def _composed_choice(
         option = table.options[spec.slot]
         assert option is not None, f"slot {SLOTS[spec.slot]} has no option"
         kind_name = layers.layers[kind][position]
-        tv = table.problem.variables.index(table.problem.representative[kind_name])
-        wanted = table.problem.strategies[tv][option.choice[tv]]
+        wanted = table.strategy_name(kind_name, option)
         names = [strategy.name for strategy in problem.strategies[v]]
-        choice.append(names.index(wanted.name) if wanted.name in names else option.choice[tv])
+        choice.append(names.index(wanted) if wanted in names else table.variable_choice(kind_name, option))
     return tuple(choice)
 
 

@@ -39,6 +39,7 @@ from cost_models.communication import all_gather_s
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.device_blocks import Submesh
+from planner.inter.forked import fork_map
 from planner.inter.layer_costs import SLOTS, LayerTable, layer_table
 from planner.inter.stage_dp import OptionArrays, StagePlan, solve_stages, submeshes
 from planner.intra.single_stage import logical_meshes
@@ -64,6 +65,7 @@ class PipelineOptions:
     zero: bool = False
     ilp_time_limit_s: float = 30.0
     degrees: tuple[int, int, int] | None = None  # megatron: evaluate this (tensor, pipeline, data) only
+    jobs: int = 1  # processes for the layer tables (planner.inter.forked)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,17 +143,29 @@ class LayerTables:
             ) -> LayerTable:  # fmt: skip
         key = (kind, submesh, shape, m)
         if key not in self._tables:
-            mesh_key = (submesh, shape)
-            if mesh_key not in self._meshes:
-                self._meshes[mesh_key] = canonical_mesh(self.setup, submesh, shape)
-            intra = IntraOpOptions(
-                num_microbatches=m, zero=self.options.zero, time_limit_s=self.options.ilp_time_limit_s
-            )
-            part = subgraph(graph, list(layers.layers[kind]))
-            self._tables[key] = layer_table(part, self.setup, self._meshes[mesh_key], options=intra,
-                                            sources=self.sources)  # fmt: skip
+            self._tables[key] = self._build(graph, layers, key)
             self.num_solves += 1
         return self._tables[key]
+
+    def _build(self, graph: OpGraph, layers: Layering, key: tuple) -> LayerTable:
+        kind, submesh, shape, m = key
+        mesh_key = (submesh, shape)
+        if mesh_key not in self._meshes:
+            self._meshes[mesh_key] = canonical_mesh(self.setup, submesh, shape)
+        intra = IntraOpOptions(num_microbatches=m, zero=self.options.zero, time_limit_s=self.options.ilp_time_limit_s)
+        part = subgraph(graph, list(layers.layers[kind]))
+        return layer_table(part, self.setup, self._meshes[mesh_key], options=intra, sources=self.sources)
+
+    def prefetch(self, graph: OpGraph, layers: Layering, keys: list[tuple], *,
+                 progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+        """Build the missing tables of ``keys`` ((kind, submesh, shape, m)) over ``options.jobs`` processes."""
+        missing = [key for key in dict.fromkeys(keys) if key not in self._tables]
+        if not missing:
+            return
+        report = None if progress is None else (lambda done: progress(done, len(missing)))
+        built = fork_map(lambda key: self._build(graph, layers, key), missing, jobs=self.options.jobs, on_done=report)
+        self._tables.update(zip(missing, built, strict=True))
+        self.num_solves += len(missing)
 
 
 MeshChoices = list[tuple[Submesh, list[tuple[int, ...]]]]
@@ -193,7 +207,16 @@ def option_arrays(
     shape = (num_layers, num_layers, len(choices), width)
     times, state, activation = np.full(shape, np.inf), np.zeros(shape), np.zeros(shape)
     allowed, upper = allowed_slots(tables.options.remat), np.triu(np.ones((num_layers, num_layers), dtype=bool))
-    labels, done, total = [], 0, sum(len(shapes) for _, shapes in choices)
+    labels = []
+    keys = [
+        (kind, submesh, q, m) for submesh, shapes in choices for q in shapes for kind in dict.fromkeys(layers.kinds)
+    ]
+
+    def report(done: int, total: int) -> None:
+        if progress is not None:
+            progress(f"layer options, {m} microbatches", done, total)
+
+    tables.prefetch(graph, layers, keys, progress=report)
     for j, (submesh, shapes) in enumerate(choices):
         labels.append(tuple((q, w) for q in shapes for w in range(slots)))
         for index, q in enumerate(shapes):
@@ -205,9 +228,6 @@ def option_arrays(
             columns = slice(index * slots, (index + 1) * slots)
             times[:, :, j, columns] = np.where(upper[..., None], spans[:, :, 0], np.inf)
             state[:, :, j, columns], activation[:, :, j, columns] = spans[:, :, 1], spans[:, :, 2]
-            done += 1
-            if progress is not None:
-                progress(f"layer options, {m} microbatches", done, total)
     times[~np.isfinite(times)] = np.inf  # inf − inf in the prefix sums
     return SpanOptions(
         arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation), labels=tuple(labels),
@@ -245,6 +265,7 @@ class PipelineChoice:
     layers: Layering
     stage_plan: StagePlan | None  # None: the DP found nothing that fits at this count
     spans: SpanOptions
+    boundary_s: Callable[[int, Submesh, Submesh], float]  # boundary_table of graph and layers
     failure: str = ""
 
 
@@ -265,15 +286,16 @@ def search_pipeline(
         graph = graphs.at(graphs.batch_size // m)
         layers = layering(graph)
         spans = option_arrays(graph, layers, tables, m, progress=progress)
+        boundary = boundary_table(graph, layers, setup)
         plan, failure = None, ""
         try:
             plan = solve_stages(
                 num_layers=len(layers.layers), num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
                 num_microbatches=m, costs=spans.arrays, memory_budget_bytes=setup.memory_budget_bytes,
-                max_stages=options.max_stages, boundary_s=boundary_table(graph, layers, setup), schedule=schedule,
+                max_stages=options.max_stages, boundary_s=boundary, schedule=schedule,
             )  # fmt: skip
         except AutoplanError as error:
             failure = f"{m} microbatches: {error}"
         found.append(PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers,
-                                    stage_plan=plan, spans=spans, failure=failure))  # fmt: skip
+                                    stage_plan=plan, spans=spans, boundary_s=boundary, failure=failure))  # fmt: skip
     return found

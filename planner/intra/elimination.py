@@ -7,7 +7,7 @@ other variables ``S``::
 
     g(S) = min_x Σ_k f_k(S ∪ {x})          (argmin kept for the way back)      (_eliminate)
 
-repeated in greedy min-table-size order (:func:`_next_variable`) until none is left; the
+repeated in greedy min-table-size order (:func:`elimination_order`) until none is left; the
 assignment is then read back in reverse (:func:`_read_back`). The work is the sum over
 eliminations of ``∏_{y ∈ S ∪ {x}} k_y`` — tiny for layer graphs (chains with residual skips,
 treewidth 2–3), where HiGHS takes tenths of a second per solve. When one table would exceed
@@ -31,16 +31,15 @@ _Factor = tuple[tuple[int, ...], np.ndarray]  # (variables in axis order, table)
 def min_sum(reduced: Reduced, *, max_table: int = MAX_TABLE) -> tuple[int, ...] | None:
     """Per free variable, the strategy of least total cost; None when elimination would be too wide."""
     sizes = [len(costs) for costs in reduced.node_costs]
+    order = elimination_order(sizes, [(u, v) for u, v, _ in reduced.edges], max_table=max_table)
+    if order is None:
+        return None
     factors: list[_Factor] = [((v,), np.asarray(costs, dtype=float)) for v, costs in enumerate(reduced.node_costs)]
     factors += [((u, v), np.asarray(matrix, dtype=float)) for u, v, matrix in reduced.edges]
-    remaining, trail = set(range(len(sizes))), []
-    while remaining:
-        x = _next_variable(factors, remaining, sizes, max_table)
-        if x is None:
-            return None
+    trail = []
+    for x in order:
         factors, record = _eliminate(factors, x, sizes)
         trail.append(record)
-        remaining.discard(x)
     return _read_back(trail, len(sizes))
 
 
@@ -48,14 +47,34 @@ def _scope(factors: list[_Factor], x: int) -> tuple[int, ...]:
     return tuple(sorted({y for variables, _ in factors if x in variables for y in variables}))
 
 
-def _next_variable(factors: list[_Factor], remaining: set[int], sizes: list[int], max_table: int) -> int | None:
-    """The variable whose elimination builds the smallest table; None if even that is over the limit."""
-    best, best_size = None, None
-    for x in remaining:
-        size = int(np.prod([sizes[y] for y in _scope(factors, x)], dtype=float))
-        if best_size is None or size < best_size:
-            best, best_size = x, size
-    return best if best_size is not None and best_size <= max_table else None
+def elimination_order(sizes: list[int], edges: list[tuple[int, int]], *, max_table: int) -> list[int] | None:
+    """Greedy min-table-size order (the smallest table ``∏ k_y`` first) on the interaction graph alone: a factor
+    mentions ``x`` exactly when it joins ``x`` to a neighbour, and eliminating ``x`` joins its neighbours
+    (fill-in), so the scopes follow from adjacency sets without scanning the factors. Ties go to the first
+    variable in the iteration order of the same ``remaining`` set, as before. None if a table is too wide."""
+    neighbours: list[set[int]] = [set() for _ in sizes]
+    for u, v in edges:
+        neighbours[u].add(v)
+        neighbours[v].add(u)
+    remaining, order = set(range(len(sizes))), []
+    while remaining:
+        best, best_size = None, None
+        for x in remaining:
+            size = sizes[x]
+            for y in neighbours[x]:
+                size *= sizes[y]
+            if best_size is None or size < best_size:
+                best, best_size = x, size
+        assert best is not None and best_size is not None
+        if best_size > max_table:
+            return None
+        joined = neighbours[best]
+        for y in joined:
+            neighbours[y].discard(best)
+            neighbours[y].update(z for z in joined if z != y)
+        order.append(best)
+        remaining.discard(best)
+    return order
 
 
 def _aligned(variables: tuple[int, ...], table: np.ndarray, scope: tuple[int, ...]) -> np.ndarray:
