@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,14 @@ from cost_models.cluster import Cluster, load_cluster
 from planner.auto import AutoResult, auto_plan
 from planner.baselines.data_parallel import data_parallel
 from planner.baselines.handwritten import check_degrees
-from planner.baselines.handwritten_plan import handwritten_plan
+from planner.baselines.handwritten_plan import handwritten_plan, megatron_at_scale
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
 from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
 from planner.costing.stage_work import runs_as_ddp
 from planner.errors import AutoplanError, InternalError
 from planner.inter.pricing import PricedPipeline
 from planner.inter.search import PipelineOptions, Progress, allowed_slots, microbatch_counts
+from planner.inter.stage_dp import is_large
 from planner.ir.capture import capture
 from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file
@@ -142,8 +144,9 @@ def _capture_graphs(
 def _run_handwritten(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:
     """``megatron`` or ``uniform-pipeline`` alone: only the tables its configurations read."""
     started = time.perf_counter()
-    found = handwritten_plan(name, prepared.graphs, prepared.graph, prepared.setup, options=prepared.options,
-                             progress=prepared.progress)  # fmt: skip
+    at_scale = name == "megatron" and prepared.options.degrees is None and is_large(prepared.setup.cluster)
+    run = megatron_at_scale if at_scale else partial(handwritten_plan, name)
+    found = run(prepared.graphs, prepared.graph, prepared.setup, options=prepared.options, progress=prepared.progress)
     if found.best is None:
         degrees = prepared.options.degrees
         what = (
@@ -203,7 +206,9 @@ def prepare(
     cluster = _resolve_cluster(cluster)
     check_degrees(degrees, cluster)
     started = time.perf_counter()
-    graphs = _capture_graphs(model, example_inputs, batch_size=batch_size, smallest=batch_size // counts[-1],
+    # at scale the Megatron grid reaches one row per replica (megatron_at_scale): capture down to one row
+    one_row = is_large(cluster) and degrees is None and microbatches is None
+    graphs = _capture_graphs(model, example_inputs, batch_size=batch_size, smallest=1 if one_row else batch_size // counts[-1],
                              tracer=tracer, jobs=jobs)  # fmt: skip
     graph = graphs.full
     captured = time.perf_counter()

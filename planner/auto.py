@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from cost_models.units import GIB
 from planner.baselines.data_parallel import data_parallel
 from planner.baselines.handwritten import best_handwritten
+from planner.baselines.handwritten_plan import megatron_at_scale
 from planner.costing.estimate import check_fits
 from planner.costing.lowering import lower_stages, simulate_lowered
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.pricing import PricedPipeline, price_stages, specs_from_dp
 from planner.inter.search import LayerTables, PipelineOptions, Progress, search_pipeline
+from planner.inter.stage_dp import is_large
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs
 
@@ -52,15 +54,33 @@ def _add_pure_data_parallel(
         priced["data-parallel"], graph_of["data-parallel"] = plain, full_graph
 
 
+def _add_megatron_at_scale(
+    priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], graphs: MicrobatchGraphs, full_graph: OpGraph,
+    setup: CostSetup, *, options: PipelineOptions, progress: Progress | None,
+) -> None:  # fmt: skip
+    """On a large cluster the Megatron candidates also come from :func:`megatron_at_scale` (deep pipelines,
+    hundreds of microbatches: Megatron's published configurations), when one is faster."""
+    found = megatron_at_scale(graphs, full_graph, setup, options=options, progress=progress)
+    if found.best is None or found.graph is None:
+        return
+    current = priced.get("megatron")
+    if current is None or found.best.estimate.step_time_s < current.estimate.step_time_s:
+        priced["megatron"], graph_of["megatron"] = found.best, found.graph
+
+
 def _simulate_leaders(
     priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], setup: CostSetup, *, zero: bool
 ) -> dict[str, float]:
     """Simulated step of every candidate whose estimate is within LEADER_RATIO of the best; one that
-    overflows memory in the simulation is left out unless nothing else is left."""
+    overflows memory in the simulation is left out unless nothing else is left. A lone leader is chosen
+    without a replay (nan)."""
     best = min(p.estimate.step_time_s for p in priced.values())
+    leaders = [method for method, p in priced.items() if p.estimate.step_time_s <= LEADER_RATIO * best]
+    if len(leaders) == 1:  # the choice is made whatever the replay says: skip it (GPT-1T: 0.5M tasks, seconds)
+        return {leaders[0]: math.nan}
     simulated: dict[str, float] = {}
     for method, candidate in priced.items():
-        if candidate.estimate.step_time_s > LEADER_RATIO * best:
+        if method not in leaders:
             continue
         lowered = lower_stages(candidate.stages, graph_of[method], setup, num_microbatches=candidate.num_microbatches,
                                schedule=candidate.schedule, zero=zero)  # fmt: skip
@@ -93,9 +113,9 @@ def auto_plan(
     """The fastest fitting plan of the search and of the hand-written methods; AutoplanError if none fits."""
     tables = LayerTables(setup, options)
     started = time.perf_counter()
-    settings = search_pipeline(graphs, setup, tables, options=options, progress=progress)
+    search = search_pipeline(graphs, setup, tables, options=options, progress=progress)
+    settings, search_dp_s = search.choices, search.dp_s
     searched = time.perf_counter()
-    search_dp_s = sum(s.stage_plan.dp_s for s in settings if s.stage_plan is not None)
     ranked = sorted((s for s in settings if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
     candidates = [("stage-dp", s, specs_from_dp(s.stage_plan, s.spans, setup)) for s in ranked[:DP_CANDIDATES]]
     handwritten_started = time.perf_counter()
@@ -114,6 +134,8 @@ def auto_plan(
             method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s
         ):
             priced[method], graph_of[method] = result, setting.graph
+    if is_large(setup.cluster) and options.degrees is None:  # the grid as an expert tries it at scale
+        _add_megatron_at_scale(priced, graph_of, graphs, full_graph, setup, options=options, progress=progress)
     if options.remat != "on" and options.microbatches in (None, 1) and options.schedule != "gpipe":
         _add_pure_data_parallel(priced, graph_of, full_graph, setup, batch_size=graphs.batch_size, graph_at=graphs.at)
     if not priced:

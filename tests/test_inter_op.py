@@ -154,7 +154,7 @@ def test_auto_is_at_most_every_exactly_priced_megatron_point(cluster, nodes, per
     options = PipelineOptions()
     result = auto_plan(graphs, graphs.at(16), setup, options=options)
     tables = LayerTables(setup, options)
-    settings = search_pipeline(graphs, setup, tables, options=options)
+    settings = search_pipeline(graphs, setup, tables, options=options).choices
     priced = 0
     for setting in settings:
         for candidate in megatron_grid(setting, setup):

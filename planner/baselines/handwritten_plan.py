@@ -24,8 +24,9 @@ model layers (Megatron's cut is among :func:`planner.baselines.handwritten.equal
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from cost_models.memory import model_state_bytes
 from planner.baselines.handwritten import best_handwritten, grid_points
 from planner.costing.setup import CostSetup
 from planner.inter.pricing import PricedPipeline, price_stages
@@ -52,6 +53,7 @@ KEEP = 3  # candidates priced exactly, as auto prices them (best_handwritten's k
 @dataclass(frozen=True, kw_only=True)
 class HandwrittenResult:
     best: PricedPipeline | None  # None: no configuration of the method fits
+    graph: OpGraph | None  # the best plan's graph at its microbatch size
     num_solves: int
     tables_s: float
     score_s: float
@@ -80,25 +82,83 @@ def handwritten_plan(
     """The best exactly priced plan of ``method`` (``megatron`` or ``uniform-pipeline``) over the counts."""
     assert method in ("megatron", "uniform-pipeline"), method
     sources = ("megatron", "data-parallel") if method == "megatron" else None
-    tables = LayerTables(setup, options, sources=sources)
-    schedule = "gpipe" if options.schedule == "gpipe" else "1f1b"
+    tables, started = LayerTables(setup, options, sources=sources), time.perf_counter()
     depth = options.degrees[1] if options.degrees is not None else 0
-    settings, started = [], time.perf_counter()
+    settings = _settings(method, graphs, setup, tables, options, ungrouped=depth > MAX_LAYERS, progress=progress)
+    tabled = time.perf_counter()
+    found = best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees, keep=KEEP,
+                             methods=(method,)).get(method, [])  # fmt: skip
+    return _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress)
+
+
+def megatron_at_scale(
+    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions,
+    progress: Progress | None = None,
+) -> HandwrittenResult:  # fmt: skip
+    """The Megatron grid as an expert would try it on a large cluster: every ``(t, p, d)`` whose model state
+    can fit (:func:`state_can_fit`, a lower bound: pruning is exact), each with its own microbatch counts
+    down to one row per replica (as ``--degrees`` has), on whole model layers (no grouping, so up to one
+    layer per stage)."""
+    tables, started = LayerTables(setup, options, sources=("megatron", "data-parallel")), time.perf_counter()
+    num_layers = len(layering(graphs.full, max_layers=len(graphs.full.nodes)).layers)
+    points = [point for point, _ in grid_points(setup, num_layers=num_layers)
+              if state_can_fit(setup, full_graph.num_params, point, zero=options.zero)]  # fmt: skip
+    found, scoring_s, counts = [], 0.0, {}
+    for point in points:
+        single = replace(options, degrees=point)
+        settings = _settings("megatron", graphs, setup, tables, single, ungrouped=True, progress=progress,
+                             counts=counts)  # fmt: skip
+        scored = time.perf_counter()
+        found += best_handwritten(settings, setup, remat=options.remat, degrees=point, keep=KEEP,
+                                  methods=("megatron",)).get("megatron", [])  # fmt: skip
+        found = sorted(found, key=lambda candidate: candidate.step_time_s)[:KEEP]
+        scoring_s += time.perf_counter() - scored
+    tabled = time.perf_counter() - scoring_s
+    return _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress)
+
+
+def state_can_fit(setup: CostSetup, num_params: int, point: tuple[int, int, int], *, zero: bool) -> bool:
+    """Whether ``(t, p, d)``'s model state could fit: every parameter split over all ``t·p`` devices of a
+    replica (and its gradients and optimizer state over ``d`` too with ZeRO) is the least any layout holds."""
+    t, p, d = point
+    shards = t * p
+    state = model_state_bytes(num_params / shards, optimizer=setup.optimizer, grad_shards=d if zero else 1,
+                              state_shards=d if zero else 1)  # fmt: skip
+    return state <= setup.memory_budget_bytes
+
+
+def _settings(
+    method: str, graphs: MicrobatchGraphs, setup: CostSetup, tables: LayerTables, options: PipelineOptions, *,
+    ungrouped: bool, progress: Progress | None, counts: dict[int, tuple] | None = None,
+) -> list[PipelineChoice]:  # fmt: skip
+    """Per microbatch count, the span options of the method's own submeshes and meshes; ``counts`` keeps each
+    count's graph, layers and boundary table for the next call (one layering for every grid point)."""
+    counts = {} if counts is None else counts
+    schedule = "gpipe" if options.schedule == "gpipe" else "1f1b"
     data_degree = None if options.degrees is None else options.degrees[2]
+    settings = []
     for m in microbatch_counts(graphs.batch_size, options.microbatches, data_degree=data_degree):
-        graph = graphs.at(graphs.batch_size // m)
-        layers = layering(graph, max_layers=MAX_LAYERS if depth <= MAX_LAYERS else len(graph.nodes))
+        if m not in counts:
+            graph = graphs.at(graphs.batch_size // m)
+            layers = layering(graph, max_layers=len(graph.nodes) if ungrouped else MAX_LAYERS)
+            counts[m] = (graph, layers, boundary_table(graph, layers, setup))
+        graph, layers, boundary = counts[m]
         choices = mesh_choices_of(method, setup, options, len(layers.layers))
         if not any(shapes for _, shapes in choices):
             continue
         spans = option_arrays(graph, layers, tables, m, choices=choices, progress=progress)
         settings.append(PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers,
-                                       stage_plan=None, spans=spans,
-                                       boundary_s=boundary_table(graph, layers, setup)))  # fmt: skip
-    tabled = time.perf_counter()
-    found = best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees, keep=KEEP,
-                             methods=(method,)).get(method, [])  # fmt: skip
-    scored, shapes, best = time.perf_counter(), StageShapes(), None
+                                       stage_plan=None, spans=spans, boundary_s=boundary))  # fmt: skip
+    return settings
+
+
+def _priced(
+    found: list, full_graph: OpGraph, tables: LayerTables, *, times: tuple[float, float, float],
+    progress: Progress | None,
+) -> HandwrittenResult:  # fmt: skip
+    """The candidates priced exactly (no refinement, stage problems shared by shape); the fastest that fits."""
+    started, tabled, scored = times
+    shapes, best, graph = StageShapes(), None, None
     for done, candidate in enumerate(found):
         if progress is not None:
             progress("pricing candidates", done, len(found))
@@ -107,8 +167,8 @@ def handwritten_plan(
                               specs=list(candidate.specs), m=setting.num_microbatches, schedule=setting.schedule,
                               refine=False, shapes=shapes)  # fmt: skip
         if priced is not None and (best is None or priced.estimate.step_time_s < best.estimate.step_time_s):
-            best = priced
+            best, graph = priced, setting.graph
     return HandwrittenResult(
-        best=best, num_solves=tables.num_solves, tables_s=tabled - started, score_s=scored - tabled,
+        best=best, graph=graph, num_solves=tables.num_solves, tables_s=tabled - started, score_s=scored - tabled,
         price_s=time.perf_counter() - scored, stages_built=shapes.num_built, stages_reused=shapes.num_reused,
     )  # fmt: skip

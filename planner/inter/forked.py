@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from planner.errors import InternalError
 
+MIN_ITEMS = 8  # fewer items run in the parent alone: a fork and a pipe cost more than a few small problems
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
@@ -38,12 +39,13 @@ def _child(work: Callable[[Item], Result], share: Sequence[Item], pipe: Connecti
 
 
 def fork_map(work: Callable[[Item], Result], items: Sequence[Item], *, jobs: int,
-             on_done: Callable[[int], None] | None = None) -> list[Result]:  # fmt: skip
-    """``[work(item) for item in items]``, over ``jobs`` processes where the platform can fork.
+             on_done: Callable[[int], None] | None = None, min_items: int = MIN_ITEMS) -> list[Result]:  # fmt: skip
+    """``[work(item) for item in items]``, over ``jobs`` processes where the platform can fork and there are
+    at least ``min_items`` items.
 
     Items are dealt round-robin, so shares of similar items (the same layer on meshes of growing size)
     cost about the same. ``on_done(count)`` reports the parent's own progress, scaled to all items."""
-    if jobs <= 1 or len(items) < 2 or not hasattr(os, "fork"):
+    if jobs <= 1 or len(items) < max(2, min_items) or not hasattr(os, "fork"):
         results = []
         for index, item in enumerate(items):
             results.append(work(item))

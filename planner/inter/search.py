@@ -30,6 +30,7 @@ The best ``m`` wins; its plan is re-priced on whole stages by :mod:`planner.inte
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -269,6 +270,12 @@ class PipelineChoice:
     failure: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class PipelineSearch:
+    choices: list[PipelineChoice]  # one per microbatch count
+    dp_s: float  # wall seconds of the stage DPs (run over ``options.jobs`` processes)
+
+
 def search_pipeline(
     graphs: MicrobatchGraphs,
     setup: CostSetup,
@@ -276,26 +283,36 @@ def search_pipeline(
     *,
     options: PipelineOptions,
     progress: Progress | None = None,
-) -> list[PipelineChoice]:
-    """Per microbatch count, the layer options and the DP's best plan (None where nothing fits)."""
+) -> PipelineSearch:
+    """Per microbatch count, the layer options and the DP's best plan (None where nothing fits). The
+    counts' DPs are independent: with ``options.jobs > 1`` they run over forked processes."""
     if options.schedule not in SCHEDULE_MODES:
         raise AutoplanError(f"--schedule must be one of {', '.join(SCHEDULE_MODES)}, got {options.schedule!r}")
     schedule = "gpipe" if options.schedule == "gpipe" else "1f1b"  # same latency, 1F1B never needs more memory
-    cluster, found = setup.cluster, []
+    cluster, inputs = setup.cluster, []
     for m in microbatch_counts(graphs.batch_size, options.microbatches):
         graph = graphs.at(graphs.batch_size // m)
         layers = layering(graph)
         spans = option_arrays(graph, layers, tables, m, progress=progress)
-        boundary = boundary_table(graph, layers, setup)
-        plan, failure = None, ""
+        inputs.append((m, graph, layers, spans, boundary_table(graph, layers, setup)))
+
+    def solve(item: tuple) -> tuple[StagePlan | None, str]:
+        m, _, layers, spans, boundary = item
         try:
-            plan = solve_stages(
+            return solve_stages(
                 num_layers=len(layers.layers), num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
                 num_microbatches=m, costs=spans.arrays, memory_budget_bytes=setup.memory_budget_bytes,
                 max_stages=options.max_stages, boundary_s=boundary, schedule=schedule,
-            )  # fmt: skip
+            ), ""  # fmt: skip
         except AutoplanError as error:
-            failure = f"{m} microbatches: {error}"
-        found.append(PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers,
-                                    stage_plan=plan, spans=spans, boundary_s=boundary, failure=failure))  # fmt: skip
-    return found
+            return None, f"{m} microbatches: {error}"
+
+    started = time.perf_counter()
+    report = None if progress is None else (lambda done: progress("stage DP", done, len(inputs)))
+    solved = fork_map(solve, inputs, jobs=options.jobs, on_done=report, min_items=2)
+    choices = [
+        PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers, stage_plan=plan,
+                       spans=spans, boundary_s=boundary, failure=failure)
+        for (m, graph, layers, spans, boundary), (plan, failure) in zip(inputs, solved, strict=True)
+    ]  # fmt: skip
+    return PipelineSearch(choices=choices, dp_s=time.perf_counter() - started)

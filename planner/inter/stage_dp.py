@@ -52,6 +52,7 @@ from typing import Protocol
 
 import numpy as np
 
+from cost_models.cluster import Cluster
 from cost_models.units import GIB
 from planner.errors import AutoplanError
 from planner.inter.device_blocks import Submesh
@@ -149,6 +150,12 @@ class _Run:
 
     def latency(self, num_microbatches: int) -> float:
         return math.fsum(stage[3] for stage in self.path) + (num_microbatches - 1) * self.max_s
+
+
+def is_large(cluster: Cluster) -> bool:
+    """Past :data:`WHOLE_NODE_LIMIT` nodes: whole-node submeshes, and the Megatron grid tried as at scale
+    (:func:`planner.baselines.handwritten_plan.megatron_at_scale`)."""
+    return cluster.num_nodes > WHOLE_NODE_LIMIT
 
 
 def submeshes(num_nodes: int, devices_per_node: int) -> list[Submesh]:
@@ -299,8 +306,9 @@ def _candidates(tables: _Tables, below: float) -> np.ndarray:
 
 
 class _Scratch:
-    """Prefix-mins ``P[c, i, j, p, d]`` of one DP run (:func:`_prefix`), reused across runs, and the row of
-    ``P[c, i, j, 0]`` in its flat ``(rows, d)`` view, for gathering whole ``d`` rows at once."""
+    """Prefix-mins ``P[c, i, j, p, d]`` of one DP run (:func:`_prefix`), reused across runs, the row of
+    ``P[c, i, j, 0]`` in its flat ``(rows, d)`` view, for gathering whole ``d`` rows at once, and the
+    run's ``F`` (:func:`_dp`)."""
 
     def __init__(self, tables: _Tables) -> None:
         num_classes, num_layers, _, num_meshes = tables.times.shape
@@ -308,12 +316,14 @@ class _Scratch:
         self.prefix = np.full(shape, np.inf)
         self.rows = self.prefix.reshape(-1, shape[-1])
         self.first_row = (num_meshes + 1) * np.arange(math.prod(shape[:3])).reshape(shape[:3])
+        self.value = np.empty((num_classes, num_layers, num_meshes, tables.num_devices + 1))  # F, refilled per run
 
 
 def _dp(tables: _Tables, t_max: float, scratch: _Scratch) -> _Run | None:
     """The least-Σ plan with every stage time ≤ t_max, or None; ``value[c, k, j, d] = F(c, k, d, j)``."""
-    num_classes, num_layers, _, num_meshes = tables.times.shape
-    value = np.full((num_classes, num_layers, num_meshes, tables.num_devices + 1), np.inf)
+    num_layers = tables.times.shape[1]
+    value = scratch.value  # written page by page once, refilled here: a fresh array per run costs page faults
+    value.fill(np.inf)
     for k in range(num_layers - 1, -1, -1):
         if k < num_layers - 1:
             value[:, k] = _step(tables, t_max, scratch, k).min(axis=1)

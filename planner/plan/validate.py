@@ -73,7 +73,8 @@ def _check_once(what: str, placed: list[tuple[str, int]], expected: list[str]) -
         if name in where:
             raise PlanError(f"{what} {name} is placed twice (stage {where[name]} and stage {stage})")
         where[name] = stage
-    unknown = [name for name in where if name not in set(expected)]
+    known = set(expected)
+    unknown = [name for name in where if name not in known]
     if unknown:
         raise PlanError(f"{what} {unknown[0]} is not in the model ({len(unknown)} unknown {what}s)")
     missing = [name for name in expected if name not in where]
