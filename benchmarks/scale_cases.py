@@ -1,7 +1,8 @@
 """The at-scale rows of ``benchmarks/search_time.py --scale``: published Megatron-LM configurations
 (SC'21 Table 1, ``../shared/published-measurements.md``: GPT, seq 2048, vocab 51200, dgx-a100,
 full recomputation) evaluated as given, a Llama-3.1-405B-shaped model on 1024 dgx-h100 nodes, and
-``auto`` on the rows the issue names. Each case runs ``plan`` in a fresh process (imports, model
+``auto`` on GPT-39B / 64 V100s and on five of the Megatron rows (32 … 3072 A100s), beside which
+the table's Megatron row is the published configuration under the same cost model. Each case runs ``plan`` in a fresh process (imports, model
 build on meta, both exports, search, writing the plan) with ``--jobs 2``; wall seconds and the
 peak RSS of the planner and of its forked capture child come from the child's own accounting.
 """
@@ -69,7 +70,7 @@ def auto_cases() -> list[Case]:
                  batch=256, method="auto")  # fmt: skip
     rows = {row[0]: row for row in MEGATRON_ROWS}
     found = [gpt39]
-    for params in (145.6, 1008.0):
+    for params in (1.7, 7.5, 39.1, 145.6, 1008.0):
         _, heads, hidden, layers, _, _, gpus, batch = rows[params]
         found.append(Case(name=f"gpt-{params:g}b", model="examples/gpt.py", args=_gpt_args(heads, hidden, layers),
                           cluster="dgx-a100", nodes=gpus // 8, batch=batch, method="auto"))  # fmt: skip

@@ -14,7 +14,8 @@ count (:func:`draw`); ``--draw-from FILE.md`` redraws that figure from a saved t
 
 ``--scale`` runs the at-scale rows instead (:mod:`scale_cases`): every Megatron-LM SC'21 row (32 …
 3072 A100s, GPT-1.7B … 1T) as published with ``--method megatron --degrees``, a Llama-3.1-405B
-shape on 8192 H100s, and ``auto`` on GPT-39B/64 V100s, GPT-145.6B/1536 and GPT-1T/3072 A100s, each
+shape on 8192 H100s, and ``auto`` on GPT-39B/64 V100s and the Megatron rows of 1.7B, 7.5B, 39.1B,
+145.6B and 1T (32 … 3072 A100s), each
 in a fresh process with ``--jobs 2``: wall seconds, peak RSS, the breakdown (capture, layer
 options, stage DP or grid scoring, pricing) and the plan. ``--cases gpt-1008b,llama-405b`` picks rows.
 

@@ -4,12 +4,16 @@
    problem per layer kind and mesh) and the stage DP.
 2. Candidates: the DP's plans of the :data:`DP_CANDIDATES` best microbatch counts, and the three
    best data-parallel, Megatron ``(t, p, d)`` and uniform-pipeline plans by the span options
-   (:mod:`planner.baselines.handwritten`), priced as written (no refinement).
+   (:mod:`planner.baselines.handwritten`), priced as written (no refinement). On a large cluster
+   (:func:`planner.inter.stage_dp.is_large`) the Megatron grid is also tried as an expert tries it
+   there — deep pipelines on whole layers, hundreds of microbatches
+   (:func:`planner.baselines.handwritten_plan.megatron_at_scale`) — so auto is never behind Megatron's
+   published configurations, which the search's grouped layers and 64 microbatches cannot express.
 3. Each candidate is priced exactly on whole stages (:func:`planner.inter.pricing.price_stages`),
    and the pure data-parallel plan (one step, no microbatches) joins them.
 4. The best-priced candidate of each method whose price is within :data:`LEADER_RATIO` of the
    best is replayed by the simulator (:func:`_simulate_leaders`, :mod:`planner.costing.lowering`), and the
-   fastest simulated one that fits is the plan. So the auto plan is never slower than a
+   fastest simulated one that fits is the plan (a lone leader is taken without a replay). So the auto plan is never slower than a
    hand-written one under the same judge that ``plan compare`` uses, and its estimate is the exact
    price of what it returns.
 """

@@ -15,6 +15,7 @@ import pytest
 from cost_models.cluster import load_cluster
 from planner.api import plan_prepared, prepare_model_file
 from planner.baselines.handwritten import equal_spans
+from planner.baselines.handwritten_plan import state_can_fit
 from planner.inter.device_blocks import Submesh
 from planner.inter.search import canonical_mesh, microbatch_counts
 from planner.inter.stage_shapes import StageShapes
@@ -106,13 +107,13 @@ def test_microbatch_counts_reach_one_row_per_replica_with_fixed_degrees() -> Non
     assert microbatch_counts(256, None, data_degree=8) == [1, 2, 4, 8, 16, 32, 64]  # up to 64 as without degrees
 
 
-def test_equal_spans_include_megatrons_cut_of_the_repeated_layers() -> None:
-    kinds = (0, *([1] * 8), 9)  # embedding, 8 blocks, head
-    by_layers, megatron = equal_spans(kinds, 4)
-    assert by_layers == [(0, 1), (2, 4), (5, 7), (8, 9)]  # equal layer counts over all 10 (2.5 each, rounded)
-    assert megatron == [(0, 2), (3, 4), (5, 6), (7, 9)]  # 2 blocks each, embedding and head at the ends
-    assert equal_spans(kinds, 1) == [[(0, 9)]]
-    assert equal_spans((0, 1, 2), 2) == [[(0, 1), (2, 2)]]  # nothing repeats: equal layer counts only
+def test_equal_spans_add_megatrons_cut_on_deep_models() -> None:
+    deep = (0, *([1] * 40), 41)  # embedding, 40 blocks, head: past MAX_LAYERS
+    by_layers, megatron = equal_spans(deep, 4)
+    assert by_layers == [(0, 9), (10, 20), (21, 31), (32, 41)]  # equal layer counts over all 42 (10.5 each, rounded)
+    assert megatron == [(0, 10), (11, 20), (21, 30), (31, 41)]  # 10 blocks each, embedding and head at the ends
+    assert equal_spans((0, *([1] * 8), 9), 4) == [[(0, 1), (2, 4), (5, 7), (8, 9)]]  # grouped sizes: as before
+    assert equal_spans((0, 1, 2), 2) == [[(0, 1), (2, 2)]]
 
 
 def test_the_second_capture_in_a_child_gives_the_same_graphs() -> None:
@@ -136,3 +137,29 @@ def test_ctrl_c_exits_cleanly_without_a_plan_file(tmp_path: Path) -> None:
     assert stderr.strip().splitlines()[-1] == "plan: interrupted"
     assert "Traceback" not in stderr
     assert not out.exists()
+
+
+def test_more_jobs_give_the_same_auto_plan() -> None:
+    """Layer tables and the counts' stage DPs over forked processes: the same plan as one process."""
+    one = plan_prepared(_prepare(2, 4, batch_size=32, jobs=1), "auto")
+    two = plan_prepared(_prepare(2, 4, batch_size=32, jobs=2), "auto")
+    assert one.estimate == two.estimate
+    assert one.to_json()["stages"] == two.to_json()["stages"]
+
+
+def test_state_bound_prunes_only_points_that_cannot_fit() -> None:
+    setup = _prepare(1, 4).setup
+    budget = setup.memory_budget_bytes
+    params = int(budget / 16 * 8)  # adam-mixed: 16 B per parameter, so 8 devices' worth of state
+    assert state_can_fit(setup, params, (4, 2, 1), zero=False)
+    assert not state_can_fit(setup, params, (4, 1, 2), zero=False)  # 4 shards hold twice a device
+    assert not state_can_fit(setup, params, (4, 1, 2), zero=True)  # 2 + (2 + 12)/2 B per parameter: still over
+    assert state_can_fit(setup, params, (4, 1, 4), zero=True)  # ZeRO splits gradients and Adam state over d too
+
+
+def test_megatron_on_a_large_cluster_is_never_behind_a_point_it_tries() -> None:
+    """Past 32 nodes the grid runs as megatron_at_scale: its plan is at least as fast as each (t, p, d) alone."""
+    grid = plan_prepared(_prepare(34, 2, batch_size=68), "megatron")
+    for degrees in ((2, 1, 34), (1, 2, 34), (2, 2, 17)):
+        alone = plan_prepared(_prepare(34, 2, batch_size=68, degrees=degrees), "megatron")
+        assert grid.estimate.step_time_s <= alone.estimate.step_time_s * (1 + 1e-12)

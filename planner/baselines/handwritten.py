@@ -30,7 +30,7 @@ from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.layer_costs import SLOTS
 from planner.inter.pricing import StageSpec
-from planner.inter.search import PipelineChoice, mesh_choices
+from planner.inter.search import MAX_LAYERS, PipelineChoice, mesh_choices
 
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 
@@ -46,9 +46,13 @@ class Candidate:
 
 def equal_spans(kinds: tuple[int, ...], count: int) -> list[list[tuple[int, int]]]:
     """The ways to cut ``count`` stages of equal work by hand, distinct: equal layer counts over every layer,
-    and Megatron's cut — the repeated layers (a kind seen more than once, in one run) in equal runs, the
-    layers before the run (embeddings) with the first stage and after it (the head) with the last."""
+    and, past :data:`planner.inter.search.MAX_LAYERS` layers (a deep model on whole layers: at scale or
+    with a deep ``--degrees``), Megatron's cut — the repeated layers (a kind seen more than once, in one
+    run) in equal runs, the layers before the run (embeddings) with the first stage and after it (the
+    head) with the last. Up to ``MAX_LAYERS`` (grouped layers) the plans are those of equal counts only."""
     cuts = [_cut(0, len(kinds) - 1, len(kinds), count)]
+    if len(kinds) <= MAX_LAYERS:
+        return cuts
     seen = Counter(kinds)
     repeated = [index for index, kind in enumerate(kinds) if seen[kind] > 1]
     if len(repeated) >= count and len(repeated) == repeated[-1] - repeated[0] + 1:

@@ -25,6 +25,10 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
 5. :func:`planner.inter.stage_dp.solve_stages` picks stages, submeshes and options for the least
    ``Σ t_s + (m − 1)·max t_s`` under 1F1B (or GPipe) memory.
 
+With ``--jobs N`` the layer tables of each count (:meth:`LayerTables.prefetch`) and the counts' DPs
+(independent of one another) run over forked processes (:mod:`planner.inter.forked`); the plan is the
+same (a test checks it).
+
 The best ``m`` wins; its plan is re-priced on whole stages by :mod:`planner.inter.pricing`.
 """
 

@@ -25,7 +25,8 @@ For one bound ``t_max`` (:func:`_dp`), ``F(c, k, d, j)`` is the least ``Σ t`` o
     Σ*(t_max) = min_{c, j} F(c, 0, D, j)                                                        (_trace)
 
 The admissible ``j'`` are a prefix of ``j'`` sorted by ``b(i, j, ·)``, so the min over ``j'`` and ``c'`` is a
-prefix-min built once per ``i`` (:func:`_prefix`) and gathered for all ``k`` in numpy: ``O(L²·C·J·D)`` a run.
+prefix-min built once per ``i`` (:func:`_prefix`) and gathered for all ``k`` in numpy: ``O(L²·C·J·D)`` a run,
+with ``D`` counted in units of the submeshes' common divisor (whole nodes on a large cluster).
 
 Exactness. Candidates are the stage times that can occur: ``τ_c + b``, and ``τ_1`` of last stages
 (:func:`_candidates`). Let ``P*`` be optimal with max ``m*``, a candidate. At ``t_max = m*`` the DP returns
