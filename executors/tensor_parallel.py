@@ -125,7 +125,7 @@ class StageSharding:
                   for i, (tensor, placements) in enumerate(zip(tensors, wanted, strict=True))]  # fmt: skip
         if node.target in self.inplace and inputs and isinstance(inputs[0], DTensor) and inputs[0].requires_grad:
             inputs[0] = inputs[0].clone()  # relu_ on the edge's own view: write into a copy instead
-        if node.op_name in AVOID_DTENSOR or node.kind == NodeKind.ATTENTION:
+        if node.op_name in AVOID_DTENSOR or node.kind == NodeKind.ATTENTION or self._rows_on_shards(node, inputs):
             self.local_nodes.add(node.name)
         if node.name in self.local_nodes:
             result = self._call_local(node, inputs)
@@ -161,14 +161,21 @@ class StageSharding:
         """Run without DTensor. Attention splits batch or heads, which its arguments do not name, so it
         runs on the local shards and its output takes the planned spec; any other operator (whose
         arguments may name the split dim's size, like group norm's groups) runs on whole inputs."""
-        on_shards = node.kind == NodeKind.ATTENTION or (
-            node.op_name not in BATCH_STATISTICS and self._batch_split_only(node, inputs)
+        rows = self._rows_on_shards(node, inputs)
+        on_shards = (
+            rows
+            or node.kind == NodeKind.ATTENTION
+            or (node.op_name not in BATCH_STATISTICS and self._batch_split_only(node, inputs))
         )
         if not on_shards:
             inputs = [t.redistribute(self.mesh, self._replicated) if isinstance(t, DTensor) else t for t in inputs]
-        local = [tensor.to_local() if isinstance(tensor, DTensor) else tensor for tensor in inputs]
-        result = call_node_plain(node, local, device=self.device)
         placements = self.outputs.get(node.name, self._replicated) if on_shards else self._replicated
+        local = [
+            tensor.to_local(grad_placements=_local_grad_placements(tensor, placements))
+            if isinstance(tensor, DTensor) else tensor
+            for tensor in inputs
+        ]  # fmt: skip
+        result = call_node_plain(node, local, device=self.device)
         shapes = iter(node.outputs)
 
         def wrap(value: Any) -> Any:
@@ -179,6 +186,23 @@ class StageSharding:
                                       stride=_contiguous_stride(meta.shape))  # fmt: skip
 
         return tree_map(wrap, result)
+
+    def _rows_on_shards(self, node: OpNode, inputs: list[Any]) -> bool:
+        """A linear whose input splits one leading dim over several mesh axes, with a whole weight and bias.
+
+        DTensor runs ``linear`` as flatten, mm, unflatten, and in torch 2.13 cannot unflatten a dim split
+        over two axes (``_StridedShard``). Rows are independent, so each rank runs its own rows and the
+        output keeps the input's placements; the weight's and bias's gradients are partial sums."""
+        if node.op_name != "linear" or not inputs or not isinstance(inputs[0], DTensor):
+            return False
+        spec = tuple(inputs[0].placements)
+        dims = [p.dim for p in spec if isinstance(p, Shard)]
+        if len(dims) == len(set(dims)) or any(dim >= inputs[0].ndim - 1 for dim in dims):
+            return False
+        if any(not (isinstance(p, Shard) or p.is_replicate()) for p in spec):
+            return False
+        whole = all(not isinstance(t, DTensor) or all(p.is_replicate() for p in t.placements) for t in inputs[1:])
+        return whole and self.outputs.get(node.name) == spec
 
     def _batch_split_only(self, node: OpNode, inputs: list[Any]) -> bool:
         """Every input and the planned output split at most dim 0 (the batch), and agree on it."""
@@ -204,6 +228,17 @@ class StageSharding:
             grad = param.grad
             if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
                 param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
+def _local_grad_placements(tensor: DTensor, output: tuple[Placement, ...]) -> list[Placement]:
+    """The placements of the gradient of ``tensor.to_local()`` when the operator runs on local shards with
+    its output in ``output``: a shard's gradient is that shard of the gradient, but a whole input read on
+    an axis the output splits (attention's bias against a batch split, a linear's weight against split
+    rows) gets from each rank only its share of the gradient there — a partial sum, reduced later."""
+    return [
+        Partial() if placement.is_replicate() and isinstance(out, Shard) else placement
+        for placement, out in zip(tensor.placements, output, strict=True)
+    ]
 
 
 class _GradAsPlanned(torch.autograd.Function):
