@@ -29,18 +29,15 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from planner.errors import AutoplanError
-from planner.ir.custom_flops import custom_flops, is_custom
-from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind, op_base_name
+from planner.ir.graph import OpGraph, TensorMeta, ValueKind
+from planner.ir.graph_builder import GraphBuilder, first_line, freeze_args
 from planner.ir.node_call import (
-    MetaResult,
     bind_call,
     resolve_target,
     target_name,
     tensor_meta,
     torch_dtype,
-    trace_on_meta,
 )
-from planner.ir.op_kinds import classify
 
 TRACERS = ("export", "fx")
 
@@ -55,7 +52,7 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any], *, tracer: st
         raise AutoplanError(f"unknown tracer {tracer!r}: choose one of {', '.join(TRACERS)}")
     inputs = tuple(example_inputs)
     check_arity(model, inputs)
-    builder = _GraphBuilder()
+    builder = GraphBuilder()
     if tracer == "export":
         with _as_fake_cpu(model, inputs) if _on_meta(model) else contextlib.nullcontext(inputs) as traced:
             _capture_export(model, traced, builder)
@@ -126,132 +123,6 @@ def _to_meta(value: Any) -> Any:
     return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
-
-
-class _GraphBuilder:
-    """Collects values and nodes; costs each distinct operator signature once."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, GraphValue] = {}
-        self.metas: dict[str, TensorMeta] = {}
-        self.nodes: list[OpNode] = []
-        self.outputs: list[str] = []
-        self.multi_outputs: dict[str, tuple[TensorMeta, ...]] = {}
-        self._meta_cache: dict[str, MetaResult | None] = {}
-        self.unknown_custom: set[str] = set()
-
-    def add_value(self, *, name: str, kind: ValueKind, meta: TensorMeta) -> None:
-        self.values[name] = GraphValue(name=name, kind=kind, meta=meta)
-        self.metas[name] = meta
-
-    def add_node(
-        self,
-        *,
-        name: str,
-        target: str,
-        args: tuple[Any, ...],
-        kwargs: tuple[tuple[str, Any], ...],
-        inputs: tuple[str, ...],
-        module_path: str,
-        known_outputs: tuple[TensorMeta, ...] | None = None,
-    ) -> None:
-        input_metas = tuple(self.metas[value] for value in inputs)
-        if op_base_name(target) == "getitem" and inputs and inputs[0] in self.multi_outputs:
-            input_metas = (self.multi_outputs[inputs[0]][args[1]],)
-            result: MetaResult | None = MetaResult(outputs=input_metas, flops_fwd=0, flops_bwd=0)
-        else:
-            frozen = tuple(self.values[v].kind == ValueKind.BUFFER if v in self.values else False for v in inputs)
-            result = self._trace(target, args, kwargs, input_metas, frozen)
-        if result is None and known_outputs is None:
-            raise AutoplanError(f"cannot run operator {target} (node {name}) on meta tensors to get its shapes")
-        outputs = result.outputs if result is not None else known_outputs
-        assert outputs is not None
-        if len(outputs) > 1:
-            self.multi_outputs[name] = outputs
-        kind = classify(op_base_name(target), input_metas, outputs)
-        params = tuple(
-            dict.fromkeys(v for v in inputs if self.values.get(v, None) and self.values[v].kind == ValueKind.PARAM)
-        )
-        moved = 0 if kind == NodeKind.VIEW else sum(m.nbytes for m in (*input_metas, *outputs))
-        flops_fwd, flops_bwd = (result.flops_fwd, result.flops_bwd) if result else (0, 0)
-        if flops_fwd == 0 and is_custom(target):
-            known = custom_flops(target, input_metas, outputs)
-            if known is not None:
-                flops_fwd, flops_bwd = known, 2 * known
-            elif target not in self.unknown_custom:
-                self.unknown_custom.add(target)
-                warnings.warn(f"no FLOP count for custom operator {target} (node {name}): its time is its bytes "
-                              "moved alone", stacklevel=2)  # fmt: skip
-        node = OpNode(
-            name=name,
-            target=target,
-            kind=kind,
-            inputs=inputs,
-            input_metas=input_metas,
-            outputs=outputs,
-            params=params,
-            args=args,
-            kwargs=kwargs,
-            flops_fwd=flops_fwd,
-            flops_bwd=flops_bwd,
-            bytes_moved=moved,
-            module_path=module_path,
-        )
-        self.nodes.append(node)
-        self.metas[name] = outputs[0]
-
-    def _trace(
-        self, target: str, args: Any, kwargs: Any, input_metas: tuple[TensorMeta, ...], frozen: tuple[bool, ...]
-    ) -> MetaResult | None:
-        key = f"{target}|{input_metas}|{frozen}|{args!r}|{kwargs!r}"
-        if key not in self._meta_cache:
-            try:
-                self._meta_cache[key] = trace_on_meta(target, args, kwargs, input_metas, frozen=frozen)
-            except Exception as error:
-                warnings.warn(f"could not run {target} on meta tensors ({_first_line(error)})", stacklevel=2)
-                self._meta_cache[key] = None
-        return self._meta_cache[key]
-
-    def finish(self) -> OpGraph:
-        by_kind = {kind: [v for v in self.values.values() if v.kind == kind] for kind in ValueKind}
-        return OpGraph(
-            nodes=tuple(self.nodes),
-            inputs=tuple(by_kind[ValueKind.INPUT]),
-            params=tuple(by_kind[ValueKind.PARAM]),
-            buffers=tuple(by_kind[ValueKind.BUFFER]),
-            outputs=tuple(self.outputs),
-        )
-
-
-def _freeze_args(
-    args: Any, kwargs: dict[str, Any], lookup: Callable[[fx.Node], Any]
-) -> tuple[tuple[Any, ...], tuple[tuple[str, Any], ...], tuple[str, ...]]:
-    """Replace tensor-valued fx nodes by TensorArg, other nodes by their constant value."""
-    inputs: list[str] = []
-
-    def freeze(value: Any) -> Any:
-        if isinstance(value, fx.Node):
-            resolved = lookup(value)
-            if isinstance(resolved, str):
-                inputs.append(resolved)
-                return TensorArg(len(inputs) - 1)
-            return resolved
-        if isinstance(value, list | tuple):
-            return tuple(freeze(item) for item in value)
-        if isinstance(value, dict):
-            return tuple((key, freeze(item)) for key, item in value.items())
-        if isinstance(value, slice):
-            return slice(freeze(value.start), freeze(value.stop), freeze(value.step))
-        return value
-
-    frozen_args = tuple(freeze(arg) for arg in args)
-    frozen_kwargs = tuple((key, freeze(value)) for key, value in kwargs.items())
-    return frozen_args, frozen_kwargs, tuple(inputs)
-
-
 def _module_path(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
@@ -265,7 +136,7 @@ def _val_metas(value: Any) -> tuple[TensorMeta, ...]:
     return tuple(tensor_meta(item) for item in flat if isinstance(item, torch.Tensor))
 
 
-def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _GraphBuilder) -> None:
+def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: GraphBuilder) -> None:
     from torch.export import export
     from torch.export.graph_signature import InputKind
 
@@ -274,7 +145,7 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _G
             program = export(model, inputs, strict=False)
     except Exception as error:
         raise AutoplanError(
-            f"torch.export could not capture the model ({_first_line(error)}); try --tracer fx"
+            f"torch.export could not capture the model ({first_line(error)}); try --tracer fx"
         ) from None
     if _has_opaque_calls(program.graph):
         try:  # lowers predispatch vmap (HF transformers 4.5x masks) and higher-order ops to plain ATen
@@ -282,7 +153,7 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _G
                 warnings.simplefilter("ignore", FutureWarning)  # torch's own LeafSpec deprecation
                 program = program.run_decompositions({})
         except Exception as error:
-            raise AutoplanError(f"torch.export could not lower the model to ATen ({_first_line(error)})") from None
+            raise AutoplanError(f"torch.export could not lower the model to ATen ({first_line(error)})") from None
     kinds = {InputKind.PARAMETER: ValueKind.PARAM, InputKind.USER_INPUT: ValueKind.INPUT}
     canonical = _canonical_names(model)
     names: dict[str, str] = {}
@@ -311,7 +182,7 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _G
             def lookup(arg: fx.Node) -> Any:
                 return constants[arg.name] if arg.name in constants else names.get(arg.name, arg.name)
 
-            args, kwargs, node_inputs = _freeze_args(node.args, dict(node.kwargs), lookup)
+            args, kwargs, node_inputs = freeze_args(node.args, dict(node.kwargs), lookup)
             builder.add_node(
                 name=node.name,
                 target=target_name(node.target),
@@ -368,11 +239,11 @@ class _ThroughTracer(fx.Tracer):
         return False
 
 
-def _capture_fx(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _GraphBuilder) -> None:
+def _capture_fx(model: torch.nn.Module, inputs: tuple[Any, ...], builder: GraphBuilder) -> None:
     try:
         graph = _ThroughTracer().trace(model)
     except Exception as error:
-        raise AutoplanError(f"torch.fx could not trace the model ({_first_line(error)}); try --tracer export") from None
+        raise AutoplanError(f"torch.fx could not trace the model ({first_line(error)}); try --tracer export") from None
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     env: dict[str, Any] = {}
@@ -396,7 +267,7 @@ def _capture_fx(model: torch.nn.Module, inputs: tuple[Any, ...], builder: _Graph
 
 
 def _fx_get_attr(
-    node: fx.Node, model: torch.nn.Module, params: dict, buffers: dict, env: dict, builder: _GraphBuilder
+    node: fx.Node, model: torch.nn.Module, params: dict, buffers: dict, env: dict, builder: GraphBuilder
 ) -> None:
     target = str(node.target)
     value = params.get(target)
@@ -421,7 +292,7 @@ def _attr(model: torch.nn.Module, target: str) -> Any:
     return found
 
 
-def _fx_call(node: fx.Node, env: dict, builder: _GraphBuilder) -> None:
+def _fx_call(node: fx.Node, env: dict, builder: GraphBuilder) -> None:
     is_method = node.op == "call_method"
     target = target_name(node.target, is_method=is_method)
 
@@ -431,7 +302,7 @@ def _fx_call(node: fx.Node, env: dict, builder: _GraphBuilder) -> None:
             return value[0]  # a tensor value: its graph name
         return value
 
-    args, kwargs, node_inputs = _freeze_args(node.args, dict(node.kwargs), lookup)
+    args, kwargs, node_inputs = freeze_args(node.args, dict(node.kwargs), lookup)
     function = resolve_target(target)
     tensors = [
         torch.empty(builder.metas[n].shape, dtype=torch_dtype(builder.metas[n].dtype), device="meta")
@@ -441,9 +312,7 @@ def _fx_call(node: fx.Node, env: dict, builder: _GraphBuilder) -> None:
     try:
         result = function(*call_args, **call_kwargs)
     except Exception as error:
-        raise AutoplanError(
-            f"could not run {target} (node {node.name}) on meta tensors: {_first_line(error)}"
-        ) from None
+        raise AutoplanError(f"could not run {target} (node {node.name}) on meta tensors: {first_line(error)}") from None
     if isinstance(result, torch.Tensor) or _val_metas(result):
         builder.add_node(
             name=node.name, target=target, args=args, kwargs=kwargs, inputs=node_inputs, module_path=_module_path(node)
