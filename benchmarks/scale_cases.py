@@ -48,6 +48,7 @@ class Case:
     method: str
     degrees: tuple[int, int, int] | None = None
     remat: str = "auto"
+    devices_per_node: int | None = None  # the preset's when None
 
 
 def _gpt_args(heads: int, hidden: int, layers: int) -> dict:
@@ -85,6 +86,8 @@ def command(case: Case, out: Path) -> list[str]:
         line += ["--model-arg", f"{key}={value}"]
     if case.degrees is not None:
         line += ["--degrees", ",".join(map(str, case.degrees))]
+    if case.devices_per_node is not None:
+        line += ["--devices-per-node", str(case.devices_per_node)]
     return line
 
 

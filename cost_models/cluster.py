@@ -25,45 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cost_models.device import RUNTIME_FIELDS, DeviceSpec
+from cost_models.gemm_efficiency import KernelSpec
+from cost_models.gpu_devices import A100_80GB, H100_80GB, V100_16GB, V100_32GB
 from cost_models.units import GIB
 from planner.errors import AutoplanError
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceSpec:
-    """One accelerator (or CPU process): peak FLOP/s per dtype, memory, efficiencies."""
-
-    name: str
-    peak_flops: dict[str, float]
-    memory_bytes: int
-    memory_bandwidth: float
-    compute_efficiency: float = 0.6
-    memory_efficiency: float = 0.8
-    kernel_overhead_s: float = 5e-6
-    mixed_precision: bool = True
-    # Host-side runtime overheads of our executors (0 on the presets; ``plan calibrate`` fits them, see
-    # cost_models/runtime_fit.py): per operator per pass on a multi-device stage (DTensor dispatch and
-    # redistribution checks), and per pipeline stage per microbatch (schedule actions, P2P bookkeeping).
-    sharded_op_overhead_s: float = 0.0
-    microbatch_overhead_s: float = 0.0
-    step_overhead_s: float = 0.0  # once per training step (optimizer launch, zeroing, process sync)
-    # How much slower one process computes while all the cluster's processes run than alone (1 on the presets;
-    # ``plan calibrate`` measures it): operator times profiled by one process alone are multiplied by it.
-    shared_slowdown: float = 1.0
-    # Bytes per device the plan may not use (None: the default for the device kind, see reserved_bytes).
-    memory_reserve_bytes: int | None = None
-
-    def is_cpu(self) -> bool:
-        return self.name.startswith("cpu")
-
-    def peak(self, dtype: str) -> float:
-        """Peak FLOP/s for ``dtype``; the training dtype (bf16 or fp32) when unknown."""
-        if dtype in self.peak_flops:
-            return self.peak_flops[dtype]
-        return self.peak_flops["bfloat16" if self.mixed_precision else "float32"]
-
-
-RUNTIME_FIELDS = ("sharded_op_overhead_s", "microbatch_overhead_s", "step_overhead_s")
 
 # The default reserve of a GPU: a fixed part plus a share of its capacity. Judgement figures, not measurements:
 # * fixed, 1 GiB: the CUDA context with PyTorch's kernels loaded (commonly 0.3-1 GiB; it is not counted by
@@ -104,6 +70,9 @@ class Cluster:
     device: DeviceSpec
     intra_node: Link
     inter_node: Link
+    # Network interfaces per node that carry ``inter_node`` traffic (None: one per device, as on DGX nodes).
+    # Concurrent cross-node flows from one node share them (:meth:`shared_inter_node`).
+    nics_per_node: int | None = None
     source: str = field(default="preset", compare=False)
 
     @property
@@ -117,6 +86,13 @@ class Cluster:
         """The slowest link a group of ranks needs: inter-node as soon as it spans nodes."""
         nodes = {self.node_of(rank) for rank in ranks}
         return self.inter_node if len(nodes) > 1 else self.intra_node
+
+    def shared_inter_node(self, *, flows_per_node: int) -> Link:
+        """The inter-node link as each of ``flows_per_node`` concurrent cross-node flows leaving (or entering)
+        one node sees it: the node's NICs are shared, so past one flow per NIC each gets its share."""
+        nics = self.devices_per_node if self.nics_per_node is None else self.nics_per_node
+        share = min(1.0, nics / max(flows_per_node, 1))
+        return Link(bandwidth=self.inter_node.bandwidth * share, latency_s=self.inter_node.latency_s)
 
     def with_shape(self, *, num_nodes: int | None = None, devices_per_node: int | None = None) -> Cluster:
         """This cluster with ``--nodes`` / ``--devices-per-node`` overrides applied."""
@@ -148,9 +124,11 @@ class Cluster:
                 "shared_slowdown": self.device.shared_slowdown,
                 "mixed_precision": self.device.mixed_precision,
                 **self._reserve_json(),
+                **({} if self.device.kernels is None else {"kernels": self.device.kernels.to_json()}),
             },
             "intra_node": {"bandwidth": self.intra_node.bandwidth, "latency_s": self.intra_node.latency_s},
             "inter_node": {"bandwidth": self.inter_node.bandwidth, "latency_s": self.inter_node.latency_s},
+            **({} if self.nics_per_node is None else {"nics_per_node": self.nics_per_node}),
         }
 
     def _reserve_json(self) -> dict[str, int]:
@@ -238,8 +216,9 @@ def _local_cpu() -> Cluster:
 
 
 def _gpu_cluster(
-    name: str, device: DeviceSpec, intra_node: Link, inter_node: Link, *, devices_per_node: int = 8
-) -> Cluster:
+    name: str, device: DeviceSpec, intra_node: Link, inter_node: Link, *, devices_per_node: int = 8,
+    nics_per_node: int | None = None,
+) -> Cluster:  # fmt: skip
     return Cluster(
         name=name,
         num_nodes=1,
@@ -247,30 +226,12 @@ def _gpu_cluster(
         device=device,
         intra_node=intra_node,
         inter_node=inter_node,
+        nics_per_node=nics_per_node,
     )
 
 
-# REFERENCES.md, hardware table: V100 SXM2 16 GB, 125 TFLOP/s fp16, 900 GB/s HBM, NVLink
-# 300 GB/s bidirectional (150 GB/s each way); p3.16xlarge: 25 Gbit/s between nodes.
-# fp32 peaks (not in the table) are the vendors' data-sheet figures.
-_V100 = DeviceSpec(
-    name="V100-SXM2-16GB",
-    peak_flops={"float16": 125e12, "bfloat16": 125e12, "float32": 15.7e12},
-    memory_bytes=16 * GIB,
-    memory_bandwidth=900e9,
-)
-_A100 = DeviceSpec(
-    name="A100-SXM-80GB",
-    peak_flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
-    memory_bytes=80 * GIB,
-    memory_bandwidth=2.039e12,
-)
-_H100 = DeviceSpec(
-    name="H100-SXM-80GB",
-    peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-    memory_bytes=80 * GIB,
-    memory_bandwidth=3.35e12,
-)
+# The devices (peaks, memory, bandwidths, kernel shape models) and their sources: cost_models/gpu_devices.py.
+_V100, _V100_32, _A100, _H100 = V100_16GB, V100_32GB, A100_80GB, H100_80GB
 
 
 def _presets() -> dict[str, Cluster]:
@@ -281,6 +242,18 @@ def _presets() -> dict[str, Cluster]:
             _V100,
             Link(bandwidth=150e9, latency_s=10e-6),  # NVLink 300 GB/s bidirectional; ~10 µs on 2 GPUs
             Link(bandwidth=25e9 / 8, latency_s=20e-6),  # 25 Gbit/s per node
+            nics_per_node=1,  # one 25 Gbit/s ENA interface per p3.16xlarge (AWS EC2 instance types page)
+        ),
+        # Megatron-LM 2019's DGX-2H (published-measurements.md): 16 V100 32 GB per node on NVSwitch, 300 GB/s
+        # bidirectional per GPU; 8 x 100 Gbit/s InfiniBand per node, two GPUs to a NIC, each NIC at ~90% of its
+        # line rate as the dgx-a100 figure measures HDR (85-96 GB/s on 4 x 200 Gbit/s).
+        "dgx-2h": _gpu_cluster(
+            "dgx-2h",
+            _V100_32,
+            Link(bandwidth=150e9, latency_s=10e-6),  # NVSwitch 300 GB/s bidirectional; latency as p3.16xlarge's NVLink
+            Link(bandwidth=0.9 * 100e9 / 8, latency_s=15e-6),  # one 100 Gbit/s EDR NIC, as its flows see it
+            devices_per_node=16,
+            nics_per_node=8,
         ),
         "dgx-a100": _gpu_cluster(
             "dgx-a100",
@@ -297,7 +270,7 @@ def _presets() -> dict[str, Cluster]:
     }
 
 
-PRESET_NAMES = ("local-cpu", "p3.16xlarge", "dgx-a100", "dgx-h100")
+PRESET_NAMES = ("local-cpu", "p3.16xlarge", "dgx-2h", "dgx-a100", "dgx-h100")
 
 
 def preset(name: str) -> Cluster:
@@ -356,9 +329,11 @@ def _parse_cluster(data: Any, *, source: str) -> Cluster:
             shared_slowdown=_number(device, "shared_slowdown", f"{where}: device", default=1.0),
             mixed_precision=bool(device.get("mixed_precision", True)),
             memory_reserve_bytes=_reserve(device, where),
+            kernels=None if device.get("kernels") is None else KernelSpec.from_json(device["kernels"], where=where),
         ),
         intra_node=_link(data, "intra_node", where),
         inter_node=_link(data, "inter_node", where),
+        nics_per_node=_number(data, "nics_per_node", where, integer=True) if "nics_per_node" in data else None,
         source=source,
     )
     return cluster

@@ -14,7 +14,9 @@ bandwidth ``β`` (s/byte), ring algorithms give (DESIGN.md, "Communication cost"
 * all-to-all       ``(n−1)·α + (n−1)/n·b·β`` — each device keeps 1/n of its ``b`` bytes and
   sends ``b/n`` to each of the ``n−1`` others, one peer per step — :func:`all_to_all_s`
 * point-to-point   ``α + b·β``                              — :func:`p2p_s`
-* gradient sync     all-reduce with the latency paid once per 25 MiB bucket — :func:`bucketed_all_reduce_s`
+* gradient sync under DDP: one all-reduce per bucket, latency included, buckets packed as torch's DDP
+  packs them (1 MiB first, then 25 MiB) — :func:`ddp_all_reduce_s` (:func:`ddp_buckets`); the ILP's
+  additive per-tensor share of it — :func:`bucketed_all_reduce_s`
 
 ``n = 1`` costs nothing. The all-reduce bus-bandwidth convention of nccl-tests
 (busbw = algbw·2(n−1)/n, REFERENCES.md) is what makes ``bandwidth`` here comparable with
@@ -42,17 +44,47 @@ DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb
 def bucketed_all_reduce_s(
     num_bytes: float, *, num_devices: int, link: Link, bucket_bytes: float = DDP_BUCKET_BYTES
 ) -> float:
-    """Share of a bucketed gradient all-reduce: latency paid per bucket, not per tensor.
-
-    Gradients are all-reduced in buckets of ``bucket_bytes`` (DDP's 25 MiB), so a tensor of
-    ``b`` bytes pays ``min(1, b / bucket_bytes)`` of the ring's ``2(n−1)·α`` latency plus its
-    bandwidth term; summed over tensors this is the cost of the buckets.
+    """One gradient's additive share of a bucketed all-reduce, for the intra-op ILP (whose costs add up
+    per node): a tensor of ``b`` bytes pays ``min(1, b / bucket_bytes)`` of the ring's ``2(n−1)·α``
+    latency plus its bandwidth term. Summed over many small tensors this is one latency per bucket; the
+    exact count of a whole stage's buckets is :func:`ddp_all_reduce_s`, which the estimate and the
+    simulator charge.
     """
     if num_devices <= 1 or num_bytes <= 0:
         return 0.0
     n = num_devices
     latency_share = min(1.0, num_bytes / bucket_bytes)
     return latency_share * 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * num_bytes / link.bandwidth
+
+
+DDP_FIRST_BUCKET_BYTES = 1024**2  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+def ddp_buckets(
+    sizes: Sequence[float],
+    *,
+    bucket_bytes: float = DDP_BUCKET_BYTES,
+    first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES,
+) -> list[float]:
+    """Bytes of each bucket DDP packs gradients of ``sizes`` into, in the order given (DDP's order is the
+    parameters reversed, as backward produces them): a bucket takes gradients until it holds at least its
+    cap, then closes; the first bucket's cap is ``first_bucket_bytes``. A gradient is never split, so one
+    larger than a cap is a bucket of its own (torch's ``_compute_bucket_assignment_by_size``)."""
+    buckets: list[float] = []
+    filling, cap = 0.0, first_bucket_bytes
+    for size in sizes:
+        filling += size
+        if filling >= cap:
+            buckets.append(filling)
+            filling, cap = 0.0, bucket_bytes
+    if filling > 0:
+        buckets.append(filling)
+    return buckets
+
+
+def ddp_all_reduce_s(sizes: Sequence[float], *, num_devices: int, link: Link) -> float:
+    """DDP's gradient sync: one all-reduce, latency and all, per bucket of :func:`ddp_buckets`."""
+    return sum(all_reduce_s(bucket, num_devices=num_devices, link=link) for bucket in ddp_buckets(sizes))
 
 
 def all_gather_s(num_bytes: float, *, num_devices: int, link: Link) -> float:
@@ -96,11 +128,45 @@ def axis_groups(devices: Sequence[int], mesh_shape: Sequence[int], axis: int) ->
 
 
 def axis_link(cluster: Cluster, devices: Sequence[int], mesh_shape: Sequence[int], axis: int) -> Link:
-    """The link collectives on ``axis`` run over: inter-node if any group spans nodes."""
+    """The link collectives on ``axis`` run over: inter-node if any group spans nodes.
+
+    The groups of an axis run their collectives at the same time, so the cross-node groups that touch
+    one node share its NICs: with ``g`` of them on the busiest node, each sees the inter-node link as
+    :meth:`Cluster.shared_inter_node` gives it for ``g`` flows (a ring enters and leaves a node once)."""
     groups = axis_groups(devices, mesh_shape, axis)
-    if any(len({cluster.node_of(rank) for rank in group}) > 1 for group in groups):
-        return cluster.inter_node
-    return cluster.intra_node
+    crossing: dict[int, int] = {}
+    for group in groups:
+        nodes = {cluster.node_of(rank) for rank in group}
+        if len(nodes) > 1:
+            for node in nodes:
+                crossing[node] = crossing.get(node, 0) + 1
+    if not crossing:
+        return cluster.intra_node
+    return cluster.shared_inter_node(flows_per_node=max(crossing.values()))
+
+
+def stage_transfer_s(
+    num_bytes: float, *, cluster: Cluster, sender_size: int, receiver_size: int, sender_nodes: int, crosses_nodes: bool
+) -> float:
+    """One direction of a pipeline boundary (an activation forward or its gradient back).
+
+    ``num_bytes`` go over ``p = min(sender, receiver)`` device pairs at once, on the inter-node link when
+    the stages are on different nodes (the ``p / sender_nodes`` pairs leaving one node share its NICs:
+    :meth:`Cluster.shared_inter_node`), else the intra-node one; the receiver then regroups them inside
+    each of its nodes, an all-gather over ``n = min(receiver, M)`` devices::
+
+        α + (b / p)·β_link + all_gather(b·n / receiver, n, intra)
+    """
+    if num_bytes <= 0:
+        return 0.0
+    pairs = min(sender_size, receiver_size)
+    if crosses_nodes:
+        link = cluster.shared_inter_node(flows_per_node=math.ceil(pairs / max(sender_nodes, 1)))
+    else:
+        link = cluster.intra_node
+    group = min(receiver_size, cluster.devices_per_node)
+    regroup = all_gather_s(num_bytes * group / receiver_size, num_devices=group, link=cluster.intra_node)
+    return link.latency_s + num_bytes / pairs / link.bandwidth + regroup
 
 
 COLLECTIVES = {

@@ -2,14 +2,29 @@
 
 Analytical roofline (:class:`RooflineCompute`), per pass::
 
-    t = max(flops / (peak(dtype) · compute_efficiency),
+    t = max(flops / (peak(dtype) · efficiency),
             bytes / (memory_bandwidth · memory_efficiency)) + kernel_overhead_s
 
 with the forward pass moving ``node.bytes_moved`` bytes and the backward pass twice that
 (it reads the output gradient and the saved inputs and writes the input gradients). On a
 device that trains in mixed precision, floating tensors move at 2 bytes per element and
 matmuls run at the bf16 peak. Views cost nothing; an operator without floating inputs has
-no backward.
+no backward. ``memory_efficiency`` is the share of the data-sheet bandwidth a streaming kernel
+reaches on the device (measured for the GPU presets, :mod:`cost_models.gpu_devices`).
+
+``efficiency`` is the device's ``compute_efficiency``, except on a device with a kernel shape model
+(``DeviceSpec.kernels``: the GPU presets), where it depends on the operator's shape
+(:mod:`cost_models.gemm_efficiency`):
+
+* a matmul runs its GEMM at ``gemm_efficiency(shape)`` (tile and wave quantization, the small-K
+  prologue, tile operand reuse); its backward pass is the two GEMMs ``dX = dY·Wᵀ`` and ``dW = Xᵀ·dY``,
+  each at its own shape (:meth:`RooflineCompute._matmul_time`);
+* fused attention does its kernel's FLOPs (half of ``Sq·Sk`` when causal; 2.5× forward in backward) at
+  the device's attention efficiencies (:meth:`RooflineCompute._attention_time`);
+* every other operator is priced as above.
+
+Devices without one (CPU processes: ``local-cpu``, calibrated ``cpu*`` clusters; cluster files that give
+none) keep the flat roofline exactly.
 
 Profiled tables (:class:`ProfiledCompute`): the measured median forward and backward times
 from :mod:`cost_models.profiler`, keyed by ``OpNode.signature()``; nodes not in the table fall
@@ -20,15 +35,27 @@ sharing the cores). Both implement :class:`ComputeModel`.
 
 ``scale`` divides the work of a node (sharded or split over a smaller batch): compute time is
 the unsharded time times ``scale``, with the kernel overhead paid once (:meth:`NodeTime.scaled`).
+:meth:`ComputeModel.local_time` is a node's time on one device of a sharded strategy: the scaled time,
+except under a kernel shape model, which prices the device's own share — its output dims divided by
+their shard counts, the contracted dim by what is left of the shard count — by that share's shape.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cost_models.cluster import DeviceSpec
+from cost_models.device import DeviceSpec
+from cost_models.gemm_efficiency import (
+    GemmShape,
+    attention_flops,
+    backward_shapes,
+    gemm_s,
+    local_output_shape,
+    matmul_shape,
+)
 from planner.ir.graph import NodeKind, OpNode
 
 
@@ -60,6 +87,11 @@ class ComputeModel(Protocol):
 
     def node_time(self, node: OpNode) -> NodeTime: ...
 
+    def local_time(self, node: OpNode, *, shards: int, output_shards: Mapping[int, int]) -> NodeTime:
+        """``node``'s time on one device of a strategy that splits its work ``shards`` ways, its output's
+        dim ``d`` into ``output_shards[d]`` pieces (dims not named are whole)."""
+        ...
+
 
 def has_backward(node: OpNode) -> bool:
     return node.kind != NodeKind.VIEW and any(meta.is_floating for meta in node.input_metas)
@@ -68,7 +100,12 @@ def has_backward(node: OpNode) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class RooflineCompute:
     device: DeviceSpec
-    measures_shapes = False  # the roofline of 1/d of a node's work is its time scaled by 1/d
+
+    @property
+    def measures_shapes(self) -> bool:
+        """Under a kernel shape model a node's time depends on its shapes, not only its work; else the
+        roofline of 1/d of a node's work is its time scaled by 1/d."""
+        return self.device.kernels is not None
 
     def _bytes(self, node: OpNode) -> float:
         if not self.device.mixed_precision or node.bytes_moved == 0:
@@ -82,20 +119,69 @@ class RooflineCompute:
             return "bfloat16"
         return floating[0] if floating else "float32"
 
+    def _memory_s(self, num_bytes: float) -> float:
+        return num_bytes / (self.device.memory_bandwidth * self.device.memory_efficiency)
+
     def _pass_s(self, flops: float, num_bytes: float, dtype: str) -> float:
         device = self.device
         compute_s = flops / (device.peak(dtype) * device.compute_efficiency)
-        memory_s = num_bytes / (device.memory_bandwidth * device.memory_efficiency)
-        return max(compute_s, memory_s) + device.kernel_overhead_s
+        return max(compute_s, self._memory_s(num_bytes)) + device.kernel_overhead_s
 
     def node_time(self, node: OpNode) -> NodeTime:
         if node.kind == NodeKind.VIEW:
             return NodeTime(fwd_s=0.0, bwd_s=0.0)
-        num_bytes = self._bytes(node)
-        dtype = self._dtype(node)
+        if self.device.kernels is not None and node.kind in (NodeKind.MATMUL, NodeKind.ATTENTION):
+            return self.local_time(node, shards=1, output_shards={})
+        return self._flat_time(node)
+
+    def local_time(self, node: OpNode, *, shards: int, output_shards: Mapping[int, int]) -> NodeTime:
+        if self.device.kernels is None or node.kind not in (NodeKind.MATMUL, NodeKind.ATTENTION):
+            return self.node_time(node).scaled(1 / shards)
+        if node.kind == NodeKind.ATTENTION:
+            return self._attention_time(node, shards=shards)
+        if math.prod(output_shards.values()) > shards:  # an output split without a compute split: not a share
+            output_shards = {}
+        shape = matmul_shape(node, output_shape=local_output_shape(node.output, output_shards),
+                             flops=node.flops_fwd / shards)  # fmt: skip
+        if shape is None:  # a vector product: the flat roofline
+            return self._flat_time(node).scaled(1 / shards)
+        return self._matmul_time(node, shape, shards=shards)
+
+    def _flat_time(self, node: OpNode) -> NodeTime:
+        num_bytes, dtype = self._bytes(node), self._dtype(node)
         fwd_s = self._pass_s(node.flops_fwd, num_bytes, dtype)
         bwd_s = self._pass_s(node.flops_bwd, 2 * num_bytes, dtype) if has_backward(node) else 0.0
         return NodeTime(fwd_s=fwd_s, bwd_s=bwd_s, overhead_s=self.device.kernel_overhead_s)
+
+    def _matmul_time(self, node: OpNode, shape: GemmShape, *, shards: int) -> NodeTime:
+        """The forward GEMM at ``shape``; backward: ``dX`` and ``dW`` at theirs, scaled to the captured
+        backward FLOPs (``flops_bwd / 2·flops_fwd``: 1 when both input gradients are needed)."""
+        spec, overhead = self.device.kernels, self.device.kernel_overhead_s
+        assert spec is not None
+        peak = self.device.peak(self._dtype(node))
+        num_bytes = self._bytes(node) / shards
+        fwd_s = max(gemm_s(spec, shape, peak=peak), self._memory_s(num_bytes)) + overhead
+        if not has_backward(node):
+            return NodeTime(fwd_s=fwd_s, bwd_s=0.0, overhead_s=overhead)
+        share = node.flops_bwd / (2 * node.flops_fwd)
+        compute_bwd = share * sum(gemm_s(spec, part, peak=peak) for part in backward_shapes(shape))
+        bwd_s = max(compute_bwd, self._memory_s(2 * num_bytes)) + overhead
+        return NodeTime(fwd_s=fwd_s, bwd_s=bwd_s, overhead_s=overhead)
+
+    def _attention_time(self, node: OpNode, *, shards: int) -> NodeTime:
+        """The fused kernel's FLOPs (:func:`cost_models.gemm_efficiency.attention_flops`) at the device's
+        attention efficiencies; its bytes as any operator's. A split over batch or heads keeps the shape."""
+        spec, overhead = self.device.kernels, self.device.kernel_overhead_s
+        assert spec is not None
+        peak = self.device.peak(self._dtype(node))
+        num_bytes = self._bytes(node) / shards
+        work_fwd, work_bwd = attention_flops(node, flops_fwd=node.flops_fwd / shards)
+        fwd_s = max(work_fwd / (peak * spec.attention_fwd_efficiency), self._memory_s(num_bytes)) + overhead
+        if not has_backward(node):
+            return NodeTime(fwd_s=fwd_s, bwd_s=0.0, overhead_s=overhead)
+        bwd_compute = work_bwd / (peak * spec.attention_bwd_efficiency)
+        bwd_s = max(bwd_compute, self._memory_s(2 * num_bytes)) + overhead
+        return NodeTime(fwd_s=fwd_s, bwd_s=bwd_s, overhead_s=overhead)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +208,10 @@ class ProfiledCompute:
         fwd_s, bwd_s = measured.fwd_s * self.slowdown, measured.bwd_s * self.slowdown
         fixed = min(self.overhead_s, *(t for t in (fwd_s, bwd_s) if t > 0)) if fwd_s > 0 or bwd_s > 0 else 0.0
         return NodeTime(fwd_s=fwd_s, bwd_s=bwd_s, overhead_s=fixed)
+
+    def local_time(self, node: OpNode, *, shards: int, output_shards: Mapping[int, int]) -> NodeTime:
+        """Measured times carry no shape model: the node's time scaled by ``1/shards``."""
+        return self.node_time(node).scaled(1 / shards)
 
     def _lookup(self, node: OpNode) -> NodeTime | None:
         signature = node.signature()

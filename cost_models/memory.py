@@ -16,6 +16,9 @@ backward needs — matmuls, convolutions, norms, attention and non-linear elemen
 their non-parameter tensor inputs; softmax its output; additions, views and sums nothing.
 A tensor saved by several operators, or through a view of it, is counted once (views alias
 their base). On a mixed-precision device floating activations take 2 bytes per element.
+Dropout keeps its mask instead of its input: one byte per element (``aten.native_dropout``
+returns a ``bool`` mask that its backward multiplies by; :func:`dropout_mask`), whatever the
+activation dtype; a dropout with ``p = 0`` or ``train=False`` is the identity and keeps nothing.
 """
 
 from __future__ import annotations
@@ -86,6 +89,22 @@ def saved_inputs(node: OpNode) -> tuple[int, ...]:
     return tuple(range(len(node.inputs)))
 
 
+_DROPOUTS = frozenset({"dropout", "native_dropout", "feature_dropout", "alpha_dropout"})
+
+
+def dropout_mask(node: OpNode) -> TensorMeta | None:
+    """The mask a dropout keeps for backward (the shape of its output, one byte an element); None for
+    any other operator and for ``p = 0``."""
+    if node.op_name.rstrip("_") not in _DROPOUTS:
+        return None
+    kwargs = dict(node.kwargs)
+    probability = node.args[1] if len(node.args) > 1 else kwargs.get("p", 0.5)
+    train = node.args[2] if len(node.args) > 2 else kwargs.get("train", True)
+    if (isinstance(probability, int | float) and probability == 0) or train is False:
+        return None
+    return TensorMeta(shape=node.output.shape, dtype="bool")
+
+
 def saves_output(node: OpNode) -> bool:
     return node.kind in (NodeKind.SOFTMAX, NodeKind.ATTENTION)
 
@@ -116,8 +135,12 @@ def saved_values(graph: OpGraph, *, nodes: list[OpNode] | None = None) -> set[st
 def saved_activation_bytes(
     graph: OpGraph, *, nodes: list[OpNode] | None = None, activation_itemsize: int | None = None
 ) -> int:
-    """Bytes of activations kept from forward to backward by ``nodes`` (default: all)."""
-    return sum(_element_bytes(_meta_of(graph, name), activation_itemsize) for name in saved_values(graph, nodes=nodes))
+    """Bytes of activations kept from forward to backward by ``nodes`` (default: all), dropout masks included."""
+    values = sum(
+        _element_bytes(_meta_of(graph, name), activation_itemsize) for name in saved_values(graph, nodes=nodes)
+    )
+    masks = (dropout_mask(node) for node in (graph.nodes if nodes is None else nodes))
+    return values + sum(mask.nbytes for mask in masks if mask is not None)
 
 
 def _meta_of(graph: OpGraph, name: str) -> TensorMeta:

@@ -9,11 +9,16 @@ Keyword arguments (for both ``build_model`` and ``example_inputs``):
 - ``size``: one of ``SIZES`` (default ``"tiny"``).
 - ``layers``, ``hidden``, ``heads``, ``seq``, ``vocab``: optional overrides of
   the values taken from ``size``.
+- ``attention``: ``"sdpa"`` (default: ``F.scaled_dot_product_attention``, a
+  fused kernel) or ``"unfused"`` (Megatron-LM's 2019/2021 layer: ``Q·Kᵀ``, the
+  causal mask, softmax, dropout and ``·V`` as separate operators).
+- ``dropout``: attention-probability and hidden dropout (default 0.0: none;
+  Megatron-LM's GPT runs used 0.1).
 
 Module layout: ``wte`` (token embedding), ``wpe`` (position embedding),
 ``blocks.{i}`` with ``ln_1``, ``attn.{q,k,v,proj}``, ``ln_2``,
 ``mlp.{fc,proj}``, then ``ln_f`` and an untied ``lm_head``.  Pre-LN residuals,
-no dropout.  The attention derives its head count from the width of ``q``'s
+no dropout unless ``dropout`` is set.  The attention derives its head count from the width of ``q``'s
 output, so column-sharding ``q``/``k``/``v`` shards the heads.
 """
 
@@ -84,9 +89,10 @@ def config_for(
 class Attention(nn.Module):
     """Causal multi-head self-attention with separate q/k/v projections."""
 
-    def __init__(self, hidden: int, heads: int) -> None:
+    def __init__(self, hidden: int, heads: int, *, unfused: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
         self.head_dim = hidden // heads
+        self.unfused, self.dropout = unfused, dropout
         self.q = nn.Linear(hidden, hidden)
         self.k = nn.Linear(hidden, hidden)
         self.v = nn.Linear(hidden, hidden)
@@ -99,9 +105,19 @@ class Attention(nn.Module):
         q = q.view(B, T, num_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, num_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, num_heads, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self._unfused(q, k, v) if self.unfused else F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).reshape(B, T, num_heads * self.head_dim)
         return self.proj(y)
+
+    def _unfused(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Causal attention as separate operators, as Megatron-LM ran it before fused attention kernels."""
+        T = q.shape[-2]
+        scores = (q * self.head_dim**-0.5) @ k.transpose(-2, -1)
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        probs = F.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+        if self.dropout > 0:
+            probs = F.dropout(probs, self.dropout, training=self.training)
+        return probs @ v
 
 
 class FeedForward(nn.Module):
@@ -120,27 +136,33 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """A pre-LN transformer block."""
 
-    def __init__(self, hidden: int, heads: int) -> None:
+    def __init__(self, hidden: int, heads: int, *, unfused: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(hidden)
-        self.attn = Attention(hidden, heads)
+        self.attn = Attention(hidden, heads, unfused=unfused, dropout=dropout)
         self.ln_2 = nn.LayerNorm(hidden)
         self.mlp = FeedForward(hidden)
+        self.dropout = dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x = x + self._drop(self.attn(self.ln_1(x)))
+        return x + self._drop(self.mlp(self.ln_2(x)))
+
+    def _drop(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.dropout, training=self.training) if self.dropout > 0 else x
 
 
 class GPT(nn.Module):
     """Decoder-only transformer: tokens [B, T] -> logits [B, T, vocab]."""
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, *, unfused: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq, cfg.hidden)
-        self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(
+            Block(cfg.hidden, cfg.heads, unfused=unfused, dropout=dropout) for _ in range(cfg.layers)
+        )
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
@@ -160,11 +182,15 @@ def build_model(
     heads: int | None = None,
     seq: int | None = None,
     vocab: int | None = None,
+    attention: str = "sdpa",
+    dropout: float = 0.0,
     **_: object,
 ) -> nn.Module:
     """Build a GPT of the given size (see module docstring for the kwargs)."""
     cfg = config_for(size, layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab)
-    return GPT(cfg)
+    if attention not in ("sdpa", "unfused"):
+        raise ValueError(f"attention must be 'sdpa' or 'unfused', got {attention!r}")
+    return GPT(cfg, unfused=attention == "unfused", dropout=float(dropout))
 
 
 def example_inputs(

@@ -6,6 +6,13 @@ after a barrier and lasts until the slowest rank finishes it (max over ranks). T
 is the median of the timed steps. :func:`run_timing` launches the job and returns ``{plan path:
 seconds}``; ``plan calibrate`` uses it on its probes and ``benchmarks/fidelity.py`` on its cases.
 
+What else ran meanwhile (:func:`machine_shares`): around each plan's timed steps rank 0 reads the
+CPU tick counters of /proc/stat (``steal``: time the VM's host took; busy = total − idle − iowait −
+steal) and every rank its own CPU time (``getrusage``, all threads); the job writes, beside OUT,
+``OUT.machine.json`` = ``{plan path: {"steal": s/T, "foreign": (busy − ours)/T, "wall_s": ...}}``
+with ``T`` the ticks of all cores over the plan's timed steps: the share of the machine the host and
+other processes took while the plan was timed.
+
     python -m torch.distributed.run --nproc-per-node N -m executors.step_timing OUT STEPS PLAN...
 """
 
@@ -14,20 +21,52 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from planner.errors import AutoplanError
 
 WARMUP_STEPS = 3
 
 
+def cpu_ticks() -> tuple[int, int, int]:
+    """(stolen, busy, total) CPU ticks of all cores since boot, from /proc/stat (zeros off Linux)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0, 0
+    steal = fields[7] if len(fields) > 7 else 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    total = sum(fields[:8])
+    return steal, total - idle - steal, total
+
+
+def own_cpu_ticks() -> float:
+    """CPU ticks this process used so far, all threads (gloo's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * os.sysconf("SC_CLK_TCK")
+
+
+def machine_shares(before: tuple[int, int, int], after: tuple[int, int, int], *, ours_ticks: float) -> dict[str, float]:
+    """``steal`` and ``foreign`` shares of all CPU ticks between two :func:`cpu_ticks` readings, given
+    the ticks our own processes used meanwhile."""
+    total = max(after[2] - before[2], 1)
+    busy = after[1] - before[1]
+    return {"steal": (after[0] - before[0]) / total, "foreign": max(0.0, (busy - ours_ticks) / total)}
+
+
+MACHINE: dict[str, dict[str, float]] = {}  # plan path -> machine_shares of its timed steps (filled by time_plans)
+
+
 def time_plans(paths: Sequence[str], *, steps: int, warmup: int = WARMUP_STEPS) -> dict[str, float]:
-    """Median step seconds of each plan, in an initialised process group (slowest rank per step)."""
+    """Median step seconds of each plan, in an initialised process group (slowest rank per step); what
+    else ran on the machine meanwhile goes to :data:`MACHINE`."""
     import torch
     import torch.distributed as dist
 
@@ -47,6 +86,8 @@ def time_plans(paths: Sequence[str], *, steps: int, warmup: int = WARMUP_STEPS) 
         times = []
         for step in range(warmup + steps):
             dist.barrier()
+            if step == warmup:
+                ticks, ours, wall = cpu_ticks(), own_cpu_ticks(), time.perf_counter()
             started = time.perf_counter()
             if optimizer is not None:
                 optimizer.zero_grad(set_to_none=True)
@@ -57,18 +98,24 @@ def time_plans(paths: Sequence[str], *, steps: int, warmup: int = WARMUP_STEPS) 
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the step ends when the slowest rank does
             if step >= warmup:
                 times.append(float(elapsed))
+        used = torch.tensor(own_cpu_ticks() - ours, dtype=torch.float64)
+        dist.all_reduce(used)  # every rank's CPU time over the timed steps
+        MACHINE[path] = {**machine_shares(ticks, cpu_ticks(), ours_ticks=float(used)),
+                         "wall_s": time.perf_counter() - wall}  # fmt: skip
         measured[path] = statistics.median(times)
     return measured
 
 
 def run_timing(
-    paths: Sequence[str], *, world: int, steps: int, out: Path, timeout_s: float = 1800.0
-) -> dict[str, float]:
-    """Launch one torchrun job of ``world`` processes (one thread each) timing every plan."""
+    paths: Sequence[str], *, world: int, steps: int, out: Path, timeout_s: float = 1800.0,
+    module: str = "executors.step_timing",
+) -> dict[str, Any]:  # fmt: skip
+    """Launch one torchrun job of ``world`` processes (one thread each) timing every plan; ``module``:
+    another job with the same arguments (``executors.training.memory_peak``: peak memory per rank)."""
     from executors.training.launch import free_port
 
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
-               str(free_port()), "-m", "executors.step_timing", str(out), str(steps), *paths]  # fmt: skip
+               str(free_port()), "-m", module, str(out), str(steps), *paths]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
@@ -99,6 +146,7 @@ def main(argv: Sequence[str]) -> None:
     measured = time_plans(paths, steps=steps)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(measured))
+        Path(f"{out}.machine.json").write_text(json.dumps(MACHINE))
     dist.destroy_process_group()
 
 

@@ -124,7 +124,8 @@ def auto_plan(
     candidates = [("stage-dp", s, specs_from_dp(s.stage_plan, s.spans, setup)) for s in ranked[:DP_CANDIDATES]]
     handwritten_started = time.perf_counter()
     for method, found in best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees).items():
-        candidates.extend((method, candidate.setting, list(candidate.specs)) for candidate in found)
+        candidates.extend((method, candidate.setting, list(candidate.specs)) for candidate in found
+                          if options.max_stages is None or len(candidate.specs) <= options.max_stages)  # fmt: skip
     handwritten_s = time.perf_counter() - handwritten_started
     priced: dict[str, PricedPipeline] = {}
     graph_of: dict[str, OpGraph] = {}

@@ -38,7 +38,7 @@ def test_presets_follow_references() -> None:
     assert preset("dgx-h100").device.peak("bfloat16") == 989e12
     local = preset("local-cpu")
     assert local.num_devices >= 1 and not local.device.mixed_precision
-    assert set(PRESET_NAMES) == {"local-cpu", "p3.16xlarge", "dgx-a100", "dgx-h100"}
+    assert set(PRESET_NAMES) == {"local-cpu", "p3.16xlarge", "dgx-2h", "dgx-a100", "dgx-h100"}
 
 
 def test_shape_overrides_and_ranks() -> None:

@@ -13,8 +13,11 @@ from cost_models.communication import (
     axis_link,
     bucketed_all_reduce_s,
     collective_s,
+    ddp_all_reduce_s,
+    ddp_buckets,
     p2p_s,
     reduce_scatter_s,
+    stage_transfer_s,
 )
 
 LINK = Link(bandwidth=1e9, latency_s=1e-5)  # 1 GB/s, 10 µs
@@ -58,7 +61,7 @@ def test_axis_spanning_nodes_uses_inter_node_link() -> None:
     cluster = load_cluster("p3.16xlarge", num_nodes=2)
     devices = tuple(range(16))
     assert axis_link(cluster, devices, (2, 8), 1) == cluster.intra_node
-    assert axis_link(cluster, devices, (2, 8), 0) == cluster.inter_node
+    assert axis_link(cluster, devices, (2, 8), 0).latency_s == cluster.inter_node.latency_s
     assert axis_link(cluster, devices, (16,), 0) == cluster.inter_node
     slow = collective_s("all_reduce", 1e8, cluster=cluster, devices=devices, mesh_shape=(2, 8), axis=0)
     fast = collective_s("all_reduce", 1e8, cluster=cluster, devices=devices, mesh_shape=(8, 2), axis=1)
@@ -75,3 +78,61 @@ def test_bucketed_all_reduce_pays_latency_per_bucket() -> None:
         bucketed_all_reduce_s(2 * bucket, num_devices=4, link=LINK)
         < all_reduce_s(2 * bucket, num_devices=4, link=LINK) + 1e-12
     )
+
+
+def test_concurrent_cross_node_groups_share_the_nodes_nics() -> None:
+    """p3.16xlarge has one 25 Gbit/s NIC per node: the 8 groups of a (2, 8) mesh's axis 0 all cross it at
+    once, so each gets an eighth; a DGX A100 has a NIC per GPU, so its 8 groups each keep a whole one."""
+    p3 = load_cluster("p3.16xlarge", num_nodes=2)
+    devices = tuple(range(16))
+    assert axis_link(p3, devices, (2, 8), 0).bandwidth == pytest.approx(p3.inter_node.bandwidth / 8)
+    assert axis_link(p3, devices, (16,), 0).bandwidth == p3.inter_node.bandwidth  # one ring, one flow per node
+    dgx = load_cluster("dgx-a100", num_nodes=2)
+    assert axis_link(dgx, devices, (2, 8), 0) == dgx.inter_node
+    eighth = Link(bandwidth=p3.inter_node.bandwidth / 8, latency_s=p3.inter_node.latency_s)
+    eight_groups = collective_s("all_reduce", 1e8, cluster=p3, devices=devices, mesh_shape=(2, 8), axis=0)
+    assert eight_groups == pytest.approx(all_reduce_s(1e8, num_devices=2, link=eighth))
+
+
+def test_pipeline_pairs_leaving_a_node_share_its_nics() -> None:
+    p3 = load_cluster("p3.16xlarge", num_nodes=2)
+    dgx = load_cluster("dgx-a100", num_nodes=2)
+
+    def crossing_s(cluster, pairs: int) -> float:
+        return stage_transfer_s(1e9, cluster=cluster, sender_size=pairs, receiver_size=pairs, sender_nodes=1,
+                                crosses_nodes=True)  # fmt: skip
+
+    # one NIC: 8 pairs move the bytes no faster than one pair (the regroup inside the receiver aside)
+    assert crossing_s(p3, 8) > 0.9 * crossing_s(p3, 1)
+    # a NIC per GPU: 8 pairs move the bytes 8x faster (the regroup inside the receiver's node is extra)
+    assert crossing_s(dgx, 8) < 0.25 * crossing_s(dgx, 1)
+
+
+def test_nics_per_node_round_trips_through_the_cluster_file(tmp_path) -> None:
+    import json
+
+    from cost_models.cluster import Cluster
+
+    p3 = load_cluster("p3.16xlarge", num_nodes=2)
+    path = tmp_path / "p3.json"
+    path.write_text(json.dumps(p3.to_json()))
+    assert load_cluster(str(path)).nics_per_node == 1
+    assert Cluster.from_json(load_cluster("dgx-a100").to_json()).nics_per_node is None
+
+
+def test_ddp_packs_buckets_as_torch_does() -> None:
+    mib = 1024**2
+    # the first bucket closes at 1 MiB; later ones at 25 MiB; a gradient is never split
+    assert ddp_buckets([10 * mib, 10 * mib, 10 * mib]) == [10 * mib, 20 * mib]
+    assert ddp_buckets([0.5 * mib, 0.5 * mib, 30 * mib, 1 * mib]) == [1 * mib, 30 * mib, 1 * mib]
+    assert ddp_buckets([]) == []
+
+
+def test_ddp_sync_pays_one_latency_per_bucket() -> None:
+    mib = 1024**2
+    sizes = [10 * mib] * 6  # buckets: 10, 30, 20 MiB
+    expected = sum(all_reduce_s(b * mib, num_devices=4, link=LINK) for b in (10, 30, 20))
+    assert ddp_all_reduce_s(sizes, num_devices=4, link=LINK) == pytest.approx(expected)
+    # the additive per-tensor share pays 6 x 10/25 = 2.4 latencies where DDP pays 3
+    shares = sum(bucketed_all_reduce_s(size, num_devices=4, link=LINK) for size in sizes)
+    assert ddp_all_reduce_s(sizes, num_devices=4, link=LINK) - shares == pytest.approx(0.6 * 2 * 3 * LINK.latency_s)

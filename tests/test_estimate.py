@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from cost_models.cluster import DeviceSpec, load_cluster
-from cost_models.communication import bucketed_all_reduce_s
+from cost_models.communication import all_reduce_s, ddp_buckets
 from cost_models.compute import NodeTime, RooflineCompute
 from cost_models.memory import model_state_bytes
 from planner.costing.estimate import compute_s, data_parallel_estimate
@@ -69,9 +69,9 @@ def test_data_parallel_estimate_hand_worked() -> None:
     cluster = load_cluster("dgx-a100")
     setup = CostSetup(cluster=cluster, compute=RooflineCompute(device=cluster.device), optimizer="adam-mixed")
     estimate = data_parallel_estimate(graph, setup, devices=tuple(range(8)))
-    expected_sync = sum(
-        bucketed_all_reduce_s(p.meta.numel * 2, num_devices=8, link=cluster.intra_node) for p in graph.params
-    )
+    # 4 x (256x256 + 256) bf16 gradients, 0.5 MiB in all: one DDP bucket, so one all-reduce with its whole latency
+    assert ddp_buckets([p.meta.numel * 2 for p in reversed(graph.params)]) == [graph.num_params * 2]
+    expected_sync = all_reduce_s(graph.num_params * 2, num_devices=8, link=cluster.intra_node)
     breakdown = estimate.breakdown_s
     assert breakdown["grad_sync_s"] == pytest.approx(expected_sync)
     assert breakdown["compute_s"] == pytest.approx(compute_s(graph, setup, num_batch_shards=8))

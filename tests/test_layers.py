@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 from planner.inter.layer_costs import SLOTS, SOURCES, layer_table
 from planner.intra.stage_problem import IntraOpOptions
+from planner.ir.capture import capture
 from planner.ir.graph import subgraph
 from planner.ir.layers import boundary_bytes, cluster_layers, collapse_identical_layers, graph_layers
 from tests.conftest import captured
@@ -84,3 +86,28 @@ def test_layer_table_trades_time_for_memory() -> None:
         plain, remat = (table.options[SLOTS.index((source, flag))] for flag in (False, True))
         assert remat.time_s > plain.time_s and remat.activation_bytes < plain.activation_bytes
     assert sweep[0].time_s <= min(o.time_s for o in table.options)  # λ = 0 is the exact fastest
+
+
+class _TokensAcross(torch.nn.Module):
+    """The token ids (int64) live across the cut after fc1: the embedding reads them at the end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 16)
+        self.embed = torch.nn.Embedding(10, 16)
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        ids = tokens + 1
+        return self.fc1(x).relu() + self.embed(ids)
+
+
+def test_boundary_bytes_count_each_value_at_its_dtype() -> None:
+    graph = capture(_TokensAcross(), (torch.randn(4, 16), torch.zeros(4, dtype=torch.long)))
+    position = {node.name: k for k, node in enumerate(graph.nodes)}
+    after_fc1 = position[next(n.name for n in graph.nodes if n.kind.name == "MATMUL")]
+    ids = 4 * 8  # four int64 token ids
+    fc1 = 4 * 16
+    assert boundary_bytes(graph)[after_fc1] == ids + fc1 * 4
+    # mixed precision halves floats only; integer ids keep 8 bytes each and send back no gradient
+    assert boundary_bytes(graph, activation_itemsize=2)[after_fc1] == ids + fc1 * 2
+    assert boundary_bytes(graph, activation_itemsize=2, gradients=True)[after_fc1] == fc1 * 2

@@ -42,3 +42,35 @@ def test_activations_grow_linearly_with_batch() -> None:
     small = saved_activation_bytes(captured("gpt", 2, "export", size="tiny"))
     large = saved_activation_bytes(captured("gpt", 4, "export", size="tiny"))
     assert large == 2 * small
+
+
+def _dropout_graph(p: float):
+    import torch
+
+    from planner.ir.capture import capture
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(p), torch.nn.Linear(8, 8))
+    return capture(model, (torch.randn(4, 8),))
+
+
+def test_dropout_keeps_a_one_byte_mask() -> None:
+    # the two linears keep their inputs (4x8 fp32 each); dropout keeps its 4x8 bool mask, 1 byte an element
+    assert saved_activation_bytes(_dropout_graph(0.1)) == 2 * 4 * 8 * 4 + 4 * 8
+    assert saved_activation_bytes(_dropout_graph(0.1), activation_itemsize=2) == 2 * 4 * 8 * 2 + 4 * 8
+    assert saved_activation_bytes(_dropout_graph(0.0)) == 2 * 4 * 8 * 4  # p = 0: the identity, no mask
+
+
+def test_the_planner_charges_the_mask_where_the_dropout_runs() -> None:
+    from planner.costing.node_cost import node_cost, strategy_context
+    from planner.sharding.op_rules import enumerate_strategies
+    from planner.sharding.specs import StageMesh
+    from tests.test_intra_op import setup_for
+
+    graph = _dropout_graph(0.1)
+    setup = setup_for()
+    mesh = StageMesh(cluster=setup.cluster, devices=(0, 1), mesh_shape=(2,), activation_itemsize=2)
+    context = strategy_context(graph, setup, mesh)
+    dropout = next(node for node in graph.nodes if node.op_name == "dropout")
+    for strategy in enumerate_strategies(dropout, context)[0]:
+        cost = node_cost(dropout, strategy, setup, mesh, saved=False)
+        assert cost.activation_bytes == pytest.approx(4 * 8 / strategy.output.num_shards(mesh.mesh_shape))

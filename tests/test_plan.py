@@ -25,6 +25,7 @@ def mlp_plan() -> Plan:
         inputs,
         load_cluster("dgx-a100"),
         batch_size=8,
+        method="data-parallel",  # one stage over every device, every parameter replicated
         model_ref={"file": str(EXAMPLES / "mlp.py"), "args": ARGS},
     )
 

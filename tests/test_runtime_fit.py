@@ -8,9 +8,15 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import Cluster, load_cluster
-from cost_models.runtime_fit import CONSTANTS, ProbeRow, apply_runtime, fit_runtime, probe_features
+from cost_models.runtime_fit import COMPUTE, CONSTANTS, ProbeRow, apply_runtime, fit_runtime, probe_features
 from planner.api import plan_prepared, prepare_model_file
-from planner.cli.calibrate_runtime import PROBE_FILE, PROBES, probe_degrees
+from planner.cli.calibrate_runtime import (
+    COMPUTE_PROBE_FILE,
+    COMPUTE_PROBES,
+    PROBES,
+    _probe_configs,
+    probe_degrees,
+)
 from planner.costing.lowering import simulate_plan
 from planner.errors import AutoplanError
 
@@ -117,6 +123,32 @@ def test_fit_recovers_known_constants_and_keeps_them_non_negative() -> None:
     assert all(value >= 0 for value in fit_runtime(fast).values.values())
 
 
+def test_fit_recovers_a_signed_compute_share_and_applies_it() -> None:
+    truth = {"sharded_op_overhead_s": 3e-4, "microbatch_overhead_s": 1e-3, "step_overhead_s": 4e-3,
+             "latency_s": 7e-4, COMPUTE: -0.2}  # fmt: skip
+    rows = []
+    for i in range(10):
+        features = {k: float((i * 7 + j * 3) % 11 + (i == j) * 5) for j, k in enumerate(truth)}
+        features[COMPUTE] = 0.01 * (1 + i % 4)  # seconds of compute in the probe
+        measured = 0.05 + sum(features[k] * truth[k] for k in truth)
+        rows.append(ProbeRow(name=f"p{i}", measured_s=measured, base_s=0.05, features=features))
+    fit = fit_runtime(rows)
+    assert set(fit.values) == set(truth)  # no kernel overhead feature: it is not fitted
+    assert fit.values == pytest.approx(truth, abs=1e-9)
+    cluster = _cluster()
+    scaled = apply_runtime(cluster, {COMPUTE: -0.2})
+    assert scaled.device.shared_slowdown == pytest.approx(0.8 * cluster.device.shared_slowdown)
+    assert scaled.device.peak("float32") == pytest.approx(cluster.device.peak("float32") / 0.8)
+    assert apply_runtime(cluster, {COMPUTE: 0.0}).device == cluster.device
+
+
+def test_profiled_probe_configs_add_the_compute_probes() -> None:
+    assert set(_probe_configs(profiled=False)) == set(PROBES)
+    profiled = _probe_configs(profiled=True)
+    assert set(profiled) == set(PROBES) | set(COMPUTE_PROBES)
+    assert {profiled[name][0] for name in COMPUTE_PROBES} == {COMPUTE_PROBE_FILE}
+
+
 def test_fit_needs_enough_probes() -> None:
     row = ProbeRow(name="p", measured_s=1.0, base_s=0.5, features=dict.fromkeys(CONSTANTS, 1.0))
     with pytest.raises(AutoplanError, match="at least as many probes"):
@@ -126,13 +158,11 @@ def test_fit_needs_enough_probes() -> None:
 def test_every_probe_plans_on_two_and_four_devices() -> None:
     for world in (2, 4):
         cluster = _cluster(world)
-        for width, layers, activations, batch, method, options in PROBES.values():
+        for path, args, batch, method, options in _probe_configs(profiled=True).values():
             options = dict(options)
             if "degrees" in options:
                 options["degrees"] = probe_degrees(options["degrees"], world)
-            prepared = prepare_model_file(PROBE_FILE, cluster, batch_size=batch, optimizer="sgd",
-                                          model_args={"width": width, "layers": layers, "activations": activations},
-                                          **options)  # fmt: skip
+            prepared = prepare_model_file(path, cluster, batch_size=batch, optimizer="sgd", model_args=args, **options)
             plan = plan_prepared(prepared, method)
             assert plan.estimate.step_time_s > 0 and plan.cluster.num_devices == world
 

@@ -18,6 +18,7 @@ def pipeline(fwd, bwd, *, m: int, schedule: str, transfer_s: float = 0.0, step_s
         step_s=(step_s,) * count,
         chunks=tuple(Chunk(stage=s, fwd_s=fwd[s], bwd_s=bwd[s], activation_bytes=act) for s in range(count)),
         edges={(s, s + 1): 1.0 for s in range(count - 1)},
+        grad_edges={(s, s + 1): 1.0 for s in range(count - 1)},
         schedule=schedule,
         num_microbatches=m,
         transfer_s=lambda a, b, n: transfer_s,

@@ -61,16 +61,20 @@ def run_calibrate(argv: Sequence[str]) -> int:
 
 
 def calibrate_machine(
-    *, num_processes: int, progress: Callable[[str], None], quick: bool = False, probe_steps: int = 10
-) -> CalibrationResult:
+    *, num_processes: int, progress: Callable[[str], None], quick: bool = False, probe_steps: int = 10,
+    cost_model: str = "roofline", probe_attempts: int = 1,
+) -> CalibrationResult:  # fmt: skip
     """The raw measurements of :func:`executors.calibrate.run_calibration`, then (``probe_steps`` > 0) the
-    executors' host overheads fitted on probe plans run for real."""
+    executors' host overheads fitted on probe plans run for real (``probe_attempts`` times, each probe's
+    least disturbed timing kept), under ``cost_model`` (``profiled``: also the compute contention,
+    :mod:`planner.cli.calibrate_runtime`)."""
     from executors.calibrate import run_calibration
     from planner.cli.calibrate_runtime import fit_runtime_overheads
 
     result = run_calibration(num_processes=num_processes, quick=quick, progress=progress)
     if probe_steps <= 0:
         return result
-    runtime = fit_runtime_overheads(result.to_cluster(), world=num_processes, steps=probe_steps, report=progress)
+    runtime = fit_runtime_overheads(result.to_cluster(), world=num_processes, steps=probe_steps, report=progress,
+                                    cost_model=cost_model, attempts=probe_attempts)  # fmt: skip
     progress("fit runtime: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in runtime.values.items()))
     return replace(result, runtime=runtime)

@@ -9,21 +9,35 @@ data parallel, Megatron tensor parallel and pipelines of 2 stages at several dep
 microbatch counts), saved, and timed by :func:`executors.step_timing.run_timing`. Its features
 are the estimate's slopes in the runtime constants (:func:`cost_models.runtime_fit.probe_features`,
 re-planning under changed constants), and :func:`cost_models.runtime_fit.fit_runtime` fits them.
+
+``cost_model="profiled"`` fits the constants under the compute model the plans will be priced with
+(operator times profiled here × ``shared_slowdown``, not the roofline: the slopes are then the ones
+that model's estimates have) and adds :data:`COMPUTE_PROBES` — the residual MLP of
+``examples/mlp.py`` at real widths, whose steps are mostly arithmetic — so the fit also finds how
+much slower the processes compute while they share the cores (``compute_extra``,
+:data:`cost_models.runtime_fit.COMPUTE`).
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cost_models.cluster import Cluster
-from cost_models.compute import RooflineCompute
-from cost_models.runtime_fit import ProbeRow, RuntimeFit, fit_runtime, probe_features
+from cost_models.compute import ProfiledCompute, RooflineCompute
+from cost_models.runtime_fit import CONSTANTS, ProbeRow, RuntimeFit, fit_runtime, probe_features
+from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 
+if TYPE_CHECKING:
+    from planner.api import Prepared
+
 PROBE_FILE = Path(__file__).with_name("probe_model.py")
+COMPUTE_PROBE_FILE = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
 # name -> (width, layers, GELUs per block, batch, method, options); degrees "tensor" = (world, 1, 1),
 # "pipeline" = (1, 2, world / 2). Width 16: the arithmetic is negligible, the runtime's overheads show.
 PROBES: dict[str, tuple[int, int, int, int, str, dict]] = {
@@ -38,46 +52,116 @@ PROBES: dict[str, tuple[int, int, int, int, str, dict]] = {
 }
 
 
+# Profiled operator times already hold each operator's dispatch: the kernel overhead stays as calibrated
+# (it is then only the part of a measured time that does not shrink when the operator is sharded).
+PROFILED_CONSTANTS = tuple(k for k in CONSTANTS if k != "kernel_overhead_s")
+# name -> (hidden, layers, batch, method, options): examples/mlp.py, mostly arithmetic (tens of ms a step).
+COMPUTE_PROBES: dict[str, tuple[int, int, int, str, dict]] = {
+    "mlp-dp": (256, 4, 1024, "data-parallel", {}),
+    "mlp-tp": (256, 4, 1024, "megatron", {"degrees": "tensor"}),
+    "mlp-gpipe": (256, 4, 1024, "megatron", {"degrees": "pipeline", "schedule": "gpipe", "microbatches": 4}),
+    "mlp-1f1b": (256, 8, 512, "megatron", {"degrees": "pipeline", "schedule": "1f1b", "microbatches": 4}),
+}
+
+
 def probe_degrees(kind: str, world: int) -> tuple[int, int, int]:
     return (world, 1, 1) if kind == "tensor" else (1, 2, world // 2)
 
 
 def fit_runtime_overheads(
-    cluster: Cluster, *, world: int, steps: int, report: Callable[[str], None], timeout_s: float = 1200.0
-) -> RuntimeFit:
-    """Plan, run and fit the probes on ``world`` local processes (``cluster`` sized to them)."""
+    cluster: Cluster, *, world: int, steps: int, report: Callable[[str], None], timeout_s: float = 1200.0,
+    cost_model: str = "roofline", attempts: int = 1,
+) -> RuntimeFit:  # fmt: skip
+    """Plan, run and fit the probes on ``world`` local processes (``cluster`` sized to them), under
+    ``cost_model`` (``profiled``: the compute probes and the compute constant too); the probes are
+    timed ``attempts`` times and each keeps its least disturbed timing (:func:`_least_disturbed`)."""
     from executors.step_timing import run_timing
-    from planner.api import plan_prepared, prepare_model_file
+    from planner.api import plan_prepared
     from planner.plan import save_plan
 
     if world < 2 or world % 2:
         raise AutoplanError(f"runtime probes need an even number of processes, at least 2; got {world}")
     cluster = cluster.with_shape(num_nodes=1, devices_per_node=world)
+    profiled = cost_model == "profiled"
+    probes = _probe_configs(profiled=profiled)
     prepared, paths = {}, {}
     with tempfile.TemporaryDirectory(prefix="autoplan-probes-") as directory:
-        for name, (width, layers, activations, batch, method, options) in PROBES.items():
-            options = dict(options)
-            if "degrees" in options:
-                options["degrees"] = probe_degrees(options["degrees"], world)
-            prepared[name] = prepare_model_file(PROBE_FILE, cluster, batch_size=batch, optimizer="sgd",
-                                                model_args={"width": width, "layers": layers, "activations": activations}, **options)  # fmt: skip
+        for name, (path, args, batch, method, options) in probes.items():
+            prepared[name] = _prepare(path, cluster, world=world, batch=batch, args=args, options=options,
+                                      cost_model=cost_model)  # fmt: skip
             paths[name] = str(Path(directory) / f"{name}.json")
             save_plan(plan_prepared(prepared[name], method), paths[name])
-        report(f"runtime probes: {len(PROBES)} plans on {world} processes, {steps} timed steps each")
-        measured = run_timing(list(paths.values()), world=world, steps=steps, out=Path(directory) / "measured.json",
-                              timeout_s=timeout_s)  # fmt: skip
+        report(f"runtime probes: {len(probes)} plans on {world} processes, {steps} timed steps each, "
+               f"{attempts} run(s)")  # fmt: skip
+        measured = _least_disturbed(
+            [run_timing(list(paths.values()), world=world, steps=steps, out=Path(directory) / f"measured-{i}.json",
+                        timeout_s=timeout_s) for i in range(attempts)],
+            [json.loads(Path(directory, f"measured-{i}.json.machine.json").read_text()) for i in range(attempts)],
+        )  # fmt: skip
     rows = []
-    for name, (*_, method, _) in PROBES.items():
+    for name, (*_, method, _) in probes.items():
+
+        def scaled(changed: Cluster, scale: float, name: str = name, method: str = method) -> float:
+            base = prepared[name]
+            return plan_prepared(
+                replace(base, setup=_setup(base.setup, changed, scale), auto=None), method
+            ).estimate.step_time_s
 
         def estimate(changed: Cluster, name: str = name, method: str = method) -> float:
-            base = prepared[name]
-            setup = replace(base.setup, cluster=changed, compute=RooflineCompute(device=changed.device))
-            return plan_prepared(replace(base, setup=setup, auto=None), method).estimate.step_time_s
+            return scaled(changed, 1.0, name, method)
 
-        base_s, features = probe_features(estimate, cluster)
+        base_s, features = probe_features(estimate, cluster, scaled=scaled if profiled else None,
+                                          constants=PROFILED_CONSTANTS if profiled else CONSTANTS)  # fmt: skip
         rows.append(ProbeRow(name=name, measured_s=measured[paths[name]], base_s=base_s, features=features))
         report(f"probe {name}: measured {rows[-1].measured_s * 1e3:.2f} ms")
     fit = fit_runtime(rows)
     for row in fit.rows:
         report(f"probe {row.name}: measured {row.measured_s * 1e3:.2f} ms, fitted {fit.predicted_s(row) * 1e3:.2f} ms")
     return fit
+
+
+def _least_disturbed(runs: list[dict[str, float]], machine: list[dict[str, dict[str, float]]]) -> dict[str, float]:
+    """Per plan, the run whose timed steps had the least share of the CPU taken by the VM's host and
+    other processes (``executors.step_timing``'s machine shares; the earlier run on a tie)."""
+
+    def disturbance(index: int, path: str) -> float:
+        shares = machine[index].get(path, {})
+        return round(shares.get("steal", 0.0) + shares.get("foreign", 0.0), 3)
+
+    return {path: runs[min(range(len(runs)), key=lambda i: (disturbance(i, path), i))][path] for path in runs[0]}
+
+
+def _probe_configs(*, profiled: bool) -> dict[str, tuple[Path, dict, int, str, dict]]:
+    """name -> (model file, model args, batch, method, options) of the probes a fit runs."""
+    configs = {
+        name: (PROBE_FILE, {"width": width, "layers": layers, "activations": activations}, batch, method, options)
+        for name, (width, layers, activations, batch, method, options) in PROBES.items()
+    }
+    if profiled:
+        for name, (hidden, layers, batch, method, options) in COMPUTE_PROBES.items():
+            configs[name] = (COMPUTE_PROBE_FILE, {"hidden": hidden, "layers": layers}, batch, method, options)
+    return configs
+
+
+def _prepare(
+    path: Path, cluster: Cluster, *, world: int, batch: int, args: dict, options: dict, cost_model: str
+) -> Prepared:
+    from planner.api import prepare_model_file
+
+    options = dict(options)
+    if "degrees" in options:
+        options["degrees"] = probe_degrees(options["degrees"], world)
+    return prepare_model_file(path, cluster, batch_size=batch, optimizer="sgd", model_args=args,
+                              cost_model=cost_model, **options)  # fmt: skip
+
+
+def _setup(setup: CostSetup, changed: Cluster, scale: float) -> CostSetup:
+    """``setup`` on cluster ``changed``, compute times × ``scale``: the roofline of the changed device,
+    or the same profiles with the changed device's slowdown and kernel overhead."""
+    roofline = RooflineCompute(device=changed.device)
+    if isinstance(setup.compute, ProfiledCompute):
+        device = changed.device
+        compute = replace(setup.compute, fallback=roofline, slowdown=device.shared_slowdown * scale,
+                          overhead_s=device.kernel_overhead_s)  # fmt: skip
+        return replace(setup, cluster=changed, compute=compute)
+    return replace(setup, cluster=changed, compute=roofline)

@@ -45,7 +45,7 @@ data parallelism, with an estimate of step time and memory per device.
 A model file defines build_model(**kwargs) -> nn.Module and example_inputs(batch_size) -> tuple
 of tensors, optionally example_targets(batch_size) -> labels and loss_fn(output, targets) (or
 loss_fn(output, inputs) without targets); see examples/ and examples/zoo/. Clusters: local-cpu,
-p3.16xlarge, dgx-a100, dgx-h100, or a .toml/.json file (`plan calibrate` writes one).
+p3.16xlarge, dgx-2h, dgx-a100, dgx-h100, or a .toml/.json file (`plan calibrate` writes one).
 Run `plan SUBCOMMAND --help` for a subcommand's options."""
 
 

@@ -44,7 +44,7 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, required: bool) -> N
         required=required,
         default=None if required else "local-cpu",
         metavar="NAME|FILE",
-        help="preset (local-cpu, p3.16xlarge, dgx-a100, dgx-h100) or a cluster .toml/.json file",
+        help="preset (local-cpu, p3.16xlarge, dgx-2h, dgx-a100, dgx-h100) or a cluster .toml/.json file",
     )
     parser.add_argument("--nodes", type=int, metavar="N", help="number of nodes (overrides the cluster's)")
     parser.add_argument("--devices-per-node", type=int, metavar="M", help="devices per node (overrides the cluster's)")

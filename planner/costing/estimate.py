@@ -5,7 +5,9 @@ A single-stage plan over ``d`` data-parallel devices (:func:`data_parallel_estim
     step_time_s  = compute_s + grad_sync_s + bucket_copy_s + optimizer_s + step_overhead_s
     compute_s    = Σ_v  t_v(fwd + bwd) scaled by 1/d for batch-carrying nodes   (compute.py);
                    with measured times, Σ_v t_v of the graph at the batch of one replica
-    grad_sync_s  = Σ_params bucketed all-reduce(gradient bytes, d devices, slowest link) (communication.py)
+    grad_sync_s  = the part of DDP's bucketed gradient all-reduce (one all-reduce per bucket, packed as DDP
+                   packs them, over d devices and the slowest link) not hidden behind the backward pass
+                   (:mod:`planner.costing.overlap`); the hidden part is reported as grad_sync_overlapped_s
     bucket_copy_s = 4 · gradient bytes / memory bandwidth: DDP copies gradients into its buckets and
                    back (``DDP_BUCKET_COPIES``; the executor runs pure data parallelism with DDP)
     optimizer_s  = num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth
@@ -19,8 +21,8 @@ rank after the backward pass (:func:`executors.stages.sync_shared_grads`), price
 cluster's devices and its slowest link; pipeline plans add it to the step
 (:func:`planner.inter.pricing.price_stages`).
 
-Gradient synchronisation is charged in full after the backward pass: no overlap with compute
-is assumed yet, so the estimate errs long rather than short. Model FLOPs are those of the
+Gradient synchronisation overlaps the backward pass only where the executor overlaps it: under DDP
+(pure data parallelism). Sharded stages, FSDP (``zero``) and pipelines sync after the backward pass. Model FLOPs are those of the
 captured graph (forward + backward, no recomputation); TFLOP/s per device and model-FLOPs
 utilisation (MFU) divide them by step time, device count and the device's peak.
 """
@@ -29,9 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cost_models.communication import all_reduce_s, bucketed_all_reduce_s
+from cost_models.cluster import Link
+from cost_models.communication import all_reduce_s, ddp_all_reduce_s
 from cost_models.memory import model_state_bytes, optimizer_bytes, saved_activation_bytes
 from cost_models.units import GIB
+from planner.costing.overlap import ddp_segments, exposed_sync_s
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
@@ -58,6 +62,22 @@ def compute_s(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> flo
         time = setup.compute.node_time(node)
         total += time.scaled(1 / num_batch_shards).total_s if node.name in batched else time.total_s
     return total
+
+
+def ddp_grad_sync_s(graph: OpGraph, setup: CostSetup, *, num_devices: int, link: Link) -> float:
+    """DDP's gradient all-reduce of every parameter, one per bucket (parameters reversed, as DDP packs them)."""
+    grad_bytes = optimizer_bytes(setup.optimizer).grads
+    sizes = [p.meta.numel * grad_bytes for p in reversed(graph.params)]
+    return ddp_all_reduce_s(sizes, num_devices=num_devices, link=link)
+
+
+def backward_s(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> dict[str, float]:
+    """Each node's backward seconds, batch-carrying nodes scaled by ``1/num_batch_shards`` (as :func:`compute_s`)."""
+    batched = batched_values(graph)
+    return {
+        node.name: setup.compute.node_time(node).scaled(1 / num_batch_shards if node.name in batched else 1.0).bwd_s
+        for node in graph.nodes
+    }
 
 
 def optimizer_step_s(num_params: float, setup: CostSetup) -> float:
@@ -90,9 +110,13 @@ def data_parallel_estimate(
     else:
         compute = compute_s(graph, setup, num_batch_shards=num_devices)
     link = setup.cluster.link_between(devices)
-    grad_sync = sum(
-        bucketed_all_reduce_s(p.meta.numel * per_param.grads, num_devices=num_devices, link=link) for p in graph.params
-    )
+    whole_sync = ddp_grad_sync_s(graph, setup, num_devices=num_devices, link=link)
+    grad_sync = 0.0
+    if num_devices > 1:  # DDP overlaps its buckets with the backward pass (planner.costing.overlap)
+        priced = replica_graph if replica_graph is not None else graph
+        backward = backward_s(priced, setup, num_batch_shards=1 if replica_graph is not None else num_devices)
+        grad_sync = exposed_sync_s(ddp_segments(priced, backward, optimizer=setup.optimizer,
+                                                num_devices=num_devices, link=link))  # fmt: skip
     optimizer = optimizer_step_s(graph.num_params, setup)
     device = setup.cluster.device
     grad_bytes = sum(p.meta.numel * per_param.grads for p in graph.params)
@@ -112,6 +136,7 @@ def data_parallel_estimate(
         breakdown_s={
             "compute_s": compute,
             "grad_sync_s": grad_sync,
+            "grad_sync_overlapped_s": whole_sync - grad_sync,
             "bucket_copy_s": bucket_copy,
             "optimizer_s": optimizer,
         },

@@ -7,9 +7,13 @@ stage's resource (all of the stage's devices), with durations the sums of its no
 (:mod:`planner.costing.stage_work`; recomputation adds the forward again to ``B`` and keeps only the
 stage inputs). ``F`` allocates the chunk's activations, ``B`` frees them; the stage's model
 state is its base memory. After a stage's last backward one ``step`` task does its gradient
-sync and optimizer update plus the device's ``step_overhead_s``. Pure data parallelism
+sync and optimizer update plus the device's ``step_overhead_s`` (and, in a pipeline whose stages share a
+tied weight, the all-reduce of its gradient over every rank: :func:`planner.costing.estimate.shared_param_sync_s`,
+as the estimate charges it). Pure data parallelism
 (:func:`planner.costing.stage_work.runs_as_ddp`) is priced as the executor runs it, DDP on plain tensors: no
-sharded-operator dispatch, and DDP's gradient bucket copies in the step. Values crossing stages become
+sharded-operator dispatch, DDP's gradient bucket copies in the step, and its buckets all-reduced on a
+communication resource while the last backward runs (:mod:`planner.costing.overlap`: that backward is cut
+where each bucket becomes ready, and the step waits for the last bucket). Values crossing stages become
 transfer tasks on a link resource per ordered pair of stages, forward for the activation and backward
 for its gradient.
 
@@ -35,8 +39,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from cost_models.communication import all_gather_s, p2p_s
+from cost_models.communication import p2p_s, stage_transfer_s
 from cost_models.simulator import SimResult, TaskGraph, simulate
+from planner.costing.estimate import shared_param_sync_s
+from planner.costing.overlap import SyncSegment, ddp_segments
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import NodeWork, runs_as_ddp, stage_node_work
 from planner.ir.graph import OpGraph
@@ -61,11 +67,13 @@ class Lowered:
     state_bytes: tuple[float, ...]  # per stage
     step_s: tuple[float, ...]  # per stage
     chunks: tuple[Chunk, ...]  # in graph order
-    edges: dict[tuple[int, int], float]  # (chunk from, chunk to) -> bytes per microbatch
+    edges: dict[tuple[int, int], float]  # (chunk from, chunk to) -> bytes per microbatch, forward
+    grad_edges: dict[tuple[int, int], float]  # the gradient bytes coming back over the same edges
     schedule: str  # gpipe, 1f1b, none or dataflow
     num_microbatches: int
     transfer_s: Callable[[int, int, float], float]  # (stage from, stage to, bytes) -> seconds
     totals_s: Mapping[str, float] = field(default_factory=dict)  # per microbatch, summed over devices' stages
+    sync_segments: tuple[SyncSegment, ...] = ()  # a DDP stage's buckets in its last backward (not in step_s)
 
 
 def pipeline_order(schedule: str, *, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
@@ -116,9 +124,9 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
             forward[c, i] = graph.add_task(f"F{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.fwd_s,
                                            deps=deps, alloc_bytes=chunk.activation_bytes)  # fmt: skip
     out: list[list[tuple[int, float]]] = [[] for _ in chunks]
-    for (u, v), num_bytes in sorted(lowered.edges.items()):
-        out[u].append((v, num_bytes))
-    backward = {}
+    for u, v in sorted(lowered.edges):
+        out[u].append((v, lowered.grad_edges.get((u, v), 0.0)))
+    backward, parts, syncs = {}, {}, []
     for i in range(m):
         for c in reversed(range(len(chunks))):
             chunk, deps = chunks[c], [forward[c, i]]
@@ -126,25 +134,55 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
                 same = chunks[v].stage == chunk.stage
                 deps.append(backward[v, i] if same else transfer(f"B{i} {v}>{c}", chunks[v].stage, chunk.stage,
                                                                     num_bytes, backward[v, i]))  # fmt: skip
+            if lowered.sync_segments and i == m - 1:  # DDP: the buckets go out while the last backward runs
+                parts[c, i], syncs = _overlapped_backward(graph, lowered, stages[chunk.stage], f"B{i} c{c}", chunk,
+                                                          deps, include_step=include_step)  # fmt: skip
+                backward[c, i] = parts[c, i][-1]
+                continue
             backward[c, i] = graph.add_task(f"B{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.bwd_s,
                                             deps=deps, free_bytes=chunk.activation_bytes)  # fmt: skip
     steps = {}
     for s, resource in enumerate(stages):
         mine = [backward[c, i] for c, chunk in enumerate(chunks) if chunk.stage == s for i in range(m)]
         seconds = lowered.step_s[s] if include_step else 0.0
-        steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine, end_of_step=True)
+        steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine + syncs,
+                                  end_of_step=True)  # fmt: skip
     if fixed:
-        _set_pipeline_orders(graph, lowered, stages, forward, backward, steps)
+        _set_pipeline_orders(graph, lowered, stages, forward, backward, steps, parts)
     return graph
 
 
+def _overlapped_backward(graph: TaskGraph, lowered: Lowered, resource: int, name: str, chunk: Chunk, deps: list[int],
+                         *, include_step: bool) -> tuple[list[int], list[int]]:  # fmt: skip
+    """The last backward of a DDP stage cut where its buckets become ready, and one all-reduce task per bucket
+    on a communication resource, one after another (:mod:`planner.costing.overlap`). Recomputation, when the
+    stage recomputes, runs first: the first part takes whatever the segments leave of the chunk's backward."""
+    segments = lowered.sync_segments
+    first_extra = max(0.0, chunk.bwd_s - math.fsum(segment.backward_s for segment in segments))
+    comm = graph.add_resource("ddp sync", order="ready")
+    parts: list[int] = []
+    syncs: list[int] = []
+    for k, segment in enumerate(segments):
+        last = k == len(segments) - 1
+        parts.append(graph.add_task(f"{name} part {k}", resource=resource, duration_s=segment.backward_s
+                                    + (first_extra if k == 0 else 0.0), deps=deps if k == 0 else (parts[-1],),
+                                    free_bytes=chunk.activation_bytes if last else 0.0))  # fmt: skip
+        if segment.all_reduce_s > 0:
+            seconds = segment.all_reduce_s if include_step else 0.0
+            syncs.append(graph.add_task(f"sync bucket {k}", resource=comm, duration_s=seconds,
+                                        deps=(parts[-1], *syncs[-1:]), end_of_step=True))  # fmt: skip
+    return parts, syncs
+
+
 def _set_pipeline_orders(graph: TaskGraph, lowered: Lowered, stages: list[int], forward: dict, backward: dict,
-                         steps: dict) -> None:  # fmt: skip
+                         steps: dict, parts: dict) -> None:  # fmt: skip
     assert [chunk.stage for chunk in lowered.chunks] == list(range(len(stages))), "a pipeline has one chunk per stage"
     schedule = "1f1b" if lowered.schedule == "none" else lowered.schedule
     for s, resource in enumerate(stages):
         order = pipeline_order(schedule, num_stages=len(stages), stage=s, num_microbatches=lowered.num_microbatches)
-        tasks = [forward[s, i] if kind == "F" else backward[s, i] for kind, i in order]
+        tasks = []
+        for kind, i in order:
+            tasks.extend([forward[s, i]] if kind == "F" else parts.get((s, i), [backward[s, i]]))
         graph.set_order(resource, [*tasks, steps[s]])
 
 
@@ -190,15 +228,25 @@ def lower_stages(
     if pipeline and len(stages) > 1:  # the schedule's host work per stage and microbatch, half per pass
         half = setup.cluster.device.microbatch_overhead_s / 2
         chunks = tuple(replace(c, fwd_s=c.fwd_s + half, bwd_s=c.bwd_s + half) for c in chunks)
+    edges, grad_edges = _pipeline_edges(graph, runs, setup) if pipeline else _dataflow_edges(graph, runs, setup)
+    # tied weights' gradients are summed over every rank after the backward pass (executors.stages.sync_shared_grads)
+    tied_s = shared_param_sync_s(stages, graph, setup) if pipeline and len(stages) > 1 else 0.0
+    step_s = [math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s + tied_s
+              for stage in stages]  # fmt: skip
+    segments: tuple[SyncSegment, ...] = ()
+    if ddp:  # DDP's buckets, overlapped with the last backward, instead of the additive shares in step_s
+        step_s[0] -= math.fsum(work[n].grad_sync_s for n in stages[0].nodes)
+        devices = stages[0].devices
+        segments = tuple(ddp_segments(graph, {name: w.bwd_s for name, w in work.items()}, optimizer=setup.optimizer,
+                                      num_devices=len(devices), link=setup.cluster.link_between(devices)))  # fmt: skip
     return Lowered(
         num_devices=setup.cluster.num_devices,
         stage_devices=tuple(stage.devices for stage in stages),
         state_bytes=tuple(math.fsum(work[n].state_bytes for n in stage.nodes) for stage in stages),
-        step_s=tuple(
-            math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s for stage in stages
-        ),
+        step_s=tuple(step_s),
         chunks=chunks,
-        edges=_pipeline_edges(graph, runs, setup) if pipeline else _dataflow_edges(graph, runs, setup),
+        edges=edges,
+        grad_edges=grad_edges,
         schedule=schedule if pipeline else "dataflow",
         num_microbatches=m,
         transfer_s=_stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
@@ -206,6 +254,7 @@ def lower_stages(
             key: math.fsum(getattr(w, key) for w in work.values()) for key in ("compute_s", "comm_s", "reshard_s")
         }
         | {"step_s": math.fsum(work[n].step_s for n in stages[0].nodes)},
+        sync_segments=segments,
     )
 
 
@@ -222,23 +271,36 @@ def _value_bytes(setup: CostSetup, meta) -> float:
     return float(meta.numel * itemsize if itemsize and meta.is_floating else meta.nbytes)
 
 
-def _pipeline_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> dict[tuple[int, int], float]:
-    cut = boundary_bytes(graph)
-    scale = 0.5 if setup.activation_itemsize == 2 else 1.0  # boundary_bytes counts fp32 outputs
-    return {(c, c + 1): cut[run[-1]] * scale for c, run in enumerate(runs[:-1]) if cut[run[-1]] > 0}
+Edges = dict[tuple[int, int], float]
 
 
-def _dataflow_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> dict[tuple[int, int], float]:
+def _pipeline_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> tuple[Edges, Edges]:
+    """Bytes forward and gradient bytes back across each stage boundary, every value at its dtype."""
+    itemsize = setup.activation_itemsize
+    forward = boundary_bytes(graph, activation_itemsize=itemsize)
+    backward = boundary_bytes(graph, activation_itemsize=itemsize, gradients=True)
+    cuts = [(c, run[-1]) for c, run in enumerate(runs[:-1])]
+    return (
+        {(c, c + 1): float(forward[k]) for c, k in cuts if forward[k] > 0},
+        {(c, c + 1): float(backward[k]) for c, k in cuts if backward[k] > 0},
+    )
+
+
+def _dataflow_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> tuple[Edges, Edges]:
     chunk_of = {graph.nodes[p].name: c for c, run in enumerate(runs) for p in run}
-    sent: dict[tuple[str, int], float] = {}
+    sent: dict[tuple[str, int], tuple[float, bool]] = {}
     for node in graph.nodes:
         for name, meta in zip(node.inputs, node.input_metas, strict=True):
             if name in chunk_of and chunk_of[name] != chunk_of[node.name]:
-                sent[name, chunk_of[node.name]] = _value_bytes(setup, meta)
-    edges: dict[tuple[int, int], float] = {}
-    for (name, c), num_bytes in sent.items():
-        edges[chunk_of[name], c] = edges.get((chunk_of[name], c), 0.0) + num_bytes
-    return edges
+                sent[name, chunk_of[node.name]] = (_value_bytes(setup, meta), meta.is_floating)
+    forward: Edges = {}
+    backward: Edges = {}
+    for (name, c), (num_bytes, floating) in sent.items():
+        key = (chunk_of[name], c)
+        forward[key] = forward.get(key, 0.0) + num_bytes
+        if floating:
+            backward[key] = backward.get(key, 0.0) + num_bytes
+    return forward, backward
 
 
 def _stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipeline: bool) -> Callable:
@@ -247,13 +309,12 @@ def _stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipelin
     def transfer_s(a: int, b: int, num_bytes: float) -> float:
         if num_bytes <= 0:
             return 0.0
-        link = cluster.link_between([devices[a][0], devices[b][0]])
         if not pipeline:
-            return p2p_s(num_bytes, link=link)
-        pairs = min(len(devices[a]), len(devices[b]))
-        group = min(len(devices[b]), cluster.devices_per_node)
-        regroup = all_gather_s(num_bytes * group / len(devices[b]), num_devices=group, link=cluster.intra_node)
-        return p2p_s(num_bytes / pairs, link=link) + regroup
+            return p2p_s(num_bytes, link=cluster.link_between([devices[a][0], devices[b][0]]))
+        crosses = cluster.node_of(devices[a][0]) != cluster.node_of(devices[b][0])
+        return stage_transfer_s(num_bytes, cluster=cluster, sender_size=len(devices[a]),
+                                receiver_size=len(devices[b]), crosses_nodes=crosses,
+                                sender_nodes=len({cluster.node_of(rank) for rank in devices[a]}))  # fmt: skip
 
     return transfer_s
 

@@ -6,11 +6,19 @@ with the same function, so what was searched and what is judged are one cost::
 
     compute_s = t_v(fwd + bwd) / shards(s) + h · passes_v            compute — cost_models.compute
     comm_s    = the strategy's own collectives (NodeStrategy.comm_s)
+    forward_s = t_v(fwd) / shards(s) + h + comm_s / 2                 the forward pass alone: its share of
+                the compute and half the collectives (each has a forward and a backward half), what
+                recomputing the node costs (:func:`planner.costing.stage_work.recompute_s`)
     step_s    = grad_sync(s) + optimizer(local params) + h · params_v   once per step
-              (+ DDP_BUCKET_COPIES · gradient bytes / memory bandwidth when the stage runs as DDP)
+              grad_sync: one all-reduce per parameter and sync axis (the executor redistributes each
+              DTensor gradient alone); when the stage runs as DDP, the parameters' additive share of
+              its bucketed all-reduce (cost_models.communication.bucketed_all_reduce_s; the estimate and
+              the simulator then charge the exact buckets) + DDP_BUCKET_COPIES · gradient bytes / memory
+              bandwidth
     state_bytes      = model state of v's parameters at their shard counts (planner.costing.setup / memory.py);
                        with ``zero`` optimizer state and gradients also split over the sync axes
-    activation_bytes = v's output at its local size, when it is kept for backward
+    activation_bytes = v's output at its local size, when it is kept for backward, plus a dropout's
+                       mask at the output's local size (one byte an element; cost_models.memory.dropout_mask)
 
 ``h`` is the device's calibrated ``sharded_op_overhead_s`` on a mesh of more than one device
 (:func:`sharded_dispatch_s`: the executor runs such stages on DTensors), 0 on one device and for a
@@ -21,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.memory import model_state_bytes, optimizer_bytes
+from cost_models.communication import bucketed_all_reduce_s
+from cost_models.memory import dropout_mask, model_state_bytes, optimizer_bytes
 from planner.costing.estimate import DDP_BUCKET_COPIES, optimizer_step_s
 from planner.costing.setup import CostSetup
 from planner.ir.graph import OpGraph, OpNode
@@ -36,6 +45,8 @@ class NodeCost:
     step_s: float  # gradient sync + optimizer update, per step
     state_bytes: float  # parameters, gradients and optimizer state
     activation_bytes: float  # the output, when it is kept for backward
+    forward_s: float = 0.0  # the forward pass of compute_s + comm_s (what recomputation repeats)
+    grad_sync_s: float = 0.0  # the gradient-sync part of step_s
 
     @property
     def memory_bytes(self) -> float:
@@ -62,8 +73,13 @@ def node_cost(
     ddp: bool = False,
 ) -> NodeCost:  # fmt: skip
     """The cost of ``node`` under ``strategy`` on ``mesh``; ``saved``: its output is kept for backward."""
-    graph_time = setup.compute.node_time(node).scaled(1 / strategy.compute_shards)
+    graph_time = setup.compute.local_time(
+        node, shards=strategy.compute_shards, output_shards=strategy.output.shards_per_dim(mesh.mesh_shape)
+    )  # t_v / shards(s), or the local share's own shape under a GPU kernel shape model
     activation = mesh.local_bytes(node.output, strategy.output) if saved else 0.0
+    mask = dropout_mask(node)
+    if mask is not None:
+        activation += mesh.local_bytes(mask, strategy.output)
     state = 0.0
     sync_axes = dict(strategy.grad_sync_axes)
     local_params = 0.0
@@ -79,7 +95,8 @@ def node_cost(
         )
         local_params += numel / zero_shards
     dispatch_s = 0.0 if ddp else sharded_dispatch_s(setup, mesh=mesh)
-    step_s = strategy.grad_sync_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
+    grad_sync_s = _ddp_share_s(node, strategy, setup, mesh) if ddp else strategy.grad_sync_s
+    step_s = grad_sync_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
     if ddp:  # DDP copies each gradient into its bucket and back
         device = setup.cluster.device
         grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
@@ -91,6 +108,18 @@ def node_cost(
         step_s=step_s,
         state_bytes=state,
         activation_bytes=activation,
+        forward_s=graph_time.fwd_s + dispatch_s + strategy.comm_s / 2,
+        grad_sync_s=grad_sync_s,
+    )
+
+
+def _ddp_share_s(node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh) -> float:
+    """The node's parameters' additive share of DDP's bucketed all-reduce over the stage's devices."""
+    link = setup.cluster.link_between(mesh.devices)
+    grad_bytes = optimizer_bytes(setup.optimizer).grads
+    return sum(
+        bucketed_all_reduce_s(_param_numel(node, name) * grad_bytes, num_devices=len(mesh.devices), link=link)
+        for name, _ in strategy.params
     )
 
 

@@ -7,10 +7,13 @@ re-derived or re-chosen), and :func:`stage_node_work` prices it with the ILP's o
 (:func:`planner.costing.node_cost.node_cost`) plus the resharding of its inputs from their producers'
 stored output specs (:func:`planner.sharding.specs.reshard_s`). A node's work is then
 
-* ``fwd_s`` = compute × fwd/(fwd+bwd) of the compute model + half its own collectives + half the
-  resharding of its inputs; ``bwd_s`` = the rest (collectives and resharding have a forward and a
-  backward half: the all-reduce of a row-split matmul forward, of a column-split one's input
-  gradient backward);
+* ``fwd_s`` = the node cost's ``forward_s`` (its forward compute + half its own collectives) + half
+  the resharding of its inputs; ``bwd_s`` = the rest (collectives and resharding have a forward and
+  a backward half: the all-reduce of a row-split matmul forward, of a column-split one's input
+  gradient backward). Recomputation repeats ``fwd_s``: the one price of it, here and in the search
+  (:func:`planner.intra.stage_problem.recompute_s` gives the same sum);
+* a stage run as DDP (:func:`runs_as_ddp`) has no collectives and no resharding: each rank runs its
+  share of the batch on plain tensors, and its gradient all-reduce is DDP's (:mod:`planner.costing.overlap`);
 * ``step_s`` = gradient sync + optimizer update, once per step; ``state_bytes`` and
   ``activation_bytes`` as the intra-op problem charges them.
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.memory import saved_values
 from planner.costing.node_cost import node_cost, strategy_context
@@ -43,6 +46,7 @@ class NodeWork:
     state_bytes: float
     activation_bytes: float
     input_bytes: float = 0.0  # stage inputs this node reads (what recomputation keeps)
+    grad_sync_s: float = 0.0  # the gradient-sync part of step_s
     compute_s: float = 0.0  # the parts of fwd_s + bwd_s, for explanations
     comm_s: float = 0.0
     reshard_s: float = 0.0
@@ -101,14 +105,15 @@ def stage_node_work(
     for node in local.nodes:
         strategy = chosen[node.name]
         cost = node_cost(node, strategy, setup, mesh, saved=node.name in saved, zero=zero, ddp=ddp)
-        reshard = _reshard_in(local, mesh, node.name, strategy, chosen, context.grad_values)
-        time = setup.compute.node_time(node)
-        forward = time.fwd_s / time.total_s if time.total_s > 0 else 1.0
-        fixed = (cost.comm_s + reshard) / 2
+        reshard = 0.0 if ddp else _reshard_in(local, mesh, node.name, strategy, chosen, context.grad_values)
+        if ddp:  # each rank runs its share on plain tensors: the only collective is DDP's gradient all-reduce
+            cost = replace(cost, comm_s=0.0, forward_s=cost.forward_s - cost.comm_s / 2)
+        fwd_s = cost.forward_s + reshard / 2
         work[node.name] = NodeWork(
-            fwd_s=cost.compute_s * forward + fixed,
-            bwd_s=cost.compute_s * (1 - forward) + fixed,
+            fwd_s=fwd_s,
+            bwd_s=cost.compute_s + cost.comm_s + reshard - fwd_s,
             step_s=cost.step_s,
+            grad_sync_s=cost.grad_sync_s,
             state_bytes=cost.state_bytes,
             activation_bytes=cost.activation_bytes,
             input_bytes=_input_bytes(local, mesh, node.name, strategy, first_reader),

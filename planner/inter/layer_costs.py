@@ -16,7 +16,8 @@ operators alone. :func:`layer_table` builds that problem once and reads off a fi
 and each slot with and without activation recomputation (:func:`_option`):
 
 * no recomputation: time = the problem's objective; activations kept = saved outputs' bytes;
-* recomputation: time + the forward compute once more (a third of forward+backward);
+* recomputation: time + the forward once more (:func:`planner.intra.stage_problem.recompute_s`: forward
+  compute, half the collectives and half the resharding, the price the simulator charges too);
   activations kept = the layer's inputs at their local size.
 
 A stage of several layers takes the same slot in each (:mod:`planner.inter.search`), so its time
@@ -35,7 +36,7 @@ from planner.costing.setup import CostSetup
 from planner.intra.ilp import solve_unconstrained
 from planner.intra.incumbents import data_parallel_choice, megatron_choice
 from planner.intra.problem import evaluate
-from planner.intra.stage_problem import IntraOpOptions, StageProblem, build_stage_problem
+from planner.intra.stage_problem import IntraOpOptions, StageProblem, build_stage_problem, recompute_s
 from planner.ir.graph import OpGraph
 from planner.sharding.specs import StageMesh
 
@@ -110,9 +111,9 @@ def input_bytes(problem: StageProblem, choice: tuple[int, ...]) -> float:
 
 def _option(problem: StageProblem, choice: tuple[int, ...], *, source: str, remat: bool) -> LayerOption:
     time_s, _ = evaluate(problem.problem, choice)
-    state, activation, compute = split_costs(problem, choice)
+    state, activation, _ = split_costs(problem, choice)
     if remat:
-        time_s, activation = time_s + compute / 3, input_bytes(problem, choice)
+        time_s, activation = time_s + recompute_s(problem, choice), input_bytes(problem, choice)
     return LayerOption(
         time_s=time_s, state_bytes=state, activation_bytes=activation, remat=remat, choice=choice, source=source
     )

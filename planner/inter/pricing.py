@@ -12,8 +12,8 @@ this candidate and the others (:mod:`planner.inter.stage_shapes`). Then, per sta
   stage that does not fit so is re-solved by the memory-constrained ILP, started from the
   composition (:func:`_refined_choice`), so one-stage plans are those of the intra-op ILP;
 * ``t_s`` = the stage problem's objective for the choice (inter-layer resharding included)
-  without its amortised gradient sync and optimizer update ``u_s`` (:func:`planner.inter.stage_shapes.step_s`), plus a third
-  of its compute when it recomputes, plus the boundary to the next stage, plus the device's
+  without its amortised gradient sync and optimizer update ``u_s`` (:func:`planner.inter.stage_shapes.step_s`), plus its
+  forward once more when it recomputes (:func:`planner.intra.stage_problem.recompute_s`), plus the boundary to the next stage, plus the device's
   calibrated ``microbatch_overhead_s`` when there are several stages (the pipeline schedule's
   per-microbatch actions and P2P bookkeeping on the host);
 * memory = state + activations × in flight (``min(S − s, m)`` for 1F1B, ``m`` for GPipe;
@@ -21,13 +21,21 @@ this candidate and the others (:mod:`planner.inter.stage_shapes`). Then, per sta
   than stages 1F1B has no steady state and its timeline is GPipe's, so the plan says ``gpipe``
   (what torch's 1F1B schedule requires, and what the executor then runs).
 
-Step time ``T = Σ t_s + (m − 1)·max t_s + max u_s + w + o`` (``o`` the device's calibrated
+Step time ``T = Σ t_s + (m − 1)·P + U + w + o``, where ``U`` (:func:`_sync_after_s`) is how far the
+stages' gradient syncs and optimizer updates ``u_s`` reach past the pipeline phase (each starts after its
+own stage's last backward, which ends earlier the later the stage is), and the steady-state period ``P``
+(:func:`_period`) is the busiest resource's time per microbatch (a stage's compute without its boundary,
+or one direction of a boundary link: a transfer runs on its link while the stages compute the next
+microbatch, as in the simulator), unless a stage's round trip through the later stages, shared by the
+microbatches it may keep in flight, is longer (``o`` the device's calibrated
 ``step_overhead_s``; every stage syncs once, after its last backward, in parallel with the others;
 ``w`` the tied weights' gradient all-reduce over the world,
 :func:`planner.costing.estimate.shared_param_sync_s`). The pipeline bubble is
-:func:`cost_models.simulator.bubble_fraction` of the pipeline phase ``P = Σ t_s + (m − 1)·max t_s``
-(the end-of-step sync and overhead are outside it): ``1 − m·Σ t_s / (S·P)``, as the stage DP's
+:func:`cost_models.simulator.bubble_fraction` of the pipeline phase ``span = Σ t_s + (m − 1)·P``
+(the end-of-step sync and overhead are outside it): ``1 − m·Σ t_s / (S·span)``, as the stage DP's
 (:class:`planner.inter.stage_dp.StagePlan`) and the simulator's.
+A one-stage plan whose parameters are all replicated runs as DDP (:func:`planner.costing.stage_work.runs_as_ddp`)
+and is priced as it runs (:func:`_ddp_step_s`): no collectives, DDP's buckets overlapped with the last backward.
 A candidate that no longer fits is dropped (None).
 """
 
@@ -38,8 +46,9 @@ from dataclasses import dataclass, replace
 
 from cost_models.simulator import bubble_fraction
 from planner.costing.estimate import mfu, model_tflops_per_device, shared_param_sync_s
+from planner.costing.overlap import ddp_segments, exposed_sync_s
 from planner.costing.setup import CostSetup
-from planner.costing.stage_work import explain_stage
+from planner.costing.stage_work import explain_stage, runs_as_ddp, stage_node_work
 from planner.inter.device_blocks import Submesh, assign_devices
 from planner.inter.layer_costs import SLOTS
 from planner.inter.search import Layering, LayerTables, SpanOptions, boundary_table, canonical_mesh
@@ -79,6 +88,7 @@ class _PricedStage:
     step_s: float  # gradient sync + optimizer update, once per step
     memory_bytes: float
     remat: bool
+    backward_s: float = 0.0  # the part of time_s after the forward (recomputation included)
 
 
 def _composed_choice(
@@ -152,9 +162,9 @@ def _price_stage(
         limit = min(options.ilp_time_limit_s, EXACT_LIMIT_S) if exact else None
         choice = _refined_choice(template, choice, in_flight=in_flight, budget=setup.memory_budget_bytes,
                                  exact_limit_s=limit)  # fmt: skip
-    objective, step_s, _, _, compute = template.costs(choice)
+    objective, step_s, _, _, _ = template.costs(choice)
     memory = _memory(template, choice, remat=remat, in_flight=in_flight)
-    time_s = objective - step_s / m + (compute / 3 if remat else 0.0)
+    time_s = objective - step_s / m + (template.recompute_s(choice) if remat else 0.0)
 
     def explain(stage: Stage) -> tuple:
         return tuple(row.to_json() for row in explain_stage(stage, graph, setup, zero=options.zero))
@@ -162,7 +172,7 @@ def _price_stage(
     planned = relabel(template.stage(choice, remat=remat, explain=explain), template.part, part, devices=devices,
                       index=index)  # fmt: skip
     return _PricedStage(stage=planned, objective_s=objective, time_s=time_s, step_s=step_s, memory_bytes=memory,
-                        remat=remat)  # fmt: skip
+                        remat=remat, backward_s=max(0.0, time_s - template.recompute_s(choice)))  # fmt: skip
 
 
 def price_stages(
@@ -179,7 +189,7 @@ def price_stages(
                            devices_per_node=cluster.devices_per_node)  # fmt: skip
     boundary = boundary_table(graph, layers, setup)
     shapes = StageShapes() if shapes is None else shapes
-    count, priced, times = len(specs), [], []
+    count, priced, times, periods, drains = len(specs), [], [], [], []
     if schedule == "1f1b" and m < count:  # no steady state: the same timeline as GPipe, which is what runs
         schedule = "gpipe"
     for s, spec in enumerate(specs):
@@ -188,19 +198,87 @@ def price_stages(
                              refine=refine, exact=count == 1, shapes=shapes, index=s)  # fmt: skip
         if stage.memory_bytes > setup.memory_budget_bytes:
             return None
-        after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
+        overhead = cluster.device.microbatch_overhead_s if count > 1 else 0.0
+        after = link = 0.0
+        if s < count - 1:
+            after = boundary(spec.last, spec.submesh, specs[s + 1].submesh, ranks=ranks[s : s + 2])
+            link = boundary(spec.last, spec.submesh, specs[s + 1].submesh, ranks=ranks[s : s + 2],
+                            longest_direction=True)  # fmt: skip
         priced.append(stage)
-        times.append(stage.time_s + after + (cluster.device.microbatch_overhead_s if count > 1 else 0.0))
-    total, longest = math.fsum(times), max(times)
+        times.append(stage.time_s + after + overhead)
+        periods.extend((stage.time_s + overhead, link))
+        drains.append(stage.backward_s + overhead / 2 + (after - link if s < count - 1 else 0.0))
+    total, longest = math.fsum(times), _period(times, periods, m=m, schedule=schedule)
     stages = _plan_stages(priced, full_graph)
     tied_s = shared_param_sync_s(stages, graph, setup) if count > 1 else 0.0
-    step = total + (m - 1) * longest + max(stage.step_s for stage in priced) + tied_s + cluster.device.step_overhead_s
+    step = total + (m - 1) * longest + _sync_after_s(priced, drains) + tied_s + cluster.device.step_overhead_s
+    ddp = (
+        _ddp_step_s(stages[0], graph, setup, m=m)
+        if count == 1 and runs_as_ddp(stages, zero=tables.options.zero)
+        else None
+    )
+    if ddp is not None:
+        step = ddp.step_s
     return PricedPipeline(
         stages=stages,
-        estimate=_estimate(full_graph, setup, priced, stages, times, step=step, m=m, tied_s=tied_s),
+        estimate=_estimate(
+            full_graph, setup, priced, stages, times, step=step, m=m, tied_s=tied_s, period=longest, ddp=ddp
+        ),
         num_microbatches=m,
         schedule="none" if count == 1 and m == 1 else schedule,
     )
+
+
+def _sync_after_s(priced: list[_PricedStage], drains: list[float]) -> float:
+    """What the step adds after the pipeline phase for the stages' gradient sync and optimizer update ``u_s``:
+    stage ``s`` starts its own as soon as its last backward is done, which is before the end of the phase by
+    the backward passes still to run in the stages before it (``drains[k]``: stage ``k``'s backward, half its
+    host overhead and its boundary's gradient direction), so ``max_s (u_s − Σ_{k<s} drains[k])``."""
+    before, latest = 0.0, 0.0
+    for stage, drain in zip(priced, drains, strict=True):
+        latest = max(latest, stage.step_s - before)
+        before += drain
+    return latest
+
+
+def _period(times: list[float], resources: list[float], *, m: int, schedule: str) -> float:
+    """The steady-state time per microbatch ``P`` (module docstring): the busiest resource (``resources``: each
+    stage's compute and each boundary link's slower direction), or the round trip through the stages after a
+    stage shared by the microbatches it may have in flight, whichever is longer (1F1B only: GPipe runs every
+    forward before any backward). Stage ``s`` of ``S`` under 1F1B keeps at most ``W_s = min(S − s, m)`` microbatches in flight, so it waits when its round trip
+    ``t_s + Σ_{k>s} t_k`` (its compute, the boundaries both ways and every later stage) exceeds ``W_s·P``:
+    with equal stages and free boundaries this is ``t``, the busiest resource."""
+    count = len(times)
+    period = max(resources)
+    if schedule != "1f1b":  # GPipe runs every forward before any backward: no microbatch waits for its own
+        return period
+    for s in range(count):
+        period = max(period, math.fsum(times[s:]) / min(count - s, m))
+    return period
+
+
+@dataclass(frozen=True, kw_only=True)
+class DdpStep:
+    step_s: float
+    exposed_sync_s: float  # DDP's bucketed all-reduce the backward pass does not hide
+    whole_sync_s: float  # all of it
+
+
+def _ddp_step_s(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int) -> DdpStep:
+    """A one-stage plan the executor runs as DDP, priced as it runs: each node's work on plain tensors
+    (no collectives), the step's optimizer and bucket copies, and DDP's buckets overlapped with the last
+    backward instead of the parameters' additive shares (:mod:`planner.costing.overlap`)."""
+    work = stage_node_work(stage, graph, setup, ddp=True)
+    devices = stage.devices
+    segments = ddp_segments(graph, {name: w.bwd_s for name, w in work.items()}, optimizer=setup.optimizer,
+                            num_devices=len(devices), link=setup.cluster.link_between(devices))  # fmt: skip
+    compute = math.fsum(w.fwd_s + w.bwd_s for w in work.values())
+    if stage.remat:  # the forward once more in each backward, as everywhere else
+        compute += math.fsum(w.fwd_s for w in work.values())
+    step = math.fsum(w.step_s - w.grad_sync_s for w in work.values())
+    return DdpStep(step_s=m * compute + step + exposed_sync_s(segments) + setup.cluster.device.step_overhead_s,
+                   exposed_sync_s=exposed_sync_s(segments),
+                   whole_sync_s=math.fsum(segment.all_reduce_s for segment in segments))  # fmt: skip
 
 
 def _plan_stages(priced: list[_PricedStage], full_graph: OpGraph) -> tuple[Stage, ...]:
@@ -220,9 +298,10 @@ def _plan_stages(priced: list[_PricedStage], full_graph: OpGraph) -> tuple[Stage
 
 
 def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stages: tuple[Stage, ...],
-              times: list[float], *, step: float, m: int, tied_s: float = 0.0) -> Estimate:  # fmt: skip
+              times: list[float], *, step: float, m: int, period: float, tied_s: float = 0.0,
+              ddp: DdpStep | None = None) -> Estimate:  # fmt: skip
     num_devices, count = setup.cluster.num_devices, len(times)
-    longest = max(times)
+    longest = period
     if count == 1 and m == 1:
         rows = stages[0].explanation
         breakdown = {
@@ -231,6 +310,12 @@ def _estimate(graph: OpGraph, setup: CostSetup, priced: list[_PricedStage], stag
             "reshard_s": sum(r["reshard_s"] for r in rows),
             "recompute_s": times[0] + priced[0].step_s - priced[0].objective_s,
         }  # fmt: skip
+        if ddp is not None:  # the plan runs as DDP: its sync is DDP's buckets, mostly behind the backward
+            compute, recompute = breakdown["compute_s"], breakdown["recompute_s"]
+            rest = step - ddp.exposed_sync_s - compute - recompute - setup.cluster.device.step_overhead_s
+            breakdown = {"compute_s": compute, "recompute_s": recompute, "grad_sync_s": ddp.exposed_sync_s,
+                         "grad_sync_overlapped_s": ddp.whole_sync_s - ddp.exposed_sync_s,
+                         "optimizer_and_bucket_copies_s": rest}  # fmt: skip
     else:
         sync = max(stage.step_s for stage in priced)
         breakdown = {"steady_s": m * longest, "fill_and_drain_s": math.fsum(times) - longest,

@@ -14,13 +14,15 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
 
    ``--remat on|off`` keeps only the slots with or without recomputation.
 4. Boundary between consecutive stages (:func:`boundary_table`): the activation ``A_i`` crossing
-   after layer ``i`` (:func:`planner.ir.layers.boundary_bytes`, floats at the training itemsize)
-   goes forward and its gradient back, split over ``p = min(|j|, |j'|)`` device pairs, over the
-   intra-node link when both submeshes fit in one node and the inter-node link otherwise; the
-   receiver then regroups it inside each node (an all-gather over ``min(|j'|, M)`` devices), the
-   most resharding any layout of the receiver needs::
+   after layer ``i`` (:func:`planner.ir.layers.boundary_bytes`, each value at its dtype, floats at
+   the training itemsize) goes forward and the gradient ``G_i`` of its floating part comes back,
+   each split over ``p = min(|j|, |j'|)`` device pairs, over the intra-node link when both submeshes
+   fit in one node and the inter-node link otherwise (the pairs leaving one node share its NICs);
+   the receiver then regroups it inside each node (an all-gather over ``min(|j'|, M)`` devices), the
+   most resharding any layout of the receiver needs
+   (:func:`cost_models.communication.stage_transfer_s`, ``x`` for ``A_i`` and ``G_i``)::
 
-       b(i, j, j') = 2·[α + (A_i/p)·β_link + all_gather(A_i·n/|j'|, n = min(|j'|, M), intra)]
+       b(i, j, j') = Σ_x α + (x/p)·β_link + all_gather(x·n/|j'|, n = min(|j'|, M), intra)
 
 5. :func:`planner.inter.stage_dp.solve_stages` picks stages, submeshes and options for the least
    ``Σ t_s + (m − 1)·max t_s`` under 1F1B (or GPipe) memory.
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.communication import all_gather_s
+from cost_models.communication import stage_transfer_s
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.device_blocks import Submesh
@@ -240,24 +242,32 @@ def option_arrays(
     )  # fmt: skip
 
 
-def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callable[[int, Submesh, Submesh], float]:
+def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callable[..., float]:
     """``b(i, j, j')`` of the module docstring, for the graph at the microbatch size."""
-    cut = boundary_bytes(graph)
-    position = {node.name: index for index, node in enumerate(graph.nodes)}
-    scale = 0.5 if setup.cluster.device.mixed_precision else 1.0
-    crossing = [cut[position[names[-1]]] * scale for names in layers.layers]
+    itemsize = setup.activation_itemsize
+    index = {node.name: k for k, node in enumerate(graph.nodes)}
+    position = [index[names[-1]] for names in layers.layers]
+    forward = boundary_bytes(graph, activation_itemsize=itemsize)
+    backward = boundary_bytes(graph, activation_itemsize=itemsize, gradients=True)
+    crossing = [(forward[k], backward[k]) for k in position]
     cluster, per_node = setup.cluster, setup.cluster.devices_per_node
 
-    def boundary_s(i: int, sender: Submesh, receiver: Submesh) -> float:
-        num_bytes = crossing[i]
-        if num_bytes <= 0:
-            return 0.0
-        one_node = sender.num_nodes == receiver.num_nodes == 1 and sender.size + receiver.size <= per_node
-        link = cluster.intra_node if one_node or cluster.num_nodes == 1 else cluster.inter_node
-        pairs = min(sender.size, receiver.size)
-        group = min(receiver.size, per_node)
-        regroup = all_gather_s(num_bytes * group / receiver.size, num_devices=group, link=cluster.intra_node)
-        return 2 * (link.latency_s + num_bytes / pairs / link.bandwidth + regroup)
+    def boundary_s(i: int, sender: Submesh, receiver: Submesh, *, ranks: tuple[tuple[int, ...], ...] = (),
+                   longest_direction: bool = False) -> float:  # fmt: skip
+        """``ranks``: the sender's and receiver's devices once placed (the stage DP knows only their sizes);
+        ``longest_direction``: the slower of the two directions alone (each has a link of its own)."""
+        if ranks:
+            crosses = cluster.node_of(ranks[0][0]) != cluster.node_of(ranks[1][0])
+            sender_nodes = len({cluster.node_of(rank) for rank in ranks[0]})
+        else:
+            one_node = sender.num_nodes == receiver.num_nodes == 1 and sender.size + receiver.size <= per_node
+            crosses, sender_nodes = not one_node and cluster.num_nodes > 1, sender.num_nodes
+        directions = [
+            stage_transfer_s(num_bytes, cluster=cluster, sender_size=sender.size, receiver_size=receiver.size,
+                             sender_nodes=sender_nodes, crosses_nodes=crosses)
+            for num_bytes in crossing[i]
+        ]  # fmt: skip
+        return max(directions) if longest_direction else sum(directions)
 
     return boundary_s
 
@@ -270,7 +280,7 @@ class PipelineChoice:
     layers: Layering
     stage_plan: StagePlan | None  # None: the DP found nothing that fits at this count
     spans: SpanOptions
-    boundary_s: Callable[[int, Submesh, Submesh], float]  # boundary_table of graph and layers
+    boundary_s: Callable[..., float]  # boundary_table of graph and layers
     failure: str = ""
 
 

@@ -27,7 +27,7 @@ from planner.inter.layer_costs import input_bytes, split_costs
 from planner.intra.ilp import solve_unconstrained
 from planner.intra.problem import StrategySolution, evaluate
 from planner.intra.solve import IntraOpResult
-from planner.intra.stage_problem import StageProblem
+from planner.intra.stage_problem import StageProblem, recompute_s
 from planner.intra.to_stage import stage_from_result
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import structural_hash
@@ -66,6 +66,10 @@ class StageTemplate:
             state, activation, compute = split_costs(self.problem, choice)
             self._costs[choice] = (objective, step_s(self.problem, choice), state, activation, compute)
         return self._costs[choice]
+
+    def recompute_s(self, choice: tuple[int, ...]) -> float:
+        """Seconds to recompute the stage's forward once (:func:`planner.intra.stage_problem.recompute_s`)."""
+        return recompute_s(self.problem, choice)
 
     def recompute_bytes(self, choice: tuple[int, ...]) -> float:
         """Activations kept per microbatch when the stage recomputes: its inputs (:func:`input_bytes`)."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from cost_models.memory import saved_values
 from planner.costing.node_cost import NodeCost, node_cost, strategy_context
 from planner.costing.setup import CostSetup
-from planner.intra.problem import StrategyEdge, StrategyProblem
+from planner.intra.problem import StrategyEdge, StrategyProblem, evaluate
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import collapse_identical_layers
 from planner.sharding.op_rules import enumerate_strategies
@@ -69,6 +69,7 @@ class StageProblem:
     problem: StrategyProblem
     representative: dict[str, str]
     unruled: tuple[str, ...]  # targets replicated for lack of a rule
+    num_microbatches: int = 1  # the m the objective amortises each step's work over
 
 
 def build_stage_problem(
@@ -115,6 +116,7 @@ def build_stage_problem(
         problem=problem,
         representative=collapsed.representative,
         unruled=tuple(sorted(set(unruled))),
+        num_microbatches=m,
     )
 
 
@@ -159,3 +161,19 @@ def _edges(
             else:
                 edges.append(StrategyEdge(source=source, target=target, cost=cache[key]))
     return edges, self_costs
+
+
+def recompute_s(problem: StageProblem, choice: tuple[int, ...]) -> float:
+    """Seconds to recompute the forward of a stage problem's ``choice`` once (a microbatch): each node's
+    ``forward_s`` plus half the resharding between nodes, which is the objective less the nodes' own
+    compute, collectives and amortised step. The simulator charges the same
+    (:mod:`planner.costing.stage_work`: the chunk's ``fwd_s`` again)."""
+    objective, _ = evaluate(problem.problem, choice)
+    forward = own = step = 0.0
+    index = {name: v for v, name in enumerate(problem.variables)}
+    for node in problem.graph.nodes:
+        variable = index[problem.representative[node.name]]
+        cost = problem.costs[variable][choice[variable]]
+        forward, own, step = forward + cost.forward_s, own + cost.compute_s + cost.comm_s, step + cost.step_s
+    reshard = max(0.0, objective - own - step / problem.num_microbatches)
+    return forward + reshard / 2

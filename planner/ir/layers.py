@@ -116,10 +116,13 @@ def collapse_identical_layers(graph: OpGraph) -> CollapsedGraph:
     return CollapsedGraph(representative=representative, runs=tuple(runs))
 
 
-def boundary_bytes(graph: OpGraph) -> list[int]:
+def boundary_bytes(graph: OpGraph, *, activation_itemsize: int | None = None, gradients: bool = False) -> list[int]:
     """``cut[k]``: bytes of the node outputs produced by nodes 0..k and read by nodes after k.
 
-    Graph inputs are left out: every stage can load them itself.
+    Graph inputs are left out: every stage can load them itself. Each value counts at its own dtype;
+    ``activation_itemsize`` (2 under mixed precision) replaces the itemsize of floating values only,
+    so integer tensors (token ids, masks, indices) keep theirs. ``gradients``: the bytes of the
+    gradients that come back across the cut instead, floating values only (an integer tensor has none).
     """
     position = {node.name: index for index, node in enumerate(graph.nodes)}
     last_use: dict[str, int] = {}
@@ -130,9 +133,12 @@ def boundary_bytes(graph: OpGraph) -> list[int]:
     delta = [0] * (len(graph.nodes) + 1)
     for name, last in last_use.items():
         produced = position[name]
-        if last > produced:
-            delta[produced] += graph.node(name).output.nbytes
-            delta[last] -= graph.node(name).output.nbytes
+        meta = graph.node(name).output
+        if last <= produced or (gradients and not meta.is_floating):
+            continue
+        size = meta.numel * activation_itemsize if activation_itemsize and meta.is_floating else meta.nbytes
+        delta[produced] += size
+        delta[last] -= size
     cut, running = [], 0
     for index in range(len(graph.nodes)):
         running += delta[index]

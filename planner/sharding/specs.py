@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from cost_models.cluster import Cluster, Link
-from cost_models.communication import all_gather_s, all_reduce_s, all_to_all_s, axis_link, bucketed_all_reduce_s
+from cost_models.communication import all_gather_s, all_reduce_s, all_to_all_s, axis_link
 from planner.ir.graph import TensorMeta
 
 REPLICATE = "R"
@@ -120,7 +120,10 @@ class StageMesh:
         return all_reduce_s(num_bytes, num_devices=self.mesh_shape[axis], link=self.link(axis))
 
     def grad_sync_s(self, num_bytes: float, axis: int) -> float:
-        return bucketed_all_reduce_s(num_bytes, num_devices=self.mesh_shape[axis], link=self.link(axis))
+        """A parameter's gradient sync over ``axis`` on a sharded stage: its own all-reduce, whole latency
+        included (the executor redistributes each DTensor gradient alone, no buckets). A stage run as DDP
+        is priced by buckets instead (:func:`planner.costing.node_cost.node_cost`)."""
+        return all_reduce_s(num_bytes, num_devices=self.mesh_shape[axis], link=self.link(axis))
 
     def all_gather_s(self, num_bytes: float, axis: int) -> float:
         return all_gather_s(num_bytes, num_devices=self.mesh_shape[axis], link=self.link(axis))

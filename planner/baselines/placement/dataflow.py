@@ -47,6 +47,7 @@ def lower_assignment(problem: PlacementProblem, assignment: Sequence[int]) -> Lo
         ),
         chunks=tuple(chunks),
         edges=edges,
+        grad_edges=edges,  # the placement problem prices a crossing value's gradient as the value
         schedule="dataflow",
         num_microbatches=problem.num_microbatches,
         transfer_s=problem.transfer_s,
