@@ -254,7 +254,11 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
             capture_s=prepared.capture_s + graphs.capture_s - prepared.captured_before_s,
             cost_s=prepared.cost_s,
         ),
-        notes=(*method_notes, *prepared.notes, *_notes(graphs)),
+        notes=(
+            *method_notes,
+            *prepared.notes,
+            *_notes(graphs, ddp=runs_as_ddp(chosen.stages, zero=prepared.options.zero)),
+        ),
     )
     result = with_batch_statistics(result, prepared.graph)
     try:
@@ -302,11 +306,13 @@ def plan(
     return plan_prepared(prepare(model, example_inputs, cluster, batch_size=batch_size, **options), method)
 
 
-def _notes(graphs: MicrobatchGraphs) -> tuple[str, ...]:
-    return (
-        f"model captured {graphs.num_captures} time(s), other microbatch sizes interpolated",
-        "gradient all-reduce is not overlapped with backward in the estimate",
+def _notes(graphs: MicrobatchGraphs, *, ddp: bool) -> tuple[str, ...]:
+    sync = (
+        "gradient all-reduce: DDP's buckets, overlapped with the last backward as DDP runs them"
+        if ddp
+        else "gradient sync after the backward pass, as the executor runs sharded stages and pipelines"
     )
+    return (f"model captured {graphs.num_captures} time(s), other microbatch sizes interpolated", sync)
 
 
 def slice_batch(example_inputs: Sequence[Any], batch_size: int, size: int) -> tuple[Any, ...]:

@@ -90,3 +90,11 @@ def test_a_recomputing_ddp_plan_pays_its_forward_twice_in_the_estimate_and_the_s
     forward = sum(chunk.fwd_s for chunk in lowered.chunks)
     assert plan.estimate.step_time_s >= 2 * (2 * forward + sum(c.bwd_s - c.fwd_s for c in lowered.chunks)) - 1e-12
     assert simulate_lowered(lowered).step_time_s == pytest.approx(plan.estimate.step_time_s, rel=1e-6)
+
+
+def test_the_plan_says_where_its_gradient_sync_overlaps() -> None:
+    cluster = load_cluster("dgx-a100")
+    ddp = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=64, method="data-parallel")
+    sharded = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=64, method="megatron", degrees=(8, 1, 1))
+    assert any("overlapped with the last backward" in note for note in ddp.notes)
+    assert any("after the backward pass" in note for note in sharded.notes)
