@@ -33,6 +33,8 @@ bandwidth. The kernel shape model (:class:`~cost_models.gemm_efficiency.KernelSp
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cost_models.device import DeviceSpec
 from cost_models.gemm_efficiency import KernelSpec
 from cost_models.units import GIB
@@ -79,14 +81,7 @@ V100_16GB = DeviceSpec(
     kernels=V100_KERNELS,
 )
 # DGX-2H: V100 SXM3 32 GB (Megatron-LM 2019; published-measurements.md: 125 TFLOP/s fp16 as the paper counts).
-V100_32GB = DeviceSpec(
-    name="V100-SXM3-32GB",
-    peak_flops=_V100_PEAKS,
-    memory_bytes=32 * GIB,
-    memory_bandwidth=900e9,
-    memory_efficiency=0.83,
-    kernels=V100_KERNELS,
-)
+V100_32GB = replace(V100_16GB, name="V100-SXM3-32GB", memory_bytes=32 * GIB)
 A100_80GB = DeviceSpec(
     name="A100-SXM-80GB",
     peak_flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},

@@ -23,10 +23,8 @@ writes ``{plan path: [peak bytes of rank 0, rank 1, ...]}`` (STEPS warm-up steps
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 MEMORY_EVENT = "[memory]"
 
@@ -102,18 +100,9 @@ def _plan_peak(path: str, *, warmup: int) -> int:
 
 
 def main(argv: Sequence[str]) -> None:
-    import torch
-    import torch.distributed as dist
+    from executors.step_timing import rank_job
 
-    from executors.session import init_distributed
-
-    out, warmup, paths = argv[0], int(argv[1]), list(argv[2:])
-    torch.set_num_threads(1)
-    init_distributed(backend="gloo", timeout_s=300)
-    peaks = measure_plans(paths, warmup=warmup)
-    if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(peaks))
-    dist.destroy_process_group()
+    rank_job(argv, lambda paths, warmup: measure_plans(paths, warmup=warmup))
 
 
 if __name__ == "__main__":

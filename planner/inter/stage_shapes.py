@@ -51,6 +51,7 @@ class StageTemplate:
     _unconstrained: tuple[int, ...] | None = None
     _costs: dict[tuple[int, ...], tuple[float, float, float, float, float]] = field(default_factory=dict)
     _stages: dict[tuple[tuple[int, ...], bool], Stage] = field(default_factory=dict)
+    _recompute: dict[tuple[int, ...], float] = field(default_factory=dict)
 
     def unconstrained(self) -> tuple[int, ...]:
         """The stage's exact optimum without a memory limit (:func:`solve_unconstrained`)."""
@@ -69,7 +70,9 @@ class StageTemplate:
 
     def recompute_s(self, choice: tuple[int, ...]) -> float:
         """Seconds to recompute the stage's forward once (:func:`planner.intra.stage_problem.recompute_s`)."""
-        return recompute_s(self.problem, choice)
+        if choice not in self._recompute:
+            self._recompute[choice] = recompute_s(self.problem, choice)
+        return self._recompute[choice]
 
     def recompute_bytes(self, choice: tuple[int, ...]) -> float:
         """Activations kept per microbatch when the stage recomputes: its inputs (:func:`input_bytes`)."""
