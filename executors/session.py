@@ -18,9 +18,11 @@ gives (graph input names, or ``target.0``, ``target.1``, ... for targets).
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -196,3 +198,17 @@ def split_batch(inputs: Sequence[Any], *, num_chunks: int, batch_size: int) -> l
         for piece, chunk in zip(pieces, chunks, strict=True):
             piece.append(chunk)
     return [tuple(piece) for piece in pieces]
+
+
+def rank_job(argv: Sequence[str], measure: Callable[[list[str], int], dict[str, Any]]) -> bool:
+    """One rank of a measuring job launched as ``OUT COUNT PLAN...``: one thread, a gloo group, ``measure(plans,
+    COUNT)`` on every rank, its result written to ``OUT`` by rank 0. True on rank 0."""
+    out, count, paths = argv[0], int(argv[1]), list(argv[2:])
+    torch.set_num_threads(1)
+    init_distributed(backend="gloo", timeout_s=300)
+    result = measure(paths, count)
+    is_writer = dist.get_rank() == 0
+    if is_writer:
+        Path(out).write_text(json.dumps(result))
+    dist.destroy_process_group()
+    return is_writer

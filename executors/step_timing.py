@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,26 +134,9 @@ def root_cause(stderr: str) -> str:
     return (raised or errors or ["no output"])[0 if raised else -1]
 
 
-def rank_job(argv: Sequence[str], measure: Callable[[list[str], int], dict[str, Any]]) -> bool:
-    """One rank of a measuring job launched as ``OUT COUNT PLAN...``: one thread, a gloo group, ``measure(plans,
-    COUNT)`` on every rank, its result written to ``OUT`` by rank 0. True on rank 0."""
-    import torch
-    import torch.distributed as dist
-
-    from executors.session import init_distributed
-
-    out, count, paths = argv[0], int(argv[1]), list(argv[2:])
-    torch.set_num_threads(1)
-    init_distributed(backend="gloo", timeout_s=300)
-    result = measure(paths, count)
-    is_writer = dist.get_rank() == 0
-    if is_writer:
-        Path(out).write_text(json.dumps(result))
-    dist.destroy_process_group()
-    return is_writer
-
-
 def main(argv: Sequence[str]) -> None:
+    from executors.session import rank_job
+
     if rank_job(argv, lambda paths, steps: time_plans(paths, steps=steps)):
         Path(f"{argv[0]}.machine.json").write_text(json.dumps(MACHINE))
 

@@ -100,7 +100,7 @@ def _plan_peak(path: str, *, warmup: int) -> int:
 
 
 def main(argv: Sequence[str]) -> None:
-    from executors.step_timing import rank_job
+    from executors.session import rank_job
 
     rank_job(argv, lambda paths, warmup: measure_plans(paths, warmup=warmup))
 
