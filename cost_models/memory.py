@@ -9,7 +9,9 @@ Model state per parameter (REFERENCES.md, "Memory per parameter"; ZeRO paper):
 
 :func:`model_state_bytes` divides each of the three parts by its own shard count, so ZeRO
 stage 1 (``state_shards = d``), stage 2 (``grad_shards`` too) and stage 3 (``weight_shards``
-too) and tensor-parallel sharding are all the same formula.
+too) and tensor-parallel sharding are all the same formula; :func:`zero_shards` gives the three
+counts of a ZeRO level over ``d`` data-parallel replicas (Rajbhandari et al. 2020, ZeRO, §5: per
+parameter of mixed-precision Adam ``2 + 2 + 12/d`` B at stage 1, ``2 + (2 + 12)/d`` at 2, ``16/d`` at 3).
 
 Activations kept for backward (:func:`saved_activation_bytes`): each operator saves what its
 backward needs — matmuls, convolutions, norms, attention and non-linear elementwise operators
@@ -19,6 +21,12 @@ their base). On a mixed-precision device floating activations take 2 bytes per e
 Dropout keeps its mask instead of its input: one byte per element (``aten.native_dropout``
 returns a ``bool`` mask that its backward multiplies by; :func:`dropout_mask`), whatever the
 activation dtype; a dropout with ``p = 0`` or ``train=False`` is the identity and keeps nothing.
+
+Under recomputation (:func:`kept_under_recompute`) a checkpointed run of nodes keeps only its inputs and
+its nodes' forward runs again in backward; the nodes outside every run keep what they keep. The bytes
+kept are charged by the planner per value at its local size (:func:`planner.intra.stage_problem.kept_bytes`,
+:func:`planner.costing.stage_work.stage_node_work`). The recomputed run's own activations exist again for
+the moment of its backward (one run at a time, per layer at most one layer's): that transient is not charged.
 """
 
 from __future__ import annotations
@@ -71,6 +79,13 @@ def model_state_bytes(
     )
 
 
+def zero_shards(level: int, data_shards: int) -> tuple[int, int, int]:
+    """(weight, gradient, optimizer-state) shard counts of ZeRO ``level`` over ``data_shards`` replicas:
+    level 1 shards the optimizer state, 2 the gradients too, 3 the weights too; 0 shards nothing."""
+    assert 0 <= level <= 3, level
+    return (data_shards if level >= 3 else 1, data_shards if level >= 2 else 1, data_shards if level >= 1 else 1)
+
+
 _SAVES_NOTHING = frozenset(
     {"add", "sub", "neg", "sum", "mean", "clone", "contiguous", "dropout", "zeros_like", "ones_like", "cat"}
 )
@@ -115,12 +130,18 @@ def _element_bytes(meta: TensorMeta, activation_itemsize: int | None) -> int:
     return meta.nbytes
 
 
-def saved_values(graph: OpGraph, *, nodes: list[OpNode] | None = None) -> set[str]:
-    """Names of the values (views resolved to their base) that ``nodes`` keep for backward."""
+def view_bases(graph: OpGraph) -> dict[str, str]:
+    """Each view's base value (a view of a view resolved to the first base)."""
     base_of: dict[str, str] = {}
     for node in graph.nodes:
         if node.kind == NodeKind.VIEW and node.inputs and node.op_name not in ("clone", "contiguous", "_to_copy"):
             base_of[node.name] = base_of.get(node.inputs[0], node.inputs[0])
+    return base_of
+
+
+def saved_values(graph: OpGraph, *, nodes: list[OpNode] | None = None) -> set[str]:
+    """Names of the values (views resolved to their base) that ``nodes`` keep for backward."""
+    base_of = view_bases(graph)
     saved: set[str] = set()
     for node in graph.nodes if nodes is None else nodes:
         for position in saved_inputs(node):
@@ -147,3 +168,32 @@ def _meta_of(graph: OpGraph, name: str) -> TensorMeta:
     if graph.has_node(name):
         return graph.node(name).output
     return graph.value(name).meta
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeptUnderRecompute:
+    """What forward keeps for backward when runs of nodes are recomputed (:func:`kept_under_recompute`)."""
+
+    values: frozenset[str]  # values kept (views resolved to their base), graph inputs included
+    masked: frozenset[str]  # dropout nodes whose masks are kept (those outside the runs)
+    recomputed: frozenset[str]  # nodes whose forward runs again in backward
+
+
+def kept_under_recompute(graph: OpGraph, runs: tuple[tuple[str, ...], ...]) -> KeptUnderRecompute:
+    """Activation checkpointing of ``runs`` (:mod:`planner.ir.recompute`): a node outside every run keeps what it
+    keeps without recomputation (:func:`saved_values`, its dropout mask); a run keeps only the values entering it
+    (its inputs that are not parameters or buffers: what ``torch.utils.checkpoint`` holds), and backward runs
+    its forward again, so a node inside a run keeps nothing past it. The whole stage as one run keeps its
+    inputs; one run per layer keeps each layer's input (Megatron's full recomputation)."""
+    inside = {name for run in runs for name in run}
+    outside = [node for node in graph.nodes if node.name not in inside]
+    base_of = view_bases(graph)
+    values = saved_values(graph, nodes=outside)
+    for run in runs:
+        members = set(run)
+        for name in run:
+            for value in graph.node(name).inputs:
+                if value not in members and graph.value_kind(value) not in (ValueKind.PARAM, ValueKind.BUFFER):
+                    values.add(base_of.get(value, value))
+    masked = frozenset(node.name for node in outside if dropout_mask(node) is not None)
+    return KeptUnderRecompute(values=frozenset(values), masked=masked, recomputed=frozenset(inside))

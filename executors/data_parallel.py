@@ -4,9 +4,16 @@ A one-stage plan whose parameters are all replicated is data parallelism whateve
 specs say, so it runs the way users run it: each rank interprets the graph captured at its share of
 the batch (``B / (m·d)`` rows: the plan's microbatches, each split over ``d`` ranks) on plain
 tensors, wrapped in ``DistributedDataParallel`` — bucketed gradient all-reduce overlapped with
-backward, gradients averaged — with ``no_sync`` on all but the last microbatch. When the plan
-shards optimizer state (``zero``), the module is wrapped with FSDP's ``fully_shard`` instead
-(parameters, gradients and optimizer state sharded over the ranks, reduce-scatter of gradients).
+backward, gradients averaged — with ``no_sync`` on all but the last microbatch, and a lossy gradient sync
+the plan chose as torch's communication hook on it (:func:`executors.grad_sync.register_ddp_hook`; local
+SGD's model averager runs in :meth:`DataParallelRunner.after_optimizer_step`). At a ZeRO level
+(``Stage.zero`` ≥ 1) FSDP2 runs it instead: ``fully_shard`` on every layer group (:func:`fsdp_groups`, each
+a child of :class:`~executors.graph_module.LayeredGraphModule`) and on the root (parameters several groups
+read), as :mod:`planner.costing.zero` prices it — level 3 reshards after forward (parameters gathered
+again for backward, prefetched a group ahead); levels 1 and 2 keep them gathered until the step's last
+backward (``set_reshard_after_backward``); level 1 reduce-scatters the accumulated gradients in the last
+backward only (``set_requires_gradient_sync``), 2 and 3 in every backward. The stage's recomputed runs are
+activation checkpoints inside the groups (FSDP's hooks outside them).
 
 Batch normalization normalizes each replica's share (``Plan.batch_stat_rows``), and its running
 statistics are averaged over the replicas after every step, so all replicas keep the same buffers.
@@ -17,6 +24,7 @@ loss that averages over the batch (the model-file convention; pipelines assume i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,9 +33,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from executors.graph_module import GraphModule, flat_outputs, make_segment, model_tensors
+from executors.grad_sync import local_sgd_subgroup, register_ddp_hook
+from executors.graph_module import GraphModule, LayeredGraphModule, flat_outputs, make_segment, model_tensors
 from executors.session import Workload, split_batch
 from planner.errors import AutoplanError
+from planner.ir.graph import OpGraph
+from planner.ir.layers import segments
 from planner.plan import Plan
 
 
@@ -45,24 +56,45 @@ class DataParallelRunner:
         segment = make_segment(graph, stage.nodes, needed_after=graph.outputs)
         segment = replace(segment, inputs=tuple(v.name for v in graph.inputs))  # the model's inputs, in order
         params, buffers = model_tensors(model)
-        self.module = GraphModule(graph, segment, params=params, buffers=buffers, device=workload.device)
+        self.level, runs = stage.zero, stage.recomputed_runs()
+        self.module: GraphModule | LayeredGraphModule
+        if self.level:  # FSDP shards layer by layer: one child module per layer group
+            self.module = LayeredGraphModule(graph, segment, groups=fsdp_groups(graph, stage.nodes, runs=runs),
+                                             params=params, buffers=buffers, device=workload.device,
+                                             checkpointed=runs)  # fmt: skip
+        else:
+            self.module = GraphModule(graph, segment, params=params, buffers=buffers, device=workload.device,
+                                      checkpointed=runs)  # fmt: skip
         self.group = dist.new_group(list(stage.devices))
+        self.subgroup = local_sgd_subgroup(plan, stage.devices)  # every rank creates the node groups
         self.rank = dist.get_rank()
+        self.averager = None  # local SGD's model averager (executors.grad_sync.register_ddp_hook)
         self.wrapped = self._wrap(workload.device)
 
     def _wrap(self, device: str) -> nn.Module:
         if self.rank not in self.devices:
             return self.module
-        if self.plan.zero:
+        if self.level:
             from torch.distributed.device_mesh import DeviceMesh
             from torch.distributed.fsdp import fully_shard
 
             mesh = DeviceMesh(device.split(":")[0], torch.tensor(list(self.devices)))
-            return fully_shard(self.module, mesh=mesh)
+            assert isinstance(self.module, LayeredGraphModule)
+            for part in self.module.parts:  # level 3 frees each group's gathered parameters after its forward
+                if part.segment.params:
+                    fully_shard(part, mesh=mesh, reshard_after_forward=self.level == 3)
+            return fully_shard(self.module, mesh=mesh, reshard_after_forward=self.level == 3)
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [torch.device(device).index] if device.startswith("cuda") else None
-        return DistributedDataParallel(self.module, device_ids=device_ids, process_group=self.group)
+        ddp = DistributedDataParallel(self.module, device_ids=device_ids, process_group=self.group)
+        self.averager = register_ddp_hook(ddp, grad_sync=self.plan.grad_sync, group=self.group, subgroup=self.subgroup)
+        return ddp
+
+    def after_optimizer_step(self) -> None:
+        """Local SGD: average the parameters over the replicas every ``period`` steps (after the warm-up)."""
+        if self.averager is not None:
+            self.averager.average_parameters(self.module.parameters())
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.module.parameters())
@@ -85,8 +117,11 @@ class DataParallelRunner:
             last = index == len(pieces) - 1
             context = self.wrapped.no_sync() if hasattr(self.wrapped, "no_sync") and not last else _Nothing()
             with context:
-                if self.plan.zero and hasattr(self.wrapped, "set_requires_gradient_sync"):
-                    self.wrapped.set_requires_gradient_sync(last)
+                if self.level and hasattr(self.wrapped, "set_requires_gradient_sync"):
+                    # level 1 reduce-scatters once, in the last backward; 2 and 3 in every one. Parameters stay
+                    # gathered until the step's last backward below level 3
+                    self.wrapped.set_requires_gradient_sync(last or self.level >= 2)
+                    self.wrapped.set_reshard_after_backward(last or self.level == 3)
                 outputs = self.wrapped(*self.workload.model_inputs(piece))
                 loss = self.workload.loss(flat_outputs(outputs), piece) / self.num_microbatches
                 loss.backward()
@@ -118,3 +153,20 @@ class _Nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def fsdp_groups(graph: OpGraph, nodes: Sequence[str], *, runs: Sequence[Sequence[str]] = ()) -> list[list[str]]:
+    """The groups FSDP shards a data-parallel plan by: consecutive nodes of one layer
+    (:func:`planner.ir.layers.segments`, the groups :func:`planner.costing.zero.fsdp_groups` prices), a group
+    merged with the next while a checkpointed run spans both."""
+    chosen = set(nodes)
+    groups = [[node.name for node in members if node.name in chosen] for _, members in segments(graph)]
+    groups = [group for group in groups if group]
+    run_of = {name: index for index, run in enumerate(runs) for name in run}
+    merged: list[list[str]] = []
+    for group in groups:
+        if merged and group[0] in run_of and run_of.get(merged[-1][-1]) == run_of[group[0]]:
+            merged[-1].extend(group)
+        else:
+            merged.append(list(group))
+    return merged

@@ -9,16 +9,24 @@ so a segment's gradients are the model's gradients by name.
 
 A ``call_node`` hook lets tensor parallelism run each node on DTensors
 (:mod:`executors.tensor_parallel`); the default runs it on plain tensors.
+
+Recomputation: each run of ``checkpointed`` nodes (a plan stage's ``Stage.recomputed_runs``, consecutive
+in the segment) runs under ``torch.utils.checkpoint.checkpoint`` (non-reentrant): forward keeps only the
+values entering the run, and backward runs the run's nodes again before their own backward. Parameters
+and buffers are read again when the run is recomputed, not kept (so FSDP may free a parameter it
+gathered between forward and backward); random operators draw the same numbers again (checkpoint
+restores the RNG state).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from planner.ir.graph import OpGraph, OpNode, TensorArg
 from planner.ir.node_call import bind_call, resolve_target
@@ -149,10 +157,12 @@ class GraphModule(nn.Module):
         buffers: Mapping[str, torch.Tensor],
         call_node: NodeCaller | None = None,
         device: str = "cpu",
+        checkpointed: Sequence[Sequence[str]] = (),
     ) -> None:
         super().__init__()
         self.segment = segment
         self._nodes = tuple(graph.node(name) for name in segment.nodes)
+        self._program = _program(graph, self._nodes, checkpointed, needed=segment.outputs)
         if call_node is None:
             callers = {node.name: compile_node(node, device=device) for node in self._nodes}
             call_node = lambda node, tensors: callers[node.name](tensors)  # noqa: E731
@@ -169,8 +179,104 @@ class GraphModule(nn.Module):
         env: dict[str, Any] = dict(zip(self.segment.inputs, values, strict=True))
         env.update(self._buffers_by_name)
         env.update(self.named_graph_parameters())
-        for node in self._nodes:
+        for step in self._program:
+            if isinstance(step, Run):
+                outputs = checkpoint(self._run, step, *(env[name] for name in step.inputs), use_reentrant=False)
+                env.update(zip(step.outputs, outputs, strict=True))
+            else:
+                env[step.name] = self._call_node(step, [env[name] for name in step.inputs])
+        return tuple(env[name] for name in self.segment.outputs)
+
+    def _run(self, run: Run, *values: Any) -> tuple[Any, ...]:
+        """One checkpointed run: its nodes on the values entering it, parameters and buffers read now."""
+        env: dict[str, Any] = dict(self._buffers_by_name)
+        env.update(self.named_graph_parameters())
+        env.update(zip(run.inputs, values, strict=True))
+        for node in run.nodes:
             env[node.name] = self._call_node(node, [env[name] for name in node.inputs])
+        return tuple(env[name] for name in run.outputs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """Consecutive nodes run under one activation checkpoint: the values entering it (no parameter or buffer)
+    and those it hands on (read after it, or the segment's outputs)."""
+
+    nodes: tuple[OpNode, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def _program(graph: OpGraph, nodes: tuple[OpNode, ...], checkpointed: Sequence[Sequence[str]], *,
+             needed: Sequence[str]) -> tuple[OpNode | Run, ...]:  # fmt: skip
+    """The segment's nodes in order, each checkpointed run as one :class:`Run`."""
+    position = {node.name: index for index, node in enumerate(nodes)}
+    starts: dict[int, tuple[str, ...]] = {}
+    for run in checkpointed:
+        if run:
+            assert all(name in position for name in run), "a checkpointed run lies in the segment"
+            starts[position[run[0]]] = tuple(run)
+    held = {param.name for param in graph.params} | {buffer.name for buffer in graph.buffers}
+    program: list[OpNode | Run] = []
+    index = 0
+    while index < len(nodes):
+        if index not in starts:
+            program.append(nodes[index])
+            index += 1
+            continue
+        members = nodes[index : index + len(starts[index])]
+        assert tuple(node.name for node in members) == starts[index], "a checkpointed run is consecutive"
+        made = {node.name for node in members}
+        inputs = dict.fromkeys(value for node in members for value in node.inputs if value not in made and value
+                               not in held)  # fmt: skip
+        later = {value for node in nodes[index + len(members) :] for value in node.inputs} | set(needed)
+        outputs = tuple(node.name for node in members if node.name in later)
+        program.append(Run(nodes=tuple(members), inputs=tuple(inputs), outputs=outputs))
+        index += len(members)
+    return tuple(program)
+
+
+class LayeredGraphModule(nn.Module):
+    """A :class:`GraphModule` cut into one child per group of consecutive nodes (the layers FSDP shards by:
+    :func:`executors.data_parallel.fsdp_groups`): each child holds the parameters only its group reads, the
+    root those several groups read (tied embeddings). ``forward`` is the segment's, run child by child."""
+
+    def __init__(self, graph: OpGraph, segment: Segment, *, groups: Sequence[Sequence[str]],
+                 params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], device: str = "cpu",
+                 checkpointed: Sequence[Sequence[str]] = ()) -> None:  # fmt: skip
+        super().__init__()
+        self.segment = segment
+        readers: dict[str, set[int]] = {}
+        for index, group in enumerate(groups):
+            for name in group:
+                for value in graph.node(name).inputs:
+                    readers.setdefault(value, set()).add(index)
+        shared = [name for name in segment.params if len(readers.get(name, ())) > 1]
+        self.shared_params = nn.ParameterDict({attribute_name(n): _as_parameter(params[n]) for n in shared})
+        parts = []
+        for index, group in enumerate(groups):
+            later = {value for other in groups[index + 1 :] for name in other for value in graph.node(name).inputs}
+            made = set(group)
+            part = make_segment(graph, group, needed_after=[v for v in (*later, *segment.outputs) if v in made])
+            part = replace(part, inputs=part.inputs + tuple(n for n in part.params if n in shared),
+                           params=tuple(n for n in part.params if n not in shared))  # fmt: skip
+            runs = [run for run in checkpointed if run and run[0] in made]
+            parts.append(GraphModule(graph, part, params=params, buffers=buffers, device=device, checkpointed=runs))
+        self.parts = nn.ModuleList(parts)
+        self._buffers_by_name = {name: buffers[name] for name in segment.buffers}
+        self._shared = tuple(shared)
+
+    def named_graph_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        found = dict(pair for part in self.parts for pair in part.named_graph_parameters())
+        found.update((name, self.shared_params[attribute_name(name)]) for name in self._shared)
+        return [(name, found[name]) for name in self.segment.params]
+
+    def forward(self, *values: Any) -> tuple[Any, ...]:
+        env: dict[str, Any] = dict(zip(self.segment.inputs, values, strict=True))
+        env.update((name, self.shared_params[attribute_name(name)]) for name in self._shared)
+        for part in self.parts:
+            outputs = part(*(env[name] for name in part.segment.inputs))
+            env.update(zip(part.segment.outputs, outputs, strict=True))
         return tuple(env[name] for name in self.segment.outputs)
 
 

@@ -1,4 +1,4 @@
-"""Pipeline stages from the plan -> torch.distributed.pipelining (GPipe or 1F1B).
+"""Pipeline stages from the plan -> torch.distributed.pipelining (GPipe, 1F1B, interleaved 1F1B, zero bubble).
 
 The captured graph (at the microbatch size ``B/m``) is split at the plan's stage boundaries
 (:func:`stage_segments`): stage ``s`` reads what earlier stages (or the data) made and it uses, and
@@ -9,7 +9,10 @@ so the schedule's loss function is the identity.
 Stages with ``k`` devices each (stages of different sizes run under
 :mod:`executors.uneven_pipeline`) form ``k`` pipeline groups: group ``i`` holds device ``i`` of every
 stage's mesh, and runs one ``PipelineStage`` per stage with ``ScheduleGPipe`` or ``Schedule1F1B`` and
-the plan's number of microbatches. Inside a stage every rank computes with DTensor on its mesh
+the plan's number of microbatches — or, under ``interleaved`` and ``zero-bubble``
+(:mod:`planner.plan.schedules`), the stages ``k ≡ r (mod P)`` of its rank ``r`` with
+``ScheduleInterleaved1F1B`` or ``ScheduleInterleavedZeroBubble`` (which runs each backward as torch's
+input-gradient and weight-gradient halves). Inside a stage every rank computes with DTensor on its mesh
 (:mod:`executors.stages`); a boundary value leaves a stage whole (replicated) on every rank, so rank
 ``i`` of the next stage receives it from rank ``i`` of this one.
 
@@ -27,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from executors.grad_sync import SyncOptions
 from executors.graph_module import Segment, flat_outputs, make_segment, model_tensors
 from executors.session import Workload
 from executors.stages import StagePart, build_meshes, build_stage, sync_shared_grads
@@ -35,7 +39,12 @@ from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan
 
-SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+    "zero-bubble": "ScheduleInterleavedZeroBubble",
+}
 
 
 def stage_segments(graph: OpGraph, plan: Plan, *, loss_inputs: tuple[str, ...]) -> list[Segment]:
@@ -63,9 +72,14 @@ def check_pipeline(plan: Plan) -> int | None:
     """The schedule must be a pipeline's; returns the devices per stage, or None when the stages
     differ in size (run by :class:`executors.uneven_pipeline.UnevenPipelineRunner`)."""
     if plan.schedule not in SCHEDULE_CLASSES:
-        raise AutoplanError(f"a pipeline plan needs schedule gpipe or 1f1b, this one says {plan.schedule!r}")
+        raise AutoplanError(
+            f"a pipeline plan needs schedule {', '.join(SCHEDULE_CLASSES)}, this one says {plan.schedule!r}"
+        )
     sizes = {len(stage.devices) for stage in plan.stages}
-    return sizes.pop() if len(sizes) == 1 else None
+    width = sizes.pop() if len(sizes) == 1 else None
+    if width is None and plan.virtual_stages > 1:
+        raise AutoplanError("stages of different sizes cannot hold several stages per rank: re-plan")
+    return width
 
 
 class PipelineRunner:
@@ -80,41 +94,48 @@ class PipelineRunner:
         loss_inputs = workload.loss_names(graph)
         segments = stage_segments(graph, plan, loss_inputs=loss_inputs)
         meshes = build_meshes(plan, device_type=workload.device.split(":")[0])
-        groups = [dist.new_group([stage.devices[i] for stage in plan.stages]) for i in range(width)]
+        homes = plan.stages[: plan.num_pipeline_ranks]  # stage k runs on the devices of stage k mod P
+        groups = [dist.new_group([stage.devices[i] for stage in homes]) for i in range(width)]
         self.rank = dist.get_rank()
         self.shared = shared_params(plan.stages, graph)
         self.param_metas = {name: p.detach() for name, p in model.named_parameters() if name in self.shared}
         self.owned = {name for stage in plan.stages if self.rank in stage.devices for name in stage.param_placements}
-        self.part: StagePart | None = None
+        self.parts: list[StagePart] = []
         self.schedule = None
-        where = [
-            (s, stage.devices.index(self.rank)) for s, stage in enumerate(plan.stages) if self.rank in stage.devices
-        ]
-        if not where:
+        mine = [stage for stage in plan.stages if self.rank in stage.devices]
+        if not mine:
             return
-        index, position = where[0]
+        position = mine[0].devices.index(self.rank)
         params, buffers = model_tensors(model)
-        last = index == len(plan.stages) - 1
-        loss = self._loss(segments[-1], graph) if last else None
-        self.part = build_stage(
-            stage=plan.stages[index], graph=graph, segment=segments[index], mesh=meshes[index],
-            model_params=params, model_buffers=buffers, device=workload.device,
-            wire_dtype=workload.precision.wire_dtype, loss=loss,
-            loss_inputs=tuple(segments[-1].inputs.index(name) for name in loss_inputs) if last else (),
-        )  # fmt: skip
-        stage = pipelining.PipelineStage(
-            self.part.module, index, len(plan.stages), torch.device(workload.device),
-            input_args=_examples(workload, graph, segments[index].inputs, batch_size=plan.batch_size // m),
-            output_args=_examples(workload, graph, segments[index].outputs, batch_size=plan.batch_size // m)
-            if not last
-            else torch.zeros(1, device=workload.device),
-            group=groups[position],
-        )  # fmt: skip
+        count = len(plan.stages)
+        pipeline_stages = []
+        for stage in mine:
+            index, last = stage.index, stage.index == count - 1
+            part = build_stage(
+                stage=stage, graph=graph, segment=segments[index], mesh=meshes[index], model_params=params,
+                model_buffers=buffers, device=workload.device, wire_dtype=workload.precision.wire_dtype,
+                loss=self._loss() if last else None,
+                loss_inputs=tuple(segments[-1].inputs.index(name) for name in loss_inputs) if last else (),
+                sync=SyncOptions.of(plan),
+            )  # fmt: skip
+            self.parts.append(part)
+            microbatch = plan.batch_size // m
+            pipeline_stages.append(pipelining.PipelineStage(
+                part.module, index, count, torch.device(workload.device),
+                input_args=_examples(workload, graph, segments[index].inputs, batch_size=microbatch),
+                output_args=_examples(workload, graph, segments[index].outputs, batch_size=microbatch)
+                if not last
+                else torch.zeros(1, device=workload.device),
+                group=groups[position],
+            ))  # fmt: skip
         schedule_class = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
-        self.schedule = schedule_class(stage, n_microbatches=m, loss_fn=lambda output, target: output.sum())
-        self.is_first, self.is_last = index == 0, last
+        one = plan.schedule in ("gpipe", "1f1b")  # single-stage schedule classes take the stage, not a list
+        self.schedule = schedule_class(pipeline_stages[0] if one else pipeline_stages, n_microbatches=m,
+                                       loss_fn=lambda output, target: output.sum())  # fmt: skip
+        self.is_first = mine[0].index == 0
+        self.is_last = mine[-1].index == count - 1
 
-    def _loss(self, segment: Segment, graph: OpGraph):
+    def _loss(self):
         loss_fn = self.workload.loss_fn
 
         def loss(outputs: tuple[Any, ...], inputs: tuple[Any, ...]) -> torch.Tensor:
@@ -123,10 +144,10 @@ class PipelineRunner:
         return loss
 
     def parameters(self) -> list[nn.Parameter]:
-        return list(self.part.params.values()) if self.part else []
+        return [param for part in self.parts for param in part.params.values()]
 
     def named_parameters(self) -> dict[str, nn.Parameter]:
-        return dict(self.part.params) if self.part else {}
+        return {name: param for part in self.parts for name, param in part.params.items()}
 
     def step(self, inputs: tuple[Any, ...]) -> float:
         loss = torch.zeros((), device=self.workload.device)
@@ -138,21 +159,21 @@ class PipelineRunner:
             self.schedule.step(*args, **kwargs)
             if self.is_last:
                 loss = torch.cat([value.detach().reshape(1) for value in losses]).mean()
-            self.part.sync_grads()
-        sync_shared_grads(self.part, self.shared, is_reporter=self._reports(), device=self.workload.device,
+            for part in self.parts:  # the schedule divided the gradients by m after the backward (scale_grads)
+                part.sync_grads(divided_by=self.plan.num_microbatches)
+        sync_shared_grads(self.parts, self.shared, rank=self.rank, device=self.workload.device,
                           metas=self.param_metas)  # fmt: skip
         last_stage = self.plan.stages[-1]
         dist.broadcast(loss, src=last_stage.devices[0])
         return float(loss)
 
-    def _reports(self) -> bool:
-        return self.part is not None and self.rank == self.part.stage.devices[0]
-
     def gradients(self) -> dict[str, torch.Tensor]:
-        if self.part is None:
-            return {}
-        grads = self.part.full_grads(self.owned)
-        return grads if self._reports() else {}
+        grads: dict[str, torch.Tensor] = {}
+        for part in self.parts:  # each a collective over its stage's mesh, in stage order on every member
+            found = part.full_grads(self.owned)
+            if self.rank == part.stage.devices[0]:
+                grads.update(found)
+        return grads
 
 
 def _examples(workload: Workload, graph: OpGraph, names: tuple[str, ...], *, batch_size: int

@@ -22,9 +22,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from executors.grad_sync import SyncOptions
 from executors.graph_module import flat_outputs, make_segment, model_tensors
 from executors.session import Workload, split_batch
 from executors.stages import build_meshes, build_stage
+from planner.errors import AutoplanError
 from planner.plan import Plan
 
 
@@ -38,12 +40,27 @@ class Runner(Protocol):
     def gradients(self) -> dict[str, torch.Tensor]: ...
 
 
+def check_grad_sync(plan: Plan) -> None:
+    """Refuse a lossy gradient sync this plan's executor cannot run as it was priced (a hand-edited plan)."""
+    from planner.costing.compression import refusal
+    from planner.costing.zero import runs_as_fsdp
+
+    fsdp = runs_as_fsdp(plan.stages)  # ZeRO-1 on sharded stages keeps their buckets: only FSDP refuses a hook
+    ddp = is_pure_data_parallel(plan) and len(plan.stages[0].devices) > 1 and not plan.zero
+    reason = refusal(plan.grad_sync, plan.stages, zero=fsdp, cluster=plan.cluster, ddp=ddp)
+    if plan.grad_sync.lossy and plan.schedule == "dataflow":
+        reason = "op placements run no gradient sync to compress"
+    if reason:
+        raise AutoplanError(f"grad_sync {plan.grad_sync.label}: {reason}")
+
+
 def is_pure_data_parallel(plan: Plan) -> bool:
     stage = plan.stages[0]
     return len(plan.stages) == 1 and all(set(spec) == {"R"} for spec in stage.param_placements.values())
 
 
 def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
+    check_grad_sync(plan)
     if plan.schedule == "dataflow":
         from executors.placement import PlacementRunner
 
@@ -77,7 +94,7 @@ class TensorParallelRunner:
         params, buffers = model_tensors(model)
         self.part = build_stage(
             stage=stage, graph=graph, segment=segment, mesh=mesh, model_params=params,
-            model_buffers=buffers, device=workload.device,
+            model_buffers=buffers, device=workload.device, sync=SyncOptions.of(plan),
         )  # fmt: skip
 
     def parameters(self) -> list[nn.Parameter]:

@@ -8,6 +8,10 @@ tensors (:class:`ShardedStageModule`) — what pipeline transfers and loss funct
 
 A parameter read in several stages (tied embeddings) has a copy in each; :func:`sync_shared_grads`
 sums their gradients over the world so every copy takes the same step.
+
+A stage's memory-saving choices run here too: its recomputed runs (``Stage.recomputed_runs``) are
+activation checkpoints of its :class:`~executors.graph_module.GraphModule`, and at ZeRO level 1
+(``Stage.zero``) the optimizer steps shards of the parameters (:class:`ZeroOptimizerShards`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Shard, distribute_tensor
 
+from executors.grad_sync import GradReducer, SyncOptions, bucket_plan
 from executors.graph_module import GraphModule, Segment
 from executors.tensor_parallel import SingleDeviceSharding, StageSharding, make_mesh
+from planner.costing.overlap import stage_grad_entries
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, Stage
 
@@ -52,12 +58,19 @@ class ShardedStageModule(nn.Module):
         outputs = self.inner(*(self.sharding.enter(v) for v in values))
         whole = tuple(self.sharding.leave(v) for v in outputs)
         if self._loss is None:  # sent to the next stage: point-to-point sends need contiguous tensors
-            whole = tuple(self._to_wire(v).contiguous() if isinstance(v, torch.Tensor) else v for v in whole)
+            whole = tuple(_own_tensor(self._to_wire(v).contiguous()) if isinstance(v, torch.Tensor) else v
+                          for v in whole)  # fmt: skip
             return whole if len(whole) != 1 else whole[0]
         return self._loss(whole, tuple(values[i] for i in self._loss_inputs))
 
     def _to_wire(self, value: torch.Tensor) -> torch.Tensor:
         return value if self._wire_dtype is None else value.to(self._wire_dtype(value.dtype))
+
+
+def _own_tensor(value: torch.Tensor) -> torch.Tensor:
+    """``value``, copied if it is a view: zero-bubble schedules detach a stage's outputs in place after the input
+    gradient (torch's ``stage_backward_input``), which a view does not allow."""
+    return value.clone() if value._base is not None else value
 
 
 @dataclass(kw_only=True)
@@ -66,10 +79,19 @@ class StagePart:
     segment: Segment
     module: ShardedStageModule
     sharding: StageSharding | SingleDeviceSharding
-    params: dict[str, nn.Parameter]  # fully qualified name -> this rank's (DTensor) parameter
+    params: dict[str, nn.Parameter]  # name -> what the optimizer steps: the (DTensor) parameter, or its ZeRO shard
+    reducer: GradReducer | None = None  # the bucketed gradient reduction of a sharded stage
+    zero: ZeroOptimizerShards | None = None  # ZeRO-1: the optimizer steps shards (Stage.zero ≥ 1)
 
-    def sync_grads(self) -> None:
-        self.sharding.sync_grads(list(self.params.values()))
+    def sync_grads(self, *, divided_by: float = 1.0) -> None:
+        """Gradients in their parameters' placements: the buckets (:mod:`executors.grad_sync`; ``divided_by``:
+        what a pipeline schedule divided the gradients by after the backward), then anything left one by one;
+        under ZeRO each rank's slice of them handed to its shards."""
+        if self.reducer is not None:
+            self.reducer.finish(divided_by=divided_by)
+        self.sharding.sync_grads(list((self.zero.compute if self.zero else self.params).values()))
+        if self.zero is not None:
+            self.zero.scatter_grads()
 
     def full_grads(self, owned: set[str]) -> dict[str, torch.Tensor]:
         """Whole gradients of the parameters this stage owns (a collective over the stage's mesh)."""
@@ -96,9 +118,11 @@ def build_stage(
     *, stage: Stage, graph: OpGraph, segment: Segment, mesh: DeviceMesh, model_params: Mapping[str, Any],
     model_buffers: Mapping[str, Any], device: str,
     loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None, loss_inputs: tuple[int, ...] = (),
-    wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
+    wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None, sync: SyncOptions | None = None,
 ) -> StagePart:  # fmt: skip
-    """The part of ``stage`` this rank runs, every node as the plan's record of it says."""
+    """The part of ``stage`` this rank runs, every node as the plan's record of it says; ``sync``: how it
+    reduces its gradients (:meth:`executors.grad_sync.SyncOptions.of` the plan; None: exact, bucketed by
+    4-byte gradients, after the backward)."""
     sharding: StageSharding | SingleDeviceSharding
     if len(stage.devices) == 1:
         sharding = SingleDeviceSharding(device=device)
@@ -107,24 +131,91 @@ def build_stage(
     specs = param_specs(stage, graph, segment.params)
     params = sharding.distribute_params({name: model_params[name] for name in segment.params}, specs)
     buffers = sharding.distribute_buffers({name: model_buffers[name] for name in segment.buffers})
-    inner = GraphModule(graph, segment, params=params, buffers=buffers, call_node=sharding.call_node, device=device)
+    inner = GraphModule(graph, segment, params=params, buffers=buffers, call_node=sharding.call_node, device=device,
+                        checkpointed=stage.recomputed_runs())  # fmt: skip
     module = ShardedStageModule(inner, sharding, loss=loss, loss_inputs=loss_inputs, wire_dtype=wire_dtype)
+    named = dict(inner.named_graph_parameters())
+    zero = None
+    if stage.zero >= 1 and len(stage.devices) > 1:
+        axes = {entry.name: entry.axes for entry in stage_grad_entries(stage, graph)}
+        zero = ZeroOptimizerShards(params=named, axes={name: axes[name] for name in named if axes.get(name)})
+        module.register_forward_pre_hook(lambda *_: zero.gather())
+    reducer = None
+    if len(stage.devices) > 1:
+        sync = sync or SyncOptions(optimizer="adam-fp32")
+        reducer = GradReducer(params=named, buckets=bucket_plan(stage, graph, optimizer=sync.optimizer), mesh=mesh,
+                              options=sync)  # fmt: skip
     return StagePart(stage=stage, segment=segment, module=module, sharding=sharding,
-                     params=dict(inner.named_graph_parameters()))  # fmt: skip
+                     params=zero.optimized() if zero else named, reducer=reducer, zero=zero)  # fmt: skip
 
 
-def sync_shared_grads(part: StagePart | None, shared: Sequence[str], *, is_reporter: bool, device: str,
+class ZeroOptimizerShards:
+    """ZeRO-1 on a sharded stage (Megatron's distributed optimizer; torch's ``ZeroRedundancyOptimizer`` scheme
+    on DTensors): every parameter whose gradient is summed over mesh axes gets a *shard*, a DTensor split
+    along one of its dims over those axes, which is what the optimizer steps — so each rank holds ``1/d`` of
+    its optimizer state. After the gradient reduction (as at level 0) each shard takes its slice of the
+    reduced gradient (no communication); before the first forward after that, each parameter is all-gathered
+    from its updated shards (:meth:`gather`). Costs: :mod:`planner.costing.zero`."""
+
+    def __init__(self, *, params: Mapping[str, nn.Parameter], axes: Mapping[str, tuple[int, ...]]) -> None:
+        self.compute = dict(params)  # what the stage's module computes with
+        self.shards: dict[str, nn.Parameter] = {}
+        for name, param in params.items():
+            if name in axes and isinstance(param, DTensor) and param.requires_grad:
+                placements = zero_placements(param, axes[name])
+                whole = param.full_tensor().detach().clone()
+                local = distribute_tensor(whole, param.device_mesh, placements, src_data_rank=None)
+                self.shards[name] = nn.Parameter(local, requires_grad=True)
+        self.stale = True  # the shards may differ from the parameters (a step, a checkpoint loaded)
+
+    def optimized(self) -> dict[str, nn.Parameter]:
+        """Name -> what the optimizer steps: the shard, or the parameter itself where nothing is sharded."""
+        return {name: self.shards.get(name, param) for name, param in self.compute.items()}
+
+    def scatter_grads(self) -> None:
+        """Each shard's slice of its parameter's reduced gradient (a local slice), the parameter's freed."""
+        for name, shard in self.shards.items():
+            param = self.compute[name]
+            if param.grad is None:
+                continue
+            grad = param.grad.redistribute(shard.device_mesh, shard.placements)
+            shard.grad = grad if shard.grad is None else shard.grad + grad
+            param.grad = None
+        self.stale = True
+
+    def gather(self) -> None:
+        """The parameters all-gathered from their shards, once after every step (the forward pre-hook)."""
+        if not self.stale:
+            return
+        with torch.no_grad():
+            for name, shard in self.shards.items():
+                param = self.compute[name]
+                param._local_tensor.copy_(shard.redistribute(param.device_mesh, param.placements).to_local())
+        self.stale = False
+
+
+def zero_placements(param: DTensor, axes: Sequence[int]) -> tuple[Placement, ...]:
+    """``param``'s placements with each axis of ``axes`` sharding the largest dim no other axis shards."""
+    taken = {placement.dim for placement in param.placements if isinstance(placement, Shard)}
+    free = [dim for dim in sorted(range(param.ndim), key=lambda d: -param.shape[d]) if dim not in taken]
+    dim = free[0] if free else 0
+    return tuple(Shard(dim) if axis in axes else placement for axis, placement in enumerate(param.placements))
+
+
+def sync_shared_grads(parts: Sequence[StagePart], shared: Sequence[str], *, rank: int, device: str,
                       metas: Mapping[str, torch.Tensor]) -> None:  # fmt: skip
-    """Sum each shared parameter's gradient over the stages that read it (every rank takes part)."""
+    """Sum each shared parameter's gradient over the stages that read it (every rank takes part; ``parts``
+    are this rank's stages, several under an interleaved schedule, each reported by its first device)."""
     for name in shared:
-        param = part.params.get(name) if part is not None else None
+        copies = [(part, part.params[name]) for part in parts if name in part.params]
         whole = torch.zeros_like(metas[name], device=device)
-        if param is not None and param.grad is not None:
-            grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
-            if is_reporter:
-                whole = whole + grad
+        for part, param in copies:
+            if param.grad is not None:
+                grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+                if rank == part.stage.devices[0]:
+                    whole = whole + grad
         dist.all_reduce(whole)
-        if param is not None:
+        for _, param in copies:
             if isinstance(param, DTensor):
                 param.grad = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
             else:

@@ -10,7 +10,12 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
   ``input_specs``, a parameter held in another placement than its record names is redistributed
   too (a tied weight), the operator runs on DTensors, and the output is redistributed to the
   record's ``output_spec`` — a contraction split leaves a partial sum, which this turns into the
-  planned ``R`` or ``S(d)`` (the all-reduce the record lists as the node's own collective);
+  planned ``R`` or ``S(d)`` (the all-reduce, or under sequence parallelism the reduce-scatter, the
+  record lists as the node's own collective);
+* runs sequence parallelism's gathered tensors (``R*``: replicated, the gradient handed back partial;
+  :mod:`planner.sharding.sequence_parallel`) as the records say: an ``R*`` output is computed on sequence
+  shards and all-gathered, and its gradient, handed back partial by every reader, reduce-scattered once
+  (:meth:`StageSharding._as_planned`, :func:`_edges`);
 * runs operators that DTensor has no sharding rule for without it: attention (CPU flash attention)
   on the local shards — its batch or head split is local compute that its arguments do not name —
   and anything else on whole (all-gathered) inputs, its output then sliced to the planned spec —
@@ -28,19 +33,21 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.nn import functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
 from executors.graph_module import call_node_plain, compile_node
 from planner.ir.graph import NodeKind, OpGraph, OpNode, ValueKind
 from planner.ir.node_call import is_inplace
 from planner.ir.op_kinds import BATCH_STATISTICS
-from planner.plan import NodeSharding, parse_placement
+from planner.plan import GATHERED, NodeSharding, parse_placement
 
 # DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D
 # meshes (torch 2.13); run it on local shards or whole tensors instead. Batch normalization runs on
@@ -57,7 +64,7 @@ def to_placements(spec: Sequence[str]) -> tuple[Placement, ...]:
     """``("S(1)", "R")`` -> ``(Shard(1), Replicate())``."""
     result: list[Placement] = []
     for text in spec:
-        kind, dim = parse_placement(text)
+        kind, dim = parse_placement(text)  # R and R* (gathered) are both replicated in forward
         result.append(Shard(dim) if kind == "S" else Partial() if kind == "P" else Replicate())
     return tuple(result)
 
@@ -80,6 +87,12 @@ class StageSharding:
             name: tuple(to_placements(spec) if spec is not None else None for spec in record.input_specs)
             for name, record in strategies.items()
         }
+        self.edges = {name: _edges(graph.node(name), record, strategies) for name, record in strategies.items()}
+        self.gathered_outputs = {  # a gathered output's gradient comes back partial, to be reduce-scattered
+            name: tuple(Partial() if text == GATHERED else placement
+                        for text, placement in zip(record.output_spec, self.outputs[name], strict=True))
+            for name, record in strategies.items() if GATHERED in record.output_spec
+        }  # fmt: skip
         held = (ValueKind.PARAM, ValueKind.BUFFER)
         self.held_inputs = {  # positions of parameters and buffers: placed once, not per call
             name: frozenset(i for i, value in enumerate(graph.node(name).inputs) if graph.value_kind(value) in held)
@@ -120,8 +133,8 @@ class StageSharding:
 
     def call_node(self, node: OpNode, tensors: list[Any]) -> Any:
         wanted = self.input_placements[node.name]
-        held = self.held_inputs[node.name]
-        inputs = [self._hold(tensor, placements) if i in held else self._arrive(tensor, placements)
+        held, edges = self.held_inputs[node.name], self.edges[node.name]
+        inputs = [self._hold(tensor, placements) if i in held else self._arrive(tensor, placements, edges[i])
                   for i, (tensor, placements) in enumerate(zip(tensors, wanted, strict=True))]  # fmt: skip
         if node.target in self.inplace and inputs and isinstance(inputs[0], DTensor) and inputs[0].requires_grad:
             inputs[0] = inputs[0].clone()  # relu_ on the edge's own view: write into a copy instead
@@ -141,15 +154,26 @@ class StageSharding:
                 result = self._call_local(node, inputs)
         return self._as_planned(node, result)
 
-    def _arrive(self, tensor: Any, placements: tuple[Placement, ...] | None) -> Any:
+    def _arrive(self, tensor: Any, placements: tuple[Placement, ...] | None, edge: _Edge) -> Any:
+        """An activation in the record's placements, its gradient pinned to them (or as :func:`_edges` says where
+        gathered ``R*`` tensors are involved)."""
         if not isinstance(tensor, torch.Tensor):
             return tensor
         tensor = self.enter(tensor)
         if placements is None:
             return tensor
+        grad = tensor.requires_grad
+        if edge.source_pin is not None and grad:  # from a gathered output: hand the gradient back partial
+            tensor = _GradAsPlanned.apply(tensor, edge.source_pin)
+        if edge.sliced is not None:
+            tensor = (
+                _SliceKeepingPartialGradient.apply(tensor, edge.sliced)
+                if grad
+                else tensor.redistribute(self.mesh, edge.sliced)
+            )
         if tuple(tensor.placements) != placements:
             tensor = tensor.redistribute(self.mesh, placements)
-        return _GradAsPlanned.apply(tensor) if tensor.requires_grad else tensor
+        return _GradAsPlanned.apply(tensor, edge.own_pin or placements) if grad else tensor
 
     def _hold(self, tensor: Any, placements: tuple[Placement, ...] | None) -> Any:
         """A parameter or buffer: as distributed, unless the record reads it in other placements."""
@@ -218,9 +242,10 @@ class StageSharding:
             return tree_map(self.enter, result)
         value = self.enter(result)
         planned = self.outputs.get(node.name)
-        if planned is None or tuple(value.placements) == planned:
-            return value
-        return value.redistribute(self.mesh, planned)
+        if planned is not None and tuple(value.placements) != planned:
+            value = value.redistribute(self.mesh, planned)
+        partial = self.gathered_outputs.get(node.name)
+        return _GradAsPlanned.apply(value, partial) if partial is not None and value.requires_grad else value
 
     def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
         """Bring every gradient to its parameter's placement (all-reduce of partial sums)."""
@@ -242,23 +267,87 @@ def _local_grad_placements(tensor: DTensor, output: tuple[Placement, ...]) -> li
 
 
 class _GradAsPlanned(torch.autograd.Function):
-    """Identity forward; backward brings the gradient to the value's own placements right here.
+    """Identity forward; backward brings the gradient to the value's own placements (or ``placements``) right here.
 
     The cost model charges a column-split contraction's replicated input one gradient all-reduce at
     that input (Megatron's ``f``). DTensor would leave the partial gradient pending and resolve it
     wherever a later backward operator needs it, with other collectives; this pins it to the edge.
+    Pinned to ``Partial`` it keeps a gradient partial (a gathered tensor's, reduce-scattered by its producer).
     """
 
     @staticmethod
-    def forward(ctx: Any, tensor: DTensor) -> DTensor:
-        ctx.mesh, ctx.placements = tensor.device_mesh, tuple(tensor.placements)
+    def forward(ctx: Any, tensor: DTensor, placements: tuple[Placement, ...] | None = None) -> DTensor:
+        ctx.mesh, ctx.placements = tensor.device_mesh, placements or tuple(tensor.placements)
         return tensor.view_as(tensor)
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        if isinstance(grad, DTensor) and tuple(grad.placements) != ctx.placements:
-            return grad.redistribute(ctx.mesh, ctx.placements)
-        return grad
+        if not isinstance(grad, DTensor) or tuple(grad.placements) == ctx.placements:
+            return grad, None
+        pairs = list(zip(grad.placements, ctx.placements, strict=True))
+        made_partial = [axis for axis, (now, wanted) in enumerate(pairs) if now.is_replicate() and wanted.is_partial()]
+        if made_partial:  # DTensor will not redistribute to Partial: a replica is a partial sum kept on one rank
+            keep = all(ctx.mesh.get_local_rank(axis) == 0 for axis in made_partial)
+            local = grad.to_local() if keep else torch.zeros_like(grad.to_local())
+            placements = [Partial() if axis in made_partial else now for axis, (now, _) in enumerate(pairs)]
+            grad = DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=grad.shape,
+                                      stride=grad.stride())  # fmt: skip
+        return grad.redistribute(ctx.mesh, ctx.placements), None
+
+
+@dataclass(frozen=True)
+class _Edge:  # how an activation reaches a node where gathered (R*) tensors are involved (_edges)
+    source_pin: tuple[Placement, ...] | None = None  # at the producer's side: partial on its R* axes
+    sliced: tuple[Placement, ...] | None = None  # R* axes read as shards: sliced with their gradient kept partial
+    own_pin: tuple[Placement, ...] | None = None  # at the reader's side, instead of its record's input placements
+
+
+def _edges(node: OpNode, record: NodeSharding, strategies: Mapping[str, NodeSharding]) -> list[_Edge]:
+    """Per input of ``node``, how its gradient goes back where gathered (``R*``) tensors are involved, with the
+    collectives :func:`planner.sharding.specs.reshard_s` prices: every reader of a gathered output hands back a
+    partial gradient there (pinned on the producer's side), which the producer reduce-scatters once — a reader
+    of a shard no other axis splits slices it locally and hands back its gradient shard as a partial sum
+    (:class:`_SliceKeepingPartialGradient`); a reader of an input ``R*`` keeps its gradient partial there when
+    the producer gathered its output, and all-reduces it on the edge (pinned replicated) when it did not."""
+    edges: list[_Edge] = []
+    for value, spec in zip(node.inputs, record.input_specs, strict=True):
+        source = tuple(strategies[value].output_spec) if value in strategies else ()
+        if spec is None or GATHERED not in (*source, *spec):
+            edges.append(_Edge())
+            continue
+        held, wanted = to_placements(source), to_placements(spec)
+        gathered = [axis for axis, text in enumerate(source) if text == GATHERED]
+        partial = tuple(Partial() if axis in gathered else placement for axis, placement in enumerate(held))
+        own_pin = tuple(Partial() if text == GATHERED and axis in gathered else placement
+                        for axis, (text, placement) in enumerate(zip(spec, wanted, strict=True)))  # fmt: skip
+        local = [axis for axis in gathered if spec[axis].startswith("S") and spec.count(spec[axis]) == 1]
+        sliced = tuple(wanted[axis] if axis in local else placement for axis, placement in enumerate(held))
+        edges.append(_Edge(source_pin=partial if gathered else None, sliced=sliced if local else None,
+                           own_pin=own_pin if GATHERED in spec else None))  # fmt: skip
+    return edges
+
+
+class _SliceKeepingPartialGradient(torch.autograd.Function):
+    """A replicated tensor sliced into shards (no communication); backward, each rank's gradient shard goes
+    back as a partial sum — the shard in place, zeros elsewhere — instead of being all-gathered: the producer
+    of a gathered tensor reduce-scatters its readers' partial gradients anyway (sequence parallelism)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: DTensor, placements: tuple[Placement, ...]) -> DTensor:
+        ctx.mesh, ctx.source = tensor.device_mesh, tuple(tensor.placements)
+        return tensor.redistribute(tensor.device_mesh, placements)
+
+    @staticmethod
+    def backward(ctx: Any, grad: DTensor) -> Any:
+        mesh, local, placements = ctx.mesh, grad.to_local(), list(grad.placements)
+        for axis, (before, after) in enumerate(zip(ctx.source, grad.placements, strict=True)):
+            if before.is_replicate() and isinstance(after, Shard):  # the shard in place, zeros elsewhere
+                size, index = local.shape[after.dim], mesh.get_local_rank(axis)
+                pads = [0, 0] * (local.ndim - 1 - after.dim)
+                local = F.pad(local, [*pads, index * size, (mesh.size(axis) - 1 - index) * size])
+                placements[axis] = Partial()
+        whole = DTensor.from_local(local, mesh, placements, run_check=False, shape=grad.shape, stride=grad.stride())
+        return whole, None
 
 
 class SingleDeviceSharding:
@@ -306,9 +395,10 @@ def full_tensor(value: Any) -> torch.Tensor:
 
 
 def observed_kind(op_name: str) -> str | None:
-    """CommDebugMode's functional collective -> the cost model's kind (None: not a collective we price)."""
-    for key, kind in (("all_reduce", "all_reduce"), ("all_gather", "all_gather"), ("all_to_all", "all_to_all"),
-                      ("reduce_scatter", "reduce_scatter")):  # fmt: skip
+    """CommDebugMode's collective (functional, or c10d's ``allreduce_``: the gradient buckets of
+    :mod:`executors.grad_sync`) -> the cost model's kind (None: not a collective we price)."""
+    for key, kind in (("all_reduce", "all_reduce"), ("allreduce", "all_reduce"), ("all_gather", "all_gather"),
+                      ("all_to_all", "all_to_all"), ("reduce_scatter", "reduce_scatter")):  # fmt: skip
         if key in op_name:
             return kind
     return None

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from executors.grad_sync import SyncOptions
 from executors.graph_module import flat_outputs, model_tensors
 from executors.pipeline import stage_segments
 from executors.session import Workload, split_batch
@@ -64,6 +65,7 @@ class UnevenPipelineRunner:
             wire_dtype=workload.precision.wire_dtype,
             loss=loss if last else None,
             loss_inputs=tuple(self.segments[-1].inputs.index(n) for n in loss_inputs) if last else (),
+            sync=SyncOptions.of(plan),
         )  # fmt: skip
         self.owned = set(stage.param_placements)
 
@@ -84,8 +86,8 @@ class UnevenPipelineRunner:
             if self.index == len(self.plan.stages) - 1:
                 loss = torch.stack([outputs.detach() for _, outputs in saved]).mean()
             self.part.sync_grads()
-        sync_shared_grads(self.part, self.shared, is_reporter=self._reports(), device=self.workload.device,
-                          metas=self.param_metas)  # fmt: skip
+        sync_shared_grads([self.part] if self.part is not None else [], self.shared, rank=dist.get_rank(),
+                          device=self.workload.device, metas=self.param_metas)  # fmt: skip
         dist.broadcast(loss, src=self.plan.stages[-1].devices[0])
         return float(loss)
 

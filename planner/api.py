@@ -24,14 +24,15 @@ import torch
 
 from cost_models.cluster import Cluster, load_cluster
 from planner.auto import AutoResult, auto_plan
-from planner.baselines.data_parallel import data_parallel
+from planner.baselines.data_parallel import data_parallel, with_zero
 from planner.baselines.handwritten import check_degrees
 from planner.baselines.handwritten_plan import handwritten_plan, megatron_at_scale
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
 from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
 from planner.costing.stage_work import runs_as_ddp
+from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError, InternalError
-from planner.inter.pricing import PricedPipeline
+from planner.inter.pricing import PricedPipeline, reprice_data_parallel
 from planner.inter.search import PipelineOptions, Progress, allowed_slots, microbatch_counts
 from planner.inter.stage_dp import is_large
 from planner.ir.capture import capture
@@ -40,7 +41,7 @@ from planner.ir.model_file import instantiate, load_model_file
 from planner.ir.op_kinds import BATCH_STATISTICS
 from planner.ir.parallel_capture import start_capture
 from planner.ir.rebatch import MicrobatchGraphs
-from planner.plan import ModelRef, Plan, PlanError, SearchStats, validate_plan
+from planner.plan import GradSync, ModelRef, Plan, PlanError, SearchStats, validate_plan
 
 METHODS: dict[str, str] = {
     "auto": "the best plan autoplan can search: pipeline stages by DP, per-operator sharding by ILP, "
@@ -87,14 +88,22 @@ def _auto(prepared: Prepared) -> tuple[AutoResult, float]:
 def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:
     """The plan of method ``name``, its search statistics (``time_s``: this method's search) and notes."""
     graph, setup, batch_size = prepared.graph, prepared.setup, prepared.batch_size
+    options = prepared.options
     if name == "data-parallel":
         started = time.perf_counter()
         stages, estimate = data_parallel(graph, setup, batch_size=batch_size, graph_at=prepared.graphs.at)
-        return (
-            PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none"),
-            SearchStats(time_s=time.perf_counter() - started),
-            (),
-        )
+        plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
+        if str(options.zero) not in ("auto", "0"):  # --zero N: FSDP at level N (auto: DDP, the plain baseline)
+            stages, estimate = with_zero(stages, estimate, graph, setup, level=int(options.zero))
+            plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
+        chosen = reprice_data_parallel(plain, graph, setup, allow_lossy=options.allow_lossy, forced=options.grad_sync,
+                                       zero=runs_as_fsdp(stages))  # fmt: skip
+        if chosen is None:
+            raise AutoplanError(f"the data-parallel plan cannot run --grad-sync {options.grad_sync.label}: "
+                                "it needs replicas on several devices (across nodes for local SGD), without --zero")  # fmt: skip
+        return chosen, SearchStats(time_s=time.perf_counter() - started), ()
+    if name in PLACEMENT_METHODS and options.grad_sync is not None and options.grad_sync.lossy:
+        raise AutoplanError(f"--grad-sync {options.grad_sync.label}: op placements ({name}) sync no gradients")
     if name in PLACEMENT_METHODS:
         started = time.perf_counter()
         chosen, notes = run_placement(name, prepared.graphs, setup, batch_size=batch_size,
@@ -159,6 +168,14 @@ def _run_handwritten(name: str, prepared: Prepared) -> tuple[PricedPipeline, Sea
     return found.best, stats, (note,)
 
 
+def _forced_grad_sync(grad_sync: GradSync | str | None, *, allow_lossy: bool) -> GradSync | None:
+    """``--grad-sync`` read and checked: a lossy one only with ``--allow-lossy``."""
+    forced = GradSync.parse(grad_sync) if isinstance(grad_sync, str) else grad_sync
+    if forced is not None and forced.lossy and not allow_lossy:
+        raise AutoplanError(f"--grad-sync {forced.label} changes the gradients the optimizer sees: add --allow-lossy")
+    return forced
+
+
 def _resolve_cluster(cluster: Cluster | str) -> Cluster:
     return cluster if isinstance(cluster, Cluster) else load_cluster(cluster)
 
@@ -177,7 +194,9 @@ def prepare(
     microbatches: int | None = None,
     schedule: str = "auto",
     remat: str = "auto",
-    zero: bool = False,
+    zero: str | int = "auto",
+    allow_lossy: bool = False,
+    grad_sync: GradSync | str | None = None,
     ilp_time_limit_s: float = 30.0,
     degrees: tuple[int, int, int] | None = None,
     rl_budget_s: float = 30.0,
@@ -195,10 +214,12 @@ def prepare(
         raise AutoplanError(f"--jobs must be at least 1, got {jobs}")
     if rl_budget_s <= 0:
         raise AutoplanError(f"--rl-budget-s must be positive, got {rl_budget_s:g}")
+    forced = _forced_grad_sync(grad_sync, allow_lossy=allow_lossy)
     pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
-                               zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees, jobs=jobs)  # fmt: skip
+                               zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees, jobs=jobs,
+                               allow_lossy=allow_lossy, grad_sync=forced)  # fmt: skip
     counts = microbatch_counts(batch_size, microbatches, data_degree=None if degrees is None else degrees[2])
-    allowed_slots(remat)
+    allowed_slots(remat, zero)
     if not 0 < memory_fraction <= 1:
         raise AutoplanError(
             f"--memory-fraction must be in (0, 1] (a share of the usable memory), got {memory_fraction}"
@@ -244,8 +265,8 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
         num_microbatches=chosen.num_microbatches,
         schedule=chosen.schedule,
         optimizer=prepared.setup.optimizer,
-        zero=prepared.options.zero,
         memory_fraction=prepared.setup.memory_fraction,
+        grad_sync=chosen.grad_sync,
         stages=chosen.stages,
         estimate=chosen.estimate,
         search=replace(
@@ -256,6 +277,7 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
         ),
         notes=(
             *method_notes,
+            *chosen.notes,
             *prepared.notes,
             *_notes(graphs, ddp=runs_as_ddp(chosen.stages, zero=prepared.options.zero)),
         ),
@@ -275,7 +297,7 @@ def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:
     if not any(node.op_name in BATCH_STATISTICS for node in graph.nodes):
         return plan
     rows = plan.batch_size // plan.num_microbatches
-    if plan.schedule != "dataflow" and runs_as_ddp(plan.stages, zero=False):  # DDP, or FSDP with zero
+    if plan.schedule != "dataflow" and (runs_as_ddp(plan.stages) or runs_as_fsdp(plan.stages)):  # DDP, or FSDP
         rows //= len(plan.stages[0].devices)
     share = "one replica's share of a microbatch" if rows * plan.num_microbatches < plan.batch_size else "a microbatch"
     note = (
@@ -310,7 +332,8 @@ def _notes(graphs: MicrobatchGraphs, *, ddp: bool) -> tuple[str, ...]:
     sync = (
         "gradient all-reduce: DDP's buckets, overlapped with the last backward as DDP runs them"
         if ddp
-        else "gradient sync after the backward pass, as the executor runs sharded stages and pipelines"
+        else "gradient sync: each sharded stage's partial sums all-reduced in buckets, overlapped with its last "
+        "backward (executors.grad_sync)"
     )
     return (f"model captured {graphs.num_captures} time(s), other microbatch sizes interpolated", sync)
 

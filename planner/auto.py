@@ -9,8 +9,14 @@
    there — deep pipelines on whole layers, hundreds of microbatches
    (:func:`planner.baselines.handwritten_plan.megatron_at_scale`) — so auto is never behind Megatron's
    published configurations, which the search's grouped layers and 64 microbatches cannot express.
-3. Each candidate is priced exactly on whole stages (:func:`planner.inter.pricing.price_stages`),
-   and the pure data-parallel plan (one step, no microbatches) joins them.
+3. Each candidate is priced exactly on whole stages (:func:`planner.inter.pricing.price_stages`), under the
+   fastest gradient sync the options offer (with ``--allow-lossy`` also every Megatron grid point whose
+   data-parallel groups cross nodes: :func:`_wide_data_parallel`);
+   Megatron's pipelines are also tried under its interleaved 1F1B, as run alone, and the fastest
+   pipelines of every method under interleaved 1F1B and zero bubble make the ``rescheduled`` candidate
+   (:func:`_add_schedule_variants`, priced by replaying the schedule); the pure data-parallel plan (one
+   step, no microbatches) joins them. ``--schedule interleaved`` or ``zero-bubble`` keeps only the
+   pipelines under that schedule.
 4. The best-priced candidate of each method whose price is within :data:`LEADER_RATIO` of the
    best is replayed by the simulator (:func:`_simulate_leaders`, :mod:`planner.costing.lowering`), and the
    fastest simulated one that fits is the plan (a lone leader is taken without a replay). So the auto plan is never slower than a
@@ -27,17 +33,21 @@ from dataclasses import dataclass
 
 from cost_models.units import GIB
 from planner.baselines.data_parallel import data_parallel
-from planner.baselines.handwritten import best_handwritten
+from planner.baselines.handwritten import Candidate as HandwrittenCandidate
+from planner.baselines.handwritten import best_handwritten, megatron_grid
 from planner.baselines.handwritten_plan import megatron_at_scale
 from planner.costing.estimate import check_fits
 from planner.costing.lowering import lower_stages, simulate_lowered
 from planner.costing.setup import CostSetup
+from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
-from planner.inter.pricing import PricedPipeline, price_stages, specs_from_dp
-from planner.inter.search import LayerTables, PipelineOptions, Progress, search_pipeline
+from planner.inter.pricing import PricedPipeline, StageSpec, price_stages, reprice_data_parallel, specs_from_dp
+from planner.inter.schedule_variants import Candidate, Pipelines, best_rescheduled, method_schedules, with_variant
+from planner.inter.search import LayerTables, PipelineChoice, PipelineOptions, Progress, search_pipeline
 from planner.inter.stage_dp import is_large
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs
+from planner.plan.schedules import MULTI_STAGE_SCHEDULES
 
 DP_CANDIDATES = 3
 LEADER_RATIO = 1.25  # candidates estimated within 25% of the best are simulated; the fastest simulated wins
@@ -56,6 +66,39 @@ def _add_pure_data_parallel(
     plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
     if "data-parallel" not in priced or estimate.step_time_s < priced["data-parallel"].estimate.step_time_s:
         priced["data-parallel"], graph_of["data-parallel"] = plain, full_graph
+
+
+def _wide_data_parallel(settings: list[PipelineChoice], setup: CostSetup, *, options: PipelineOptions
+                        ) -> list[tuple[str, PipelineChoice, list[StageSpec]]]:  # fmt: skip
+    """With a lossy gradient sync allowed: the best candidate of every Megatron grid point whose data-parallel
+    groups cross nodes as well. The grid's ranking (:func:`planner.baselines.handwritten.best_handwritten`)
+    charges exact gradient sync, which a compressed one can make cheap there."""
+    if not options.allow_lossy:
+        return []
+    per_node = setup.cluster.devices_per_node
+    best: dict[tuple[int, int, int], HandwrittenCandidate] = {}
+    for setting in settings:
+        for found in megatron_grid(setting, setup, remat=options.remat, degrees=options.degrees, zero=options.zero):
+            (t, _, d), fits = found.degrees, options.max_stages is None or len(found.specs) <= options.max_stages
+            known = best[found.degrees].step_time_s if found.degrees in best else math.inf
+            if t * d > per_node and d > 1 and fits and found.step_time_s < known:
+                best[found.degrees] = found
+    return [(found.method, found.setting, list(found.specs)) for found in best.values()]
+
+
+def _grad_sync_of_data_parallel(priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], setup: CostSetup, *,
+                                options: PipelineOptions) -> None:  # fmt: skip
+    """The pure data-parallel candidate under the gradient syncs the options offer (``--allow-lossy``,
+    ``--grad-sync``), as :func:`planner.inter.pricing.price_stages` prices every other candidate."""
+    if "data-parallel" not in priced:
+        return
+    found = reprice_data_parallel(priced["data-parallel"], graph_of["data-parallel"], setup,
+                                  allow_lossy=options.allow_lossy, forced=options.grad_sync,
+                                  zero=runs_as_fsdp(priced["data-parallel"].stages))  # fmt: skip
+    if found is None:
+        del priced["data-parallel"], graph_of["data-parallel"]
+    else:
+        priced["data-parallel"] = found
 
 
 def _add_megatron_at_scale(
@@ -87,11 +130,37 @@ def _simulate_leaders(
         if method not in leaders:
             continue
         lowered = lower_stages(candidate.stages, graph_of[method], setup, num_microbatches=candidate.num_microbatches,
-                               schedule=candidate.schedule, zero=zero)  # fmt: skip
+                               schedule=candidate.schedule, zero=zero, grad_sync=candidate.grad_sync)  # fmt: skip
         result = simulate_lowered(lowered)
         if result.max_memory_bytes <= setup.memory_budget_bytes * (1 + 1e-9):
             simulated[method] = result.step_time_s
     return simulated or {min(priced, key=lambda m: priced[m].estimate.step_time_s): math.inf}
+
+
+def _add_schedule_variants(
+    priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], pipelines: dict[str, Pipelines], *,
+    full_graph: OpGraph, tables: LayerTables, mode: str,
+) -> None:  # fmt: skip
+    """Each hand-written method's plan with its own schedule variants (Megatron: interleaved; as it is run alone),
+    and the ``rescheduled`` candidate: the fastest pipelines of every method under every variant schedule
+    (:mod:`planner.inter.schedule_variants`). A named multi-stage schedule keeps only the plans that use it."""
+    for method in ("megatron", "uniform-pipeline"):
+        try:
+            schedules = method_schedules(method, mode)
+        except AutoplanError:  # not one of the method's schedules: the rescheduled candidate may still use it
+            schedules = ()
+        found = best_rescheduled(pipelines.get(method, []), full_graph=full_graph, tables=tables, schedules=schedules)
+        best = with_variant(priced.get(method), found, mode=mode)
+        if found is not None and best is found[0]:
+            priced[method], graph_of[method] = best, found[1].graph
+    everything = [entry for entries in pipelines.values() for entry in entries]
+    found = best_rescheduled(everything, full_graph=full_graph, tables=tables,
+                             schedules=method_schedules("rescheduled", mode))  # fmt: skip
+    if found is not None:
+        priced["rescheduled"], graph_of["rescheduled"] = found[0], found[1].graph
+    if mode in MULTI_STAGE_SCHEDULES:
+        for method in [method for method, plan in priced.items() if plan.schedule != mode]:
+            del priced[method]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,26 +192,37 @@ def auto_plan(
     ranked = sorted((s for s in settings if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
     candidates = [("stage-dp", s, specs_from_dp(s.stage_plan, s.spans, setup)) for s in ranked[:DP_CANDIDATES]]
     handwritten_started = time.perf_counter()
-    for method, found in best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees).items():
+    for method, found in best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees,
+                                          zero=options.zero).items():  # fmt: skip
         candidates.extend((method, candidate.setting, list(candidate.specs)) for candidate in found
                           if options.max_stages is None or len(candidate.specs) <= options.max_stages)  # fmt: skip
+    candidates.extend(_wide_data_parallel(settings, setup, options=options))
     handwritten_s = time.perf_counter() - handwritten_started
     priced: dict[str, PricedPipeline] = {}
     graph_of: dict[str, OpGraph] = {}
+    pipelines: dict[str, Pipelines] = {}  # every priced candidate of several stages, by method
     for done, (method, setting, specs) in enumerate(candidates):
         if progress is not None:
             progress("pricing candidates", done, len(candidates))
         result = price_stages(full_graph=full_graph, graph=setting.graph, layers=setting.layers, tables=tables,
                               specs=specs, m=setting.num_microbatches, schedule=setting.schedule,
                               refine=method == "stage-dp")  # fmt: skip
+        if result is not None and len(specs) > 1:
+            pipelines.setdefault(method, []).append((result, Candidate(graph=setting.graph, layers=setting.layers, specs=tuple(specs),
+                                                        num_microbatches=setting.num_microbatches, refine=method == "stage-dp")))  # fmt: skip
         if result is not None and (
             method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s
         ):
             priced[method], graph_of[method] = result, setting.graph
+    _add_schedule_variants(priced, graph_of, pipelines, full_graph=full_graph, tables=tables, mode=options.schedule)
     if is_large(setup.cluster) and options.degrees is None:  # the grid as an expert tries it at scale
         _add_megatron_at_scale(priced, graph_of, graphs, full_graph, setup, options=options, progress=progress)
-    if options.remat != "on" and options.microbatches in (None, 1) and options.schedule != "gpipe":
+    if options.remat != "on" and options.microbatches in (None, 1) and options.schedule == "auto":
         _add_pure_data_parallel(priced, graph_of, full_graph, setup, batch_size=graphs.batch_size, graph_at=graphs.at)
+        _grad_sync_of_data_parallel(priced, graph_of, setup, options=options)
+    if not priced and options.schedule in MULTI_STAGE_SCHEDULES:
+        raise AutoplanError(f"no pipeline fits under --schedule {options.schedule} (it needs at least two stages of "
+                            "equal size and, for interleaved, twice as many layers): try --schedule auto")  # fmt: skip
     if not priced:
         failure = next((s.failure for s in reversed(settings) if s.failure), "")
         gib = setup.memory_budget_bytes / GIB

@@ -36,7 +36,9 @@ def plan_collectives(stage: dict, graph) -> dict[str, dict[str, int]]:
     """The collectives of one microbatch and step as the plan file lists them: every record's own, the
     resharding from each producer's output spec to the input spec its consumer's record names (per
     mesh axis: S->R all-gather forward; R->S all-gather of the gradient backward; S->S' all-to-all
-    both ways), and each parameter's sync collectives at its first reader."""
+    both ways; into R* (gathered) from anything else also an all-reduce of the gradient backward; from R*
+    to a shard no other axis takes nothing; R* being R otherwise), and each parameter's sync collectives at
+    its first reader."""
     strategies = stage["strategies"]
     needs_grad = set(graph.param_names)
     for node in graph.nodes:
@@ -56,6 +58,11 @@ def plan_collectives(stage: dict, graph) -> dict[str, dict[str, int]]:
             if need is None or value not in strategies:
                 continue
             for before, after in zip(strategies[value]["output_spec"], need, strict=True):
+                if after == "R*" and before != "R*":  # a reader's partial gradient, all-reduced on the edge
+                    counts["backward"]["all_reduce"] += value in needs_grad
+                if before == "R*" and after.startswith("S") and need.count(after) == 1:
+                    continue  # a gathered tensor sliced locally, its gradient handed back partial
+                before, after = ("R" if p == "R*" else p for p in (before, after))
                 if before == after:
                     continue
                 if before == "R":
@@ -82,6 +89,8 @@ def main() -> None:
         assert isinstance(runner, TensorParallelRunner) and plan.num_microbatches == 1
         phases = {}
         sharding = runner.part.sharding
+        if runner.part.reducer is not None:  # every bucket in sync_grads, where the sync phase counts them
+            runner.part.reducer.overlap = False
         with CommDebugMode() as phases["forward"]:  # the graph's nodes; gathering the output for the loss is not
             outputs = runner.part.module.inner(*(sharding.enter(value) for value in inputs))
         whole = tuple(sharding.leave(value) for value in outputs)
@@ -97,6 +106,7 @@ def main() -> None:
             phase: {"observed": _kinds(mode), "charged": dict(charged[phase]), "plan": listed[phase]}
             for phase, mode in phases.items()
         }
+        report[path]["sync"]["charged_params"] = dict(charged["sync_params"])  # per parameter, as the plan lists
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(report, indent=2))
     dist.destroy_process_group()

@@ -86,7 +86,7 @@ def test_pipeline_groups_need_equal_stage_sizes() -> None:
     assert set(segments[0].outputs) == set(segments[1].inputs) - {"x"} | ({"x"} & set(segments[0].outputs))
     uneven = replace(plan, stages=(replace(plan.stages[0], devices=(0,)), replace(plan.stages[1], devices=(1, 2))))
     assert check_pipeline(uneven) is None
-    with pytest.raises(AutoplanError, match="gpipe or 1f1b"):
+    with pytest.raises(AutoplanError, match="gpipe, 1f1b, interleaved, zero-bubble"):
         check_pipeline(replace(plan, schedule="none"))
 
 

@@ -23,6 +23,9 @@ import pytest
 from cost_models.cluster import load_cluster
 from executors.training.launch import free_port
 from planner.api import plan_prepared, prepare_model_file
+from planner.inter.search import layering
+from planner.ir.graph import OpGraph
+from planner.ir.recompute import remat_runs
 from planner.plan import Plan, load_plan, save_plan
 from tests.conftest import captured, edit_strategy
 
@@ -35,7 +38,10 @@ MODELS = {
     "moe": ("moe.py", {"hidden": 32, "layers": 2, "experts": 4, "ffn": 32, "tokens": 8}, 8),
 }
 # zoo models planned in one case each (not in every case of MODELS)
-ZOO_MODELS = {"transformer_lm": ("zoo/nn_transformer_lm.py", {"seq": 64}, 8), "swin": ("zoo/hf_swin.py", {}, 8)}
+ZOO_MODELS = {"transformer_lm": ("zoo/nn_transformer_lm.py", {"seq": 64}, 8), "swin": ("zoo/hf_swin.py", {}, 8),
+              "llama": ("zoo/hf_llama.py", {"layers": 4}, 8), "bert": ("zoo/hf_bert.py", {}, 8),
+              "gpt_unfused": ("gpt.py", {"attention": "unfused"}, 8),
+              "gpt2_eager": ("zoo/hf_gpt2.py", {"attention": "eager"}, 8)}  # fmt: skip
 # (model, method, planner options) per world size; the key names the plan kind
 TP = {"degrees": (2, 1, 1)}
 GPIPE = {"degrees": (1, 2, 1), "schedule": "gpipe", "microbatches": 2}
@@ -49,7 +55,10 @@ CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
         **{f"{m}-critical-path": (m, "critical-path", {}) for m in MODELS},
         **{f"{m}-gpipe": (m, "megatron", GPIPE) for m in ("mlp", "gpt", "resnet")},
         **{f"{m}-1f1b": (m, "megatron", ONE_F_ONE_B) for m in ("mlp", "gpt", "moe")},
-        "mlp-fsdp": ("mlp", "data-parallel", {"zero": True}),
+        "mlp-fsdp": ("mlp", "data-parallel", {"zero": 2}),
+        # several stages per rank (torch's ScheduleInterleaved1F1B), and backward split into I and W
+        "gpt-interleaved": ("gpt", "auto", {"schedule": "interleaved"}),
+        "llama-zero-bubble": ("llama", "auto", {"schedule": "zero-bubble"}),
     },
     4: {
         **{f"{m}-tp2d": (m, "megatron", {"degrees": (2, 1, 2)}) for m in MODELS},
@@ -59,17 +68,37 @@ CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
         "gpt-pp-tp-1f1b": ("gpt", "megatron", {"degrees": (2, 2, 1), "schedule": "1f1b", "microbatches": 2}),
         "mlp-pp-tp-gpipe": ("mlp", "megatron", {"degrees": (2, 2, 1), "schedule": "gpipe", "microbatches": 2}),
         "moe-data-parallel": ("moe", "data-parallel", {}),
+        "gpt-zero-bubble": ("gpt", "auto", {"schedule": "zero-bubble"}),  # tensor-parallel stages, v = 2
+        "llama-interleaved": ("llama", "auto", {"schedule": "interleaved"}),
         # linears whose input splits the sequence over both mesh axes: run on each rank's rows (executor)
         "transformer_lm-rows-2d": ("transformer_lm", "uniform-pipeline", {}),
+        # sequence parallel on a post-LN model: a gathered norm output is also read as sequence shards (locally)
+        "bert-sp-tp2d": ("bert", "megatron", {"degrees": (2, 1, 2)}),
         # attention on batch shards with a whole relative-position bias: the bias's gradient is a partial sum
         "swin-attention-bias": ("swin", "megatron", {}),
     },
 }
 # pipelines whose stages differ in device count: (model, devices of stage 0, devices of stage 1)
 UNEVEN = {4: {"gpt-uneven-1-2": ("gpt", (0,), (1, 2)), "mlp-uneven-2-1": ("mlp", (0, 1), (2,))}}
+# memory-saving choices: (model, method, planner options, then the recomputation and microbatch count set on the
+# plan where the method does not choose them). FSDP's ZeRO-1/2/3 on data-parallel plans, ZeRO-1 on sharded and
+# pipeline stages; full and selective (attention) recomputation; GPT and Hugging Face GPT-2 (tied embeddings)
+MEMORY = {
+    2: {"gpt-fsdp1-full-m2": ("gpt_unfused", "data-parallel", {"zero": 1}, {"remat": "full", "microbatches": 2}),
+        "gpt2-fsdp3-attention-m2": ("gpt2_eager", "data-parallel", {"zero": 3}, {"remat": "attention", "microbatches": 2})},
+    4: {"gpt-tp2d-zero1-attention": ("gpt_unfused", "megatron", {"degrees": (2, 1, 2), "zero": 1, "remat": "attention"},
+                                     {}),
+        "gpt2-pp-zero1-full": ("gpt2_eager", "megatron", {"degrees": (1, 2, 2), "zero": 1, "remat": "full",
+                                                           "schedule": "gpipe", "microbatches": 2}, {})},
+}  # fmt: skip
 # a plan with one node's stored strategy changed: (plan it edits, node, the output spec of its new strategy)
-EDITED = {2: {"mlp-tp-gelu-replicated": ("mlp-tp", "gelu", ("R",))}}
-COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp", "mlp-tp-gelu-replicated"], 4: ["mlp-tp2d", "gpt-tp2d"]}
+# sequence-parallel GPT plans edited: the first norm keeps its shards (its R* readers gather on the edge), or q
+# reads the gathered norm plainly (R, its own all-reduce; the norm still reduce-scatters what comes back)
+EDITED = {2: {"mlp-tp-gelu-replicated": ("mlp-tp", "gelu", ("R",)),
+              "gpt-tp-norm-sharded": ("gpt-tp", "layer_norm", ("S(1)",)),
+              "gpt-tp-q-plain": ("gpt-tp", "linear", ("S(2)",))}}  # fmt: skip
+COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp", "mlp-tp-gelu-replicated", "gpt-tp-norm-sharded"],
+                    4: ["mlp-tp2d", "gpt-tp2d"]}  # fmt: skip
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the zoo's HF models are built from configs
@@ -86,12 +115,28 @@ def make_plans(world: int, directory: Path) -> dict[str, Path]:
     for key, (model, first, second) in UNEVEN.get(world, {}).items():
         paths[key] = directory / f"{key}.json"
         save_plan(uneven_plan(model, world=world, devices=(first, second)), paths[key])
+    for key, (model, method, options, edits) in MEMORY.get(world, {}).items():
+        file, args, batch = ZOO_MODELS[model]
+        prepared = prepare_model_file(EXAMPLES / file, cluster, batch_size=batch, model_args=args, **options)
+        paths[key] = directory / f"{key}.json"
+        graph = captured(Path(file).with_suffix("").as_posix(), batch, **args)
+        save_plan(with_memory_choices(plan_prepared(prepared, method), graph, **edits), paths[key])
     for key, (base, node, output_spec) in EDITED.get(world, {}).items():
         file, args, batch = MODELS[base.split("-")[0]]
         graph = captured(Path(file).stem, batch, **args)
         paths[key] = directory / f"{key}.json"
         save_plan(edit_strategy(load_plan(paths[base]), graph, stage=0, node=node, output_spec=output_spec), paths[key])
     return paths
+
+
+def with_memory_choices(plan: Plan, graph: OpGraph, *, remat: str = "", microbatches: int = 0) -> Plan:
+    """``plan`` (one stage) recomputing ``remat``'s runs of its layers, over ``microbatches``."""
+    if not remat:
+        return plan
+    (stage,) = plan.stages
+    runs = remat_runs(remat, graph, stage.nodes, layers=layering(graph).layers)
+    stage = replace(stage, remat=remat, remat_regions=tuple((run[0], run[-1]) for run in runs))
+    return replace(plan, stages=(stage,), num_microbatches=microbatches or plan.num_microbatches)
 
 
 def uneven_plan(model: str, *, world: int, devices: tuple[tuple[int, ...], tuple[int, ...]]) -> Plan:
@@ -140,7 +185,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
 
 @pytest.mark.parametrize(
     "world,key",
-    [(world, key) for world in CASES for key in [*CASES[world], *UNEVEN.get(world, {}), *EDITED.get(world, {})]],
+    [
+        (world, key)
+        for world in CASES
+        for key in [*CASES[world], *UNEVEN.get(world, {}), *EDITED.get(world, {}), *MEMORY.get(world, {})]
+    ],
 )
 def test_parity_with_one_process(runs: dict, world: int, key: str) -> None:
     run = runs[world]
@@ -161,18 +210,19 @@ def _on_gloo(counts: dict[str, int]) -> dict[str, int]:
 
 @pytest.mark.parametrize("world,key", [(world, key) for world in COLLECTIVE_CASES for key in COLLECTIVE_CASES[world]])
 def test_collectives_are_the_charged_ones(runs: dict, world: int, key: str) -> None:
-    """Forward and gradient sync: exactly the cost model's collectives. Backward: the same
-    all-reduces; GPT's head split (an all-to-all, all-gathered on gloo) adds one all-gather."""
+    """Forward and gradient sync (one all-reduce per bucket and axis): exactly the cost model's collectives.
+    Backward: the same all-reduces; GPT's head split (an all-to-all, all-gathered on gloo) adds one all-gather."""
     run = runs[world]
     assert run["collectives"] is not None, f"the world-{world} collectives job failed:\n{run['collectives_log']}"
     phases = run["collectives"][str(run["plans"][key])]
-    for phase in ("forward", "backward", "sync"):  # the simulator charges exactly what the plan file lists
+    for phase in ("forward", "backward"):  # the simulator charges exactly what the plan file lists
         assert phases[phase]["charged"] == phases[phase]["plan"], phase
+    assert phases["sync"]["charged_params"] == phases["sync"]["plan"]  # ... its parameters' sync, in buckets
     for phase in ("forward", "sync"):
         assert phases[phase]["observed"] == _on_gloo(phases[phase]["charged"]), phase
     backward = phases["backward"]
-    if key.startswith("mlp"):
-        assert backward["observed"] == backward["charged"]
+    if key.startswith("mlp"):  # (an exchange between splits, all-to-all, is an all-gather on gloo)
+        assert backward["observed"] == _on_gloo(backward["charged"])
     assert backward["observed"].get("all_reduce", 0) == backward["charged"].get("all_reduce", 0)
     assert phases["forward"]["observed"], "a tensor-parallel plan communicates in forward"
 
@@ -197,3 +247,49 @@ def test_the_rows_case_splits_a_linear_input_dim_over_both_axes(runs: dict) -> N
              if name.startswith("linear") and record.input_specs[0] is not None and len(record.input_specs[0]) == 2
              and len(set(record.input_specs[0])) == 1 and record.input_specs[0][0] not in ("R", "S(0)")]  # fmt: skip
     assert twice, "the planner no longer picks a doubly split linear input here: choose another case"
+
+
+def test_the_schedule_cases_run_the_schedule_they_name(runs: dict) -> None:
+    """The interleaved and zero-bubble parity cases are what they say (a canary for plans that drift)."""
+    for world, key, schedule, several in ((2, "gpt-interleaved", "interleaved", True),
+                                          (2, "llama-zero-bubble", "zero-bubble", False),
+                                          (4, "gpt-zero-bubble", "zero-bubble", False),
+                                          (4, "llama-interleaved", "interleaved", True)):  # fmt: skip
+        plan = load_plan(runs[world]["plans"][key])
+        assert plan.schedule == schedule, key
+        assert plan.num_pipeline_ranks >= 2 and (plan.virtual_stages >= 2 or not several), key
+
+
+def test_the_sequence_parallel_cases_are_sequence_parallel(runs: dict) -> None:
+    """Megatron plans of transformers with t > 1 are sequence parallel (a canary for plans that drift): the norms
+    gather their outputs (R*) for the column-parallel linears; BERT's post-LN norms are also read as shards."""
+    for world, key in ((2, "gpt-tp"), (4, "gpt-tp2d"), (4, "bert-sp-tp2d")):
+        plan = load_plan(runs[world]["plans"][key])
+        assert all(stage.uses_sequence_parallelism for stage in plan.stages), key
+    bert = load_plan(runs[4]["plans"]["bert-sp-tp2d"]).stages[0]
+    gathered = {name for name, record in bert.strategies.items() if "R*" in record.output_spec}
+    readers = {name for name, record in bert.strategies.items() if "R*" not in record.output_spec
+               and any(spec is not None and "S(1)" in spec for spec in record.input_specs)}  # fmt: skip
+    assert gathered and readers
+
+
+def test_the_executor_gathers_on_the_edge_when_a_norm_keeps_its_shards(runs: dict) -> None:
+    """gpt-tp-norm-sharded: ln_1 stored on sequence shards (S(1)) instead of gathered (R*): its q, k and v readers
+    (R*) each all-gather it forward and all-reduce its gradient on the edge; ln_1's own gather and reduce-scatter
+    go — and the run still matches one device (test_parity_with_one_process)."""
+    run = runs[2]
+    assert run["collectives"] is not None, f"the world-2 collectives job failed:\n{run['collectives_log']}"
+    base, edited = (run["collectives"][str(run["plans"][key])] for key in ("gpt-tp", "gpt-tp-norm-sharded"))
+    more = {phase: Counter(edited[phase]["charged"]) - Counter(base[phase]["charged"])
+            for phase in ("forward", "backward")}  # fmt: skip
+    assert more == {"forward": Counter(all_gather=2), "backward": Counter(all_reduce=3)}
+
+
+@pytest.mark.parametrize("world,key", [(world, key) for world in MEMORY for key in MEMORY[world]])
+def test_the_memory_cases_run_what_they_are_named_for(runs: dict, world: int, key: str) -> None:
+    """Each memory case's plan holds its ZeRO level and recomputation (the parity test above runs it)."""
+    plan = load_plan(runs[world]["plans"][key])
+    level = int(key.split("zero")[1][0]) if "zero" in key else int(key.split("fsdp")[1][0])
+    assert {stage.zero for stage in plan.stages} == {level}
+    kind = "attention" if "attention" in key else "full"
+    assert all(stage.remat == kind and stage.remat_regions for stage in plan.stages)

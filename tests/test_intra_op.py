@@ -154,7 +154,7 @@ def test_zero_shards_optimizer_state_over_data_axes() -> None:
     graph = captured("mlp", 65536, "export", hidden=1024, layers=2)
     setup = setup_for()
     plain = solve_intra_op(graph, setup, mesh_for(setup, (8,)))
-    sharded = solve_intra_op(graph, setup, mesh_for(setup, (8,)), IntraOpOptions(zero=True))
+    sharded = solve_intra_op(graph, setup, mesh_for(setup, (8,)), IntraOpOptions(zero=2))  # ZeRO-2
     assert set(stage_from_result(sharded).param_placements.values()) == {("R",)}  # still data parallel
     state = graph.num_params * (2 + 12)  # gradients and Adam state, mixed precision
     assert plain.memory_bytes - sharded.memory_bytes == pytest.approx(state * 7 / 8, rel=1e-6)

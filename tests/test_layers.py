@@ -77,15 +77,18 @@ def test_layer_table_trades_time_for_memory() -> None:
     setup = setup_for()
     table = layer_table(block, setup, mesh_for(setup, (8,)), options=IntraOpOptions())
     assert len(table.options) == len(SLOTS)
-    sweep = [table.options[SLOTS.index((f"λ={kappa:g}", False))] for kappa in (0.0, 0.25, 1.0, 4.0)]
+    sweep = [table.options[SLOTS.index((f"λ={kappa:g}", "none", 0))] for kappa in (0.0, 0.25, 1.0, 4.0)]
     memory = [o.state_bytes + o.activation_bytes for o in sweep]
     assert all(b <= a * (1 + 1e-9) for a, b in itertools.pairwise(memory))  # more weight on memory, less memory
     assert all(b.time_s >= a.time_s * (1 - 1e-9) for a, b in itertools.pairwise(sweep))
     assert memory[-1] < memory[0]
     for source in SOURCES:
-        plain, remat = (table.options[SLOTS.index((source, flag))] for flag in (False, True))
+        plain, remat = (table.options[SLOTS.index((source, kind, 0))] for kind in ("none", "full"))
         assert remat.time_s > plain.time_s and remat.activation_bytes < plain.activation_bytes
-    assert sweep[0].time_s <= min(o.time_s for o in table.options)  # λ = 0 is the exact fastest
+    replicas, zero = (table.options[SLOTS.index(("data-parallel", "none", level))] for level in (0, 1))
+    assert zero.state_bytes == pytest.approx(replicas.state_bytes * (2 + 2 + 12 / 8) / 16)  # ZeRO-1: Adam state / 8
+    unsharded = [o for (_, kind, level), o in zip(SLOTS, table.options, strict=True) if (kind, level) == ("none", 0)]
+    assert sweep[0].time_s <= min(o.time_s for o in unsharded)  # λ = 0 is the exact fastest
 
 
 class _TokensAcross(torch.nn.Module):

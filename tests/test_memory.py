@@ -63,6 +63,7 @@ def test_dropout_keeps_a_one_byte_mask() -> None:
 def test_the_planner_charges_the_mask_where_the_dropout_runs() -> None:
     from planner.costing.node_cost import node_cost, strategy_context
     from planner.sharding.op_rules import enumerate_strategies
+    from planner.sharding.sequence_parallel import computed_output
     from planner.sharding.specs import StageMesh
     from tests.test_intra_op import setup_for
 
@@ -71,6 +72,9 @@ def test_the_planner_charges_the_mask_where_the_dropout_runs() -> None:
     mesh = StageMesh(cluster=setup.cluster, devices=(0, 1), mesh_shape=(2,), activation_itemsize=2)
     context = strategy_context(graph, setup, mesh)
     dropout = next(node for node in graph.nodes if node.op_name == "dropout")
-    for strategy in enumerate_strategies(dropout, context)[0]:
+    strategies = enumerate_strategies(dropout, context)[0]
+    for strategy in strategies:  # where it runs: a gathered output (R*, sequence parallelism) is computed on shards
         cost = node_cost(dropout, strategy, setup, mesh, saved=False)
-        assert cost.activation_bytes == pytest.approx(4 * 8 / strategy.output.num_shards(mesh.mesh_shape))
+        computed = computed_output(strategy, rank=len(dropout.output.shape))
+        assert cost.activation_bytes == pytest.approx(4 * 8 / computed.num_shards(mesh.mesh_shape))
+    assert any(strategy.output.placements == ("R*",) for strategy in strategies)

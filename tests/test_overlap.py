@@ -97,4 +97,4 @@ def test_the_plan_says_where_its_gradient_sync_overlaps() -> None:
     ddp = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=64, method="data-parallel")
     sharded = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=64, method="megatron", degrees=(8, 1, 1))
     assert any("overlapped with the last backward" in note for note in ddp.notes)
-    assert any("after the backward pass" in note for note in sharded.notes)
+    assert any("in buckets, overlapped with its last backward" in note for note in sharded.notes)

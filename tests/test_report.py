@@ -22,7 +22,7 @@ from tests.test_simulator import pipeline
 
 GPT = str(EXAMPLES / "gpt.py")
 MEGATRON_ARGS = ["--model-arg", "size=tiny", "--cluster", "p3.16xlarge", "--devices-per-node", "8", "--batch-size", "8",
-                 "--degrees", "2,2,2", "--microbatches", "4", "--remat", "off"]  # fmt: skip
+                 "--degrees", "2,2,2", "--microbatches", "4", "--remat", "off", "--schedule", "1f1b"]  # fmt: skip
 BUBBLE = re.compile(r"pipeline bubble (\d+)%")
 
 
@@ -59,7 +59,7 @@ def test_shape_of_a_megatron_grid_point_in_pipeline_tensor_data_order() -> None:
     stages = [synthetic_stage(s, range(32 * s, 32 * s + 32), (8, 4), sharded=(1,), synced=(0,), remat=True)
               for s in range(2)]  # fmt: skip
     plan = synthetic_plan(stages, m=16, schedule="1f1b")
-    assert plan_shape(plan) == "pipeline 2 × tensor 4 × data 8, 16 microbatches, 1F1B, recompute on"
+    assert plan_shape(plan) == "pipeline 2 × tensor 4 × data 8, 16 microbatches, 1F1B, recompute full"
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_shape_of_uneven_stages_and_partial_recomputation() -> None:
         synthetic_stage(2, range(6, 8), (2,), synced=(0,)),
     ]
     shape = plan_shape(synthetic_plan(stages, m=4, schedule="gpipe"))
-    assert shape == "pipeline 3 stages on 2+4+2 devices, 4 microbatches, GPipe, recompute on in 1 of 3 stages"
+    assert shape == "pipeline 3 stages on 2+4+2 devices, 4 microbatches, GPipe, recompute full in 1 of 3 stages"
 
 
 def test_shape_of_an_operator_placement() -> None:
@@ -110,8 +110,13 @@ def local_plan(method: str) -> Plan:
 def test_shape_of_planned_data_parallel_and_megatron() -> None:
     assert plan_shape(local_plan("data-parallel")) == "data 4, recompute off"
     megatron = plan_model_file(GPT, load_cluster("p3.16xlarge", num_nodes=1), batch_size=8, model_args={"size": "tiny"},
-                               method="megatron", degrees=(2, 2, 2), microbatches=4, remat="off")  # fmt: skip
+                               method="megatron", degrees=(2, 2, 2), microbatches=4, remat="off", schedule="1f1b")  # fmt: skip
     assert plan_shape(megatron) == "pipeline 2 × tensor 2 × data 2, 4 microbatches, 1F1B, recompute off"
+    interleaved = plan_model_file(GPT, load_cluster("p3.16xlarge", num_nodes=1), batch_size=8,
+                                  model_args={"size": "tiny"}, method="megatron", degrees=(2, 2, 2), microbatches=4,
+                                  remat="off", schedule="interleaved")  # fmt: skip
+    assert "interleaved 1F1B (2 virtual stages per rank)" in plan_shape(interleaved)
+    assert plan_shape(interleaved).startswith("pipeline 2 ")
 
 
 def test_summary_says_operators_for_graph_nodes_and_nodes_for_machines() -> None:

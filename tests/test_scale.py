@@ -151,15 +151,17 @@ def test_state_bound_prunes_only_points_that_cannot_fit() -> None:
     setup = _prepare(1, 4).setup
     budget = setup.memory_budget_bytes
     params = int(budget / 16 * 8)  # adam-mixed: 16 B per parameter, so 8 devices' worth of state
-    assert state_can_fit(setup, params, (4, 2, 1), zero=False)
-    assert not state_can_fit(setup, params, (4, 1, 2), zero=False)  # 4 shards hold twice a device
-    assert not state_can_fit(setup, params, (4, 1, 2), zero=True)  # 2 + (2 + 12)/2 B per parameter: still over
-    assert state_can_fit(setup, params, (4, 1, 4), zero=True)  # ZeRO splits gradients and Adam state over d too
+    assert state_can_fit(setup, params, (4, 2, 1), zero=0)
+    assert not state_can_fit(setup, params, (4, 1, 2), zero=0)  # 4 shards hold twice a device
+    assert not state_can_fit(setup, params, (4, 1, 2), zero=1)  # 2 + 2 + 12/2 B per parameter: still over
+    assert state_can_fit(setup, params, (4, 1, 4), zero=1)  # 2 + 2 + 12/4: ZeRO-1 splits the Adam state over d
+    assert state_can_fit(setup, params, (4, 1, 2), zero=3)  # 16/2 B per parameter: everything split over d too
 
 
 def test_megatron_on_a_large_cluster_is_never_behind_a_point_it_tries() -> None:
-    """Past 32 nodes the grid runs as megatron_at_scale: its plan is at least as fast as each (t, p, d) alone."""
-    grid = plan_prepared(_prepare(34, 2, batch_size=68), "megatron")
+    """Past 32 nodes the grid runs as megatron_at_scale: its plan is at least as fast as each (t, p, d) alone.
+    Under 1F1B: the interleaved schedule is tried on the grid's three best candidates, not on every point's."""
+    grid = plan_prepared(_prepare(34, 2, batch_size=68, schedule="1f1b"), "megatron")
     for degrees in ((2, 1, 34), (1, 2, 34), (2, 2, 17)):
-        alone = plan_prepared(_prepare(34, 2, batch_size=68, degrees=degrees), "megatron")
+        alone = plan_prepared(_prepare(34, 2, batch_size=68, degrees=degrees, schedule="1f1b"), "megatron")
         assert grid.estimate.step_time_s <= alone.estimate.step_time_s * (1 + 1e-12)

@@ -32,7 +32,7 @@ def planned(name: str) -> Plan:
         return plan_model_file(EXAMPLES / "gpt.py", local, batch_size=8, method="hash")
     assert name == "gpt-pipeline"
     return plan_model_file(EXAMPLES / "gpt.py", load_cluster("p3.16xlarge", num_nodes=2), batch_size=32,
-                           method="megatron", degrees=(2, 2, 4), microbatches=4)  # fmt: skip
+                           method="megatron", degrees=(2, 2, 4), microbatches=4, schedule="1f1b")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

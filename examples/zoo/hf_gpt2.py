@@ -2,7 +2,8 @@
 
 A decoder-only causal LM: inputs ``(input_ids,)`` int64 [batch, seq]; the model returns logits
 [batch, seq, vocab]; the loss is next-token cross entropy computed from the inputs. ``lm_head`` is
-tied to the token embeddings (the HF default).
+tied to the token embeddings (the HF default). ``attention="eager"`` runs HF's unfused attention (``Q·Kᵀ``,
+mask, softmax, dropout, ``·V`` as separate operators) instead of SDPA.
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from torch import Tensor, nn
 
 
 def build_model(
-    *, layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, vocab: int = 256, **_: object
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    seq: int = 16,
+    vocab: int = 256,
+    attention: str = "sdpa",
+    **_: object,
 ) -> nn.Module:
     transformers = transformers_module()
     config = transformers.GPT2Config(
@@ -25,7 +33,7 @@ def build_model(
         bos_token_id=vocab - 1,
         eos_token_id=vocab - 1,
         use_cache=False,
-        attn_implementation="sdpa",
+        attn_implementation=attention,
     )
     return CausalLMLogits(transformers.GPT2LMHeadModel(config))
 

@@ -43,10 +43,12 @@ def preflight(plan: Plan) -> OpGraph:
     """Check the model file builds the model the plan was made for (checked once here, again on every
     rank); returns its graph at the plan's microbatch size."""
     from executors.pipeline import check_pipeline
+    from executors.runner import check_grad_sync
     from executors.session import load_workload
 
     if len(plan.stages) > 1 and plan.schedule != "dataflow":
         check_pipeline(plan)
+    check_grad_sync(plan)  # a lossy choice the plan's executor cannot run as priced (a hand-edited plan)
     return load_workload(plan, seed=0, device="cpu").graph_at(plan.batch_size // plan.num_microbatches)
 
 

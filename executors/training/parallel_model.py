@@ -11,7 +11,9 @@ executor the plan needs (:func:`executors.runner.make_runner`) and returns a :cl
   however many ranks hold a copy or a shard of it, and every copy scaled by
   ``min(1, max_norm / (norm + 1e-6))`` (``torch.nn.utils.clip_grad_norm_``'s rule);
 * :meth:`ParallelModel.named_parameters` — what this rank holds, by the model's parameter names
-  (DTensors where the plan shards or replicates over a mesh).
+  (DTensors where the plan shards or replicates over a mesh);
+* :meth:`ParallelModel.after_optimizer_step` — called after every ``optimizer.step()`` (local SGD averages
+  the replicas' parameters there).
 
 Each parameter name has one *reporter*: the lowest rank holding it. The gradient norm counts a
 parameter on its reporter only; checkpoints (:mod:`executors.training.checkpoint`) are written by the
@@ -135,6 +137,13 @@ class ParallelModel:
 
     def gradients(self) -> dict[str, torch.Tensor]:
         return self.runner.gradients()
+
+    def after_optimizer_step(self) -> None:
+        """What the plan's gradient sync does after each optimizer step (local SGD's parameter average;
+        nothing for the other executors)."""
+        after = getattr(self.runner, "after_optimizer_step", None)
+        if after is not None:
+            after()
 
 
 def _squared_norm(grad: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from torch import nn
 from executors.parity import ParityResult, Reference, compare, gather_gradients
 from executors.training.feed import global_batch_on_rank0
 from executors.training.parallel_model import ParallelModel
+from planner.errors import AutoplanError
 
 
 class ParityCheck:
@@ -30,6 +31,12 @@ class ParityCheck:
     ) -> None:  # fmt: skip
         self.model = model
         self.reference: Reference | None = None
+        if model.plan.grad_sync.lossy:
+            raise AutoplanError(
+                f"--check-parity compares every gradient with one process, which a lossy gradient sync "
+                f"({model.plan.grad_sync.label}) cannot match: run without it (tests/test_lossy_sync.py compares "
+                "the loss curves instead)"
+            )
         if dist.get_rank() != 0:
             return
         workload, plan = model.workload, model.plan

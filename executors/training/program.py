@@ -88,6 +88,7 @@ def run_plan(
         )
         if optimizer is not None:
             optimizer.step()
+            model.after_optimizer_step()
         result = StepResult(step=step, loss=loss, step_time_s=time.perf_counter() - started, parity=verdict)
         results.append(result)
         if report is not None:

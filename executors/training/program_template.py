@@ -140,6 +140,7 @@ def main(args):
             verdict = parity.check(batch, loss=loss, grad_norm=grad_norm) if parity else None
         lr = schedule.get_last_lr()[0]
         optimizer.step()
+        model.after_optimizer_step()  # the plan's gradient sync after the step (local SGD's parameter average)
         schedule.step()
         step_time_s = timer.stop()
         failed = failed or (verdict is not None and not verdict.ok)

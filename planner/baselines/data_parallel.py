@@ -26,12 +26,16 @@ The estimate is :func:`planner.costing.estimate.data_parallel_estimate`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
-from planner.costing.estimate import batched_values, check_fits, data_parallel_estimate
+from cost_models.memory import model_state_bytes, zero_shards
+from planner.costing.estimate import batched_values, check_fits, data_parallel_estimate, mfu, model_tflops_per_device
 from planner.costing.node_cost import strategy_context
 from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
+from planner.costing.zero import gathered_param_bytes
 from planner.errors import AutoplanError
+from planner.inter.pricing import fsdp_step
 from planner.ir.graph import OpGraph, OpNode
 from planner.plan import Estimate, Stage
 from planner.sharding.op_rules import enumerate_strategies
@@ -164,3 +168,28 @@ def data_parallel(
     estimate = data_parallel_estimate(graph, setup, devices=devices, replica_graph=replica)
     check_fits(estimate, setup, what=f"data parallel over {len(devices)} devices")
     return (stage,), estimate
+
+
+def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int
+              ) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
+    """The data-parallel plan run under FSDP at ZeRO ``level`` (:mod:`planner.costing.zero`; ``graph`` the whole
+    batch's): priced as it runs (:func:`planner.inter.pricing.fsdp_step`), its model state sharded as the level
+    shards it, level 3 holding the groups it computes with unsharded."""
+    (stage,) = stages
+    if level == 0 or len(stage.devices) == 1:
+        return stages, estimate
+    stage = replace(stage, zero=level)
+    devices = len(stage.devices)
+    step = fsdp_step(stage, graph, setup, m=1)
+    replicated = model_state_bytes(graph.num_params, optimizer=setup.optimizer)
+    weights, grads, state = zero_shards(level, devices)
+    sharded = model_state_bytes(graph.num_params, optimizer=setup.optimizer, weight_shards=weights, grad_shards=grads,
+                                state_shards=state)  # fmt: skip
+    memory = estimate.memory_per_device_bytes - replicated + sharded + gathered_param_bytes(stage, graph, setup)
+    return (stage,), replace(
+        estimate, step_time_s=step.step_s, per_stage_time_s=(step.step_s,), memory_per_device_bytes=int(memory),
+        tflops_per_device=model_tflops_per_device(graph, step_time_s=step.step_s, num_devices=devices),
+        mfu=mfu(graph, setup, step_time_s=step.step_s, num_devices=devices),
+        breakdown_s={"compute_and_optimizer_s": step.step_s - step.exposed_sync_s, "zero_sync_s": step.exposed_sync_s,
+                     "zero_sync_overlapped_s": step.whole_sync_s - step.exposed_sync_s},
+    )  # fmt: skip

@@ -3,10 +3,11 @@
 * ``megatron`` (:func:`megatron_grid`): every ``(t, p, d)`` with ``t·p·d = D``, ``t`` dividing
   the devices per node: ``p`` stages of equal layer counts, each on ``t·d`` devices as a
   ``(d, t)`` mesh, data parallel over ``d`` and Megatron tensor parallel over ``t``
-  (:func:`planner.intra.incumbents.megatron_choice`), with and without recomputation;
+  (:func:`planner.intra.incumbents.megatron_choice`), with full, selective or no recomputation and with or
+  without Megatron's distributed optimizer (ZeRO-1);
 * ``uniform-pipeline`` (:func:`uniform_pipelines`): ``p`` stages of equal layer counts on
   equal submeshes, each stage with its best option (any mesh, any slot);
-* ``data-parallel``: ``(1, 1, D)`` of the grid.
+* ``data-parallel``: ``(1, 1, D)`` of the grid: DDP, or FSDP at ZeRO level 1, 2 or 3.
 
 ``--degrees T,P,D`` (:func:`check_degrees`) makes ``megatron`` that one configuration, as users
 check their own, still choosing its microbatch count and recomputation.
@@ -30,7 +31,8 @@ from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.layer_costs import SLOTS
 from planner.inter.pricing import StageSpec
-from planner.inter.search import MAX_LAYERS, PipelineChoice, mesh_choices
+from planner.inter.search import MAX_LAYERS, PipelineChoice, allowed_slots, mesh_choices
+from planner.plan import ZERO_LEVELS
 
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 
@@ -96,12 +98,13 @@ def _submesh_of(setup: CostSetup, size: int):
     return next((submesh for submesh, _ in mesh_choices(setup) if submesh.size == size), None)
 
 
-def _slots(source: str, remat: str) -> list[int]:
-    return [
-        w
-        for w, (name, slot_remat) in enumerate(SLOTS)
-        if name == source and remat in ("auto", ("off", "on")[slot_remat])
-    ]
+MEGATRON_ZERO = (0, 1)  # Megatron-LM's distributed optimizer is ZeRO-1 (--use-distributed-optimizer)
+
+
+def _slots(source: str, remat: str, zero: str | int = "auto", *, levels: tuple[int, ...] = MEGATRON_ZERO) -> list[int]:
+    """The slots of ``source`` that ``--remat`` and ``--zero`` allow, at the ZeRO ``levels`` the method has."""
+    allowed = allowed_slots(remat, zero)
+    return [w for w, (name, _, level) in enumerate(SLOTS) if name == source and allowed[w] and level in levels]
 
 
 def check_degrees(degrees: tuple[int, int, int] | None, cluster: Cluster) -> None:
@@ -139,18 +142,23 @@ def grid_points(
 
 
 def megatron_grid(
-    setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None
-) -> list[Candidate]:
-    """Every grid point (or only ``degrees``, labelled megatron even when it is data parallel)."""
+    setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None,
+    zero: str | int = "auto",
+) -> list[Candidate]:  # fmt: skip
+    """Every grid point (or only ``degrees``, labelled megatron even when it is data parallel), with what Megatron-LM
+    has: full or selective recomputation, the distributed optimizer (ZeRO-1); the data-parallel point (1, 1, D)
+    also as FSDP (ZeRO-2, ZeRO-3), as PyTorch users run it."""
     num_layers = len(setting.layers.layers)
     found = []
     for (t, p, d), shape in grid_points(setup, num_layers=num_layers, degrees=degrees):
         submesh = _submesh_of(setup, t * d)
         source = "data-parallel" if t == 1 else "megatron"
-        for slot, spans in itertools.product(_slots(source, remat), equal_spans(setting.layers.kinds, p)):
+        method = "data-parallel" if (t, p) == (1, 1) and degrees is None else "megatron"
+        levels = ZERO_LEVELS if method == "data-parallel" else MEGATRON_ZERO
+        for slot, spans in itertools.product(_slots(source, remat, zero, levels=levels),
+                                             equal_spans(setting.layers.kinds, p)):  # fmt: skip
             specs = [StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot) for a, b in spans]
             step = approximate_step_s(setting, setup, specs)
-            method = "data-parallel" if (t, p) == (1, 1) and degrees is None else "megatron"
             found.append(
                 Candidate(method=method, degrees=(t, p, d), step_time_s=step, specs=tuple(specs), setting=setting)
             )
@@ -183,16 +191,16 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
 
 def best_handwritten(
     settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", keep: int = 3,
-    degrees: tuple[int, int, int] | None = None, methods: tuple[str, ...] = HANDWRITTEN,
+    degrees: tuple[int, int, int] | None = None, methods: tuple[str, ...] = HANDWRITTEN, zero: str | int = "auto",
 ) -> dict[str, list[Candidate]]:  # fmt: skip
     """Per hand-written method of ``methods``, its ``keep`` fastest fitting candidates over every
     microbatch count, fastest first (the exact price of the first may not fit where the approximation
     did). With ``degrees`` the megatron candidates are that one configuration's."""
     found: dict[str, list[Candidate]] = {}
     for setting in settings:
-        grid = megatron_grid(setting, setup, remat=remat, degrees=degrees) if "megatron" in methods else []
+        grid = megatron_grid(setting, setup, remat=remat, degrees=degrees, zero=zero) if "megatron" in methods else []
         if "data-parallel" in methods and (degrees is not None or "megatron" not in methods):
-            grid += [c for c in megatron_grid(setting, setup, remat=remat) if c.method == "data-parallel"]
+            grid += [c for c in megatron_grid(setting, setup, remat=remat, zero=zero) if c.method == "data-parallel"]
         uniform = uniform_pipelines(setting, setup) if "uniform-pipeline" in methods else []
         for candidate in [*grid, *uniform]:
             if math.isfinite(candidate.step_time_s) and candidate.method in methods:

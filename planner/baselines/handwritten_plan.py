@@ -30,10 +30,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from cost_models.memory import model_state_bytes
+from cost_models.memory import model_state_bytes, zero_shards
 from planner.baselines.handwritten import best_handwritten, grid_points
 from planner.costing.setup import CostSetup
 from planner.inter.pricing import PricedPipeline, price_stages
+from planner.inter.schedule_variants import Candidate, best_rescheduled, method_schedules, with_variant
 from planner.inter.search import (
     MAX_LAYERS,
     LayerTables,
@@ -91,8 +92,9 @@ def handwritten_plan(
     settings = _settings(method, graphs, setup, tables, options, ungrouped=depth > MAX_LAYERS, progress=progress)
     tabled = time.perf_counter()
     found = best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees, keep=KEEP,
-                             methods=(method,)).get(method, [])  # fmt: skip
-    return _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress)
+                             methods=(method,), zero=options.zero).get(method, [])  # fmt: skip
+    return _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress,
+                   method=method, schedule=options.schedule)  # fmt: skip
 
 
 def megatron_at_scale(
@@ -106,28 +108,31 @@ def megatron_at_scale(
     tables, started = LayerTables(setup, options, sources=("megatron", "data-parallel")), time.perf_counter()
     num_layers = len(layering(graphs.full, max_layers=len(graphs.full.nodes)).layers)
     points = [point for point, _ in grid_points(setup, num_layers=num_layers)
-              if state_can_fit(setup, full_graph.num_params, point, zero=options.zero)]  # fmt: skip
-    found, scoring_s, counts = [], 0.0, {}
+              if state_can_fit(setup, full_graph.num_params, point, zero=0 if options.zero in ("0", 0) else 1)]  # fmt: skip
+    found, leaders, scoring_s, counts = [], [], 0.0, {}
     for point in points:
         single = replace(options, degrees=point)
         settings = _settings("megatron", graphs, setup, tables, single, ungrouped=True, progress=progress,
                              counts=counts)  # fmt: skip
         scored = time.perf_counter()
-        found += best_handwritten(settings, setup, remat=options.remat, degrees=point, keep=KEEP,
-                                  methods=("megatron",)).get("megatron", [])  # fmt: skip
-        found = sorted(found, key=lambda candidate: candidate.step_time_s)[:KEEP]
+        mine = best_handwritten(settings, setup, remat=options.remat, degrees=point, keep=KEEP,
+                                methods=("megatron",), zero=options.zero).get("megatron", [])  # fmt: skip
+        found = sorted(found + mine, key=lambda candidate: candidate.step_time_s)[:KEEP]
+        leaders += mine  # each point's kept candidates are priced too, as run alone: the scores only approximate
         scoring_s += time.perf_counter() - scored
     tabled = time.perf_counter() - scoring_s
-    return _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress)
+    found += [candidate for candidate in leaders if not any(candidate is kept for kept in found)]
+    return _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress,
+                   method="megatron", schedule=options.schedule)  # fmt: skip
 
 
-def state_can_fit(setup: CostSetup, num_params: int, point: tuple[int, int, int], *, zero: bool) -> bool:
+def state_can_fit(setup: CostSetup, num_params: int, point: tuple[int, int, int], *, zero: int) -> bool:
     """Whether ``(t, p, d)``'s model state could fit: every parameter split over all ``t·p`` devices of a
-    replica (and its gradients and optimizer state over ``d`` too with ZeRO) is the least any layout holds."""
+    replica (and what ZeRO level ``zero`` shards over ``d`` too) is the least any layout holds."""
     t, p, d = point
-    shards = t * p
-    state = model_state_bytes(num_params / shards, optimizer=setup.optimizer, grad_shards=d if zero else 1,
-                              state_shards=d if zero else 1)  # fmt: skip
+    weights, grads, state_shards = zero_shards(int(zero), d)
+    state = model_state_bytes(num_params / (t * p), optimizer=setup.optimizer, weight_shards=weights,
+                              grad_shards=grads, state_shards=state_shards)  # fmt: skip
     return state <= setup.memory_budget_bytes
 
 
@@ -158,11 +163,14 @@ def _settings(
 
 def _priced(
     found: list, full_graph: OpGraph, tables: LayerTables, *, times: tuple[float, float, float],
-    progress: Progress | None,
+    progress: Progress | None, method: str, schedule: str,
 ) -> HandwrittenResult:  # fmt: skip
-    """The candidates priced exactly (no refinement, stage problems shared by shape); the fastest that fits."""
+    """The candidates priced exactly (no refinement, stage problems shared by shape); the fastest that fits.
+    Megatron's pipelines are also tried under its interleaved schedule (Narayanan et al. 2021 §2.2), as an
+    expert running Megatron-LM would (:func:`planner.inter.schedule_variants.best_rescheduled`)."""
     started, tabled, scored = times
     shapes, best, graph = StageShapes(), None, None
+    pipelines = []
     for done, candidate in enumerate(found):
         if progress is not None:
             progress("pricing candidates", done, len(found))
@@ -170,8 +178,17 @@ def _priced(
         priced = price_stages(full_graph=full_graph, graph=setting.graph, layers=setting.layers, tables=tables,
                               specs=list(candidate.specs), m=setting.num_microbatches, schedule=setting.schedule,
                               refine=False, shapes=shapes)  # fmt: skip
+        if priced is not None and len(candidate.specs) > 1:
+            pipelines.append((priced, Candidate(graph=setting.graph, layers=setting.layers,
+                                                        specs=tuple(candidate.specs),
+                                                        num_microbatches=setting.num_microbatches,
+                                                        refine=False)))  # fmt: skip
         if priced is not None and (best is None or priced.estimate.step_time_s < best.estimate.step_time_s):
             best, graph = priced, setting.graph
+    found_variant = best_rescheduled(pipelines, full_graph=full_graph, tables=tables,
+                                     schedules=method_schedules(method, schedule))  # fmt: skip
+    best = with_variant(best, found_variant, mode=schedule)
+    graph = found_variant[1].graph if found_variant is not None and best is found_variant[0] else graph
     return HandwrittenResult(
         best=best, graph=graph, num_solves=tables.num_solves, tables_s=tabled - started, score_s=scored - tabled,
         price_s=time.perf_counter() - scored, stages_built=shapes.num_built, stages_reused=shapes.num_reused,

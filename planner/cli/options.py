@@ -83,17 +83,47 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--schedule",
-        choices=("auto", "1f1b", "gpipe"),
+        choices=("auto", "1f1b", "gpipe", "interleaved", "zero-bubble"),
         default="auto",
-        help="pipeline schedule; auto takes 1f1b (same time, never more memory)",
+        help="pipeline schedule: auto prices 1f1b (never more memory than gpipe) and, for each method's pipeline, "
+        "interleaved 1F1B (v = 2 or 4 virtual stages per rank) and zero bubble (v = 1 or 2: each backward split "
+        "into input and weight gradients), and keeps the fastest that fits; a named schedule forces a pipeline "
+        "that uses it (torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, "
+        "ScheduleInterleavedZeroBubble)",
     )
     parser.add_argument(
         "--remat",
-        choices=("auto", "on", "off"),
+        choices=("auto", "off", "attention", "full", "on"),
         default="auto",
-        help="activation recomputation per stage: auto lets the search choose",
+        help="activation recomputation per stage: attention recomputes each attention core (selective, Korthikanti "
+        "et al.), full each layer (on: full); auto (default) lets the search choose per stage",
     )
-    parser.add_argument("--zero", action="store_true", help="shard optimizer state and gradients over data axes (ZeRO)")
+    parser.add_argument(
+        "--zero",
+        nargs="?",
+        const="2",
+        choices=("auto", "0", "1", "2", "3"),
+        default="auto",
+        help="ZeRO over the data-parallel axes: 1 shards optimizer state, 2 gradients too, 3 parameters too (2 and 3 "
+        "run under FSDP, on data-parallel plans; sharded and pipeline stages run 1 at most: Megatron's distributed "
+        "optimizer); auto (default) lets the search choose per stage; --zero alone is 2",
+    )
+    parser.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="let auto also price lossy gradient syncs and keep the fastest: bf16 compression, PowerSGD of rank 4 "
+        "(with error feedback) and, for data-parallel plans across nodes, local SGD averaging every 4 or 16 steps "
+        "(the choices tests/test_lossy_sync.py trains near the exact loss curve); the plan says what it changed "
+        "and what it saved (never chosen without this flag)",
+    )
+    parser.add_argument(
+        "--grad-sync",
+        default=None,
+        metavar="exact|bf16|powersgd:R|local-sgd:H",
+        help="force this gradient sync on every candidate (torch's DDP communication hooks: bf16_compress_hook, "
+        "powerSGD_hook of rank R, post_localSGD_hook averaging the parameters every H steps); a lossy one needs "
+        "--allow-lossy",
+    )
     parser.add_argument(
         "--ilp-time-limit", type=float, default=30.0, metavar="S", help="seconds per ILP solve (default 30)"
     )
@@ -130,6 +160,8 @@ def search_kwargs(options: argparse.Namespace) -> dict:
         "schedule": options.schedule,
         "remat": options.remat,
         "zero": options.zero,
+        "allow_lossy": options.allow_lossy,
+        "grad_sync": options.grad_sync,
         "ilp_time_limit_s": options.ilp_time_limit,
         "degrees": options.degrees,
         "rl_budget_s": options.rl_budget_s,

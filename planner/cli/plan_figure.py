@@ -76,7 +76,7 @@ def stage_legend(stage: Stage) -> str:
     sharded = sum(any(p.startswith("S") for p in spec) for spec in stage.param_placements.values())
     mesh = "×".join(map(str, stage.mesh_shape))
     return (f"S{stage.index}: {len(stage.devices)} dev, mesh {mesh}, {len(stage.nodes)} nodes, "
-            f"{sharded}/{len(stage.param_placements)} params sharded{', remat' if stage.remat else ''}")  # fmt: skip
+            f"{sharded}/{len(stage.param_placements)} params sharded{f', {stage.remat} remat' if stage.remat else ''}{f', ZeRO-{stage.zero}' if stage.zero else ''}")  # fmt: skip
 
 
 def timeline_rows(plan: Plan, spans: Sequence[Span]) -> tuple[list[str], dict[str, list[str]]]:

@@ -136,7 +136,9 @@ def stage_json(stage: Stage) -> dict[str, Any]:
         "num_operators": len(stage.nodes),
         "num_params": len(stage.param_placements),
         "num_params_sharded": sharded,
-        "remat": stage.remat,
+        "remat": str(stage.remat),
+        "zero": stage.zero,
+        "memory_saving": dict(stage.memory_saving),
     }
 
 

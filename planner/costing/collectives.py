@@ -11,20 +11,26 @@ against it (``CommDebugMode`` in the tests):
 * resharding on each edge, from the producer's output spec to the spec the consumer needs
   (:func:`planner.sharding.specs.reshard_s`'s steps), per axis that changes: ``S→R`` an all-gather
   forward; ``R→S`` an all-gather of the gradient backward (when it needs one); ``S(d)→S(e)`` an
-  all-to-all forward and backward — per microbatch;
+  all-to-all forward and backward; into ``R*`` from anything but ``R*`` also an all-reduce of the
+  gradient backward; from ``R*`` to a shard no other axis splits nothing (a local slice, its gradient
+  handed back partial); ``R*`` is ``R`` otherwise — per microbatch;
 * the gradient sync of every parameter over the axes it is replicated on (its first reader's
-  ``grad_sync_axes``): one all-reduce per axis, once per step.
+  ``grad_sync_axes``), packed into buckets (:func:`planner.costing.overlap.stage_buckets`, as
+  :mod:`executors.grad_sync` packs them): one all-reduce per bucket and axis, once per step (``sync``;
+  ``sync_params``: one per parameter and axis, as the plan lists them).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from cost_models.memory import optimizer_bytes
+from planner.costing.overlap import stage_buckets, stage_grad_entries
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import stage_strategies
 from planner.ir.graph import OpGraph, ValueKind
 from planner.plan import Stage
-from planner.sharding.specs import REPLICATE
+from planner.sharding.specs import GATHERED, REPLICATE, ShardingSpec, locally_sliced_axes
 
 
 def charged_collectives(
@@ -50,14 +56,21 @@ def charged_collectives(
                 per_microbatch[phase][kind] += 1
     result = {phase: Counter({k: n * num_microbatches for k, n in counts.items()})
               for phase, counts in per_microbatch.items()}  # fmt: skip
-    result["sync"] = Counter("all_reduce" for axes in synced.values() for _ in axes)
+    result["sync_params"] = Counter("all_reduce" for axes in synced.values() for _ in axes)
+    grad_itemsize = optimizer_bytes(setup.optimizer).grads
+    buckets = stage_buckets(stage_grad_entries(stage, graph), grad_itemsize=grad_itemsize)
+    result["sync"] = Counter("all_reduce" for bucket in buckets for _ in bucket[0].axes)
     return result
 
 
 def _reshard(source: tuple[str, ...], target: tuple[str, ...], *, requires_grad: bool) -> list[tuple[str, str]]:
     steps = []
-    for before, after in zip(source, target, strict=True):
-        if before == after:
+    local = locally_sliced_axes(ShardingSpec(source), ShardingSpec(target))
+    for axis, (before, after) in enumerate(zip(source, target, strict=True)):
+        if after == GATHERED and before != GATHERED and requires_grad:  # a reader's partial gradient, reduced here
+            steps.append(("backward", "all_reduce"))
+        before, after = (REPLICATE if p == GATHERED else p for p in (before, after))
+        if before == after or axis in local:
             continue
         if before == REPLICATE:
             steps += [("backward", "all_gather")] if requires_grad else []

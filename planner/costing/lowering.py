@@ -4,8 +4,9 @@ A plan's nodes are cut into *chunks*: maximal runs of consecutive nodes (graph o
 same stage. A pipeline plan has one chunk per stage; an op placement has many. Per microbatch
 ``i`` each chunk ``c`` gets a forward task ``F(c, i)`` and a backward task ``B(c, i)`` on its
 stage's resource (all of the stage's devices), with durations the sums of its nodes' work
-(:mod:`planner.costing.stage_work`; recomputation adds the forward again to ``B`` and keeps only the
-stage inputs). ``F`` allocates the chunk's activations, ``B`` frees them; the stage's model
+(:mod:`planner.costing.stage_work`; recomputation adds the forward of the stage's checkpointed runs again
+to ``B`` and keeps only what enters them, ``kept_bytes``; a data-parallel plan under FSDP adds the gathers
+its compute waits for, :func:`planner.costing.zero.fsdp_price`). ``F`` allocates the chunk's activations, ``B`` frees them; the stage's model
 state is its base memory. After a stage's last backward one ``step`` task does its gradient
 sync and optimizer update plus the device's ``step_overhead_s`` (and, in a pipeline whose stages share a
 tied weight, the all-reduce of its gradient over every rank: :func:`planner.costing.estimate.shared_param_sync_s`,
@@ -22,9 +23,14 @@ for its gradient.
   ``min(|s|, |s + 1|)`` parallel device pairs on the link joining them, then regroups it inside
   the receiver's node (``latency + bytes / pairs / bandwidth + all-gather``, as the planner's
   boundary cost). With several stages each task also pays half the device's
-  ``microbatch_overhead_s`` (the schedule's host work). Each stage runs its tasks in the fixed order of the
-  schedule (:func:`pipeline_order`): GPipe all forwards then all backwards; 1F1B
-  ``min(p − s − 1, m)`` warm-up forwards, then one forward one backward, then the backwards.
+  ``microbatch_overhead_s`` (the schedule's host work). Each pipeline rank (one resource: its devices and
+  memory) runs its tasks in the fixed order of the schedule (:func:`planner.plan.schedules.rank_actions`,
+  torch's own orders): GPipe all forwards then all backwards; 1F1B ``min(p − s − 1, m)`` warm-up
+  forwards, then one forward one backward, then the backwards; interleaved 1F1B and zero bubble the
+  stages ``k ≡ r (mod P)`` of rank ``r`` (``Lowered.stage_groups``) in torch's interleaved order. Under
+  zero bubble a backward is two tasks: ``I`` (the backward less its weight gradients; the gradient
+  sent back waits for it) and ``W`` (the weight gradients,
+  :func:`planner.costing.stage_work.weight_grad_s`), which frees the activations.
 * **Dataflow** (op placements): every crossing edge is its own transfer (point to point on the
   link between the two devices) and each device runs whichever of its tasks became ready first
   (FIFO, as TensorFlow's executor), so microbatches overlap wherever the placement lets them.
@@ -41,15 +47,18 @@ from dataclasses import dataclass, field, replace
 
 from cost_models.communication import p2p_s, stage_transfer_s
 from cost_models.simulator import SimResult, TaskGraph, simulate
+from planner.costing.compression import EXACT, stage_sync
 from planner.costing.estimate import shared_param_sync_s
-from planner.costing.overlap import SyncSegment, ddp_segments
+from planner.costing.overlap import SyncSegment
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import NodeWork, runs_as_ddp, stage_node_work
+from planner.costing.zero import fsdp_price, runs_as_fsdp
 from planner.ir.graph import OpGraph
 from planner.ir.layers import boundary_bytes
-from planner.plan import Plan, Stage
+from planner.plan import GradSync, Plan, Stage
+from planner.plan.schedules import rank_actions
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "none")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble", "none")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +67,7 @@ class Chunk:
     fwd_s: float
     bwd_s: float  # recomputation included
     activation_bytes: float
+    weight_grad_s: float = 0.0  # the part of bwd_s a zero-bubble schedule runs as its own W task
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,34 +83,37 @@ class Lowered:
     num_microbatches: int
     transfer_s: Callable[[int, int, float], float]  # (stage from, stage to, bytes) -> seconds
     totals_s: Mapping[str, float] = field(default_factory=dict)  # per microbatch, summed over devices' stages
-    sync_segments: tuple[SyncSegment, ...] = ()  # a DDP stage's buckets in its last backward (not in step_s)
+    # per stage: its gradient buckets in its last backward (planner.costing.overlap; not in step_s)
+    sync_segments: Mapping[int, tuple[SyncSegment, ...]] = field(default_factory=dict)
+    stage_groups: tuple[int, ...] = ()  # pipeline rank of each stage (stage k on rank k mod P); () = one each
+
+    def group_of(self, stage: int) -> int:
+        return self.stage_groups[stage] if self.stage_groups else stage
 
 
 def pipeline_order(schedule: str, *, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
-    """``("F", i)`` / ``("B", i)`` in the order stage ``stage`` runs them."""
-    m = num_microbatches
-    if schedule == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    warmup = min(num_stages - stage - 1, m)
-    order = [("F", i) for i in range(warmup)]
-    for i in range(m - warmup):
-        order += [("F", warmup + i), ("B", i)]
-    return order + [("B", i) for i in range(m - warmup, m)]
+    """``("F", i)`` / ``("B", i)`` in the order stage ``stage`` of a one-stage-per-rank pipeline runs them."""
+    actions = rank_actions(schedule, num_ranks=num_stages, virtual_stages=1, num_microbatches=num_microbatches,
+                           rank=stage)  # fmt: skip
+    return [(kind, i) for _, kind, i in actions]
 
 
 def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_step: bool = True) -> TaskGraph:
     """The task graph of a lowered plan; the switches drop transfers or steps (to explain a gap)."""
     graph = TaskGraph(num_devices=lowered.num_devices)
     fixed = lowered.schedule in PIPELINE_SCHEDULES
-    stages = [
-        graph.add_resource(
-            f"stage {s}", devices=devices, order="fixed" if fixed else "ready", base_memory_bytes=lowered.state_bytes[s]
-        )
-        for s, devices in enumerate(lowered.stage_devices)
-    ]
+    num_groups = 1 + max(lowered.group_of(s) for s in range(len(lowered.stage_devices)))
+    groups = []
+    for g in range(num_groups):  # one resource per pipeline rank: its stages share its devices and memory
+        members = [s for s in range(len(lowered.stage_devices)) if lowered.group_of(s) == g]
+        groups.append(graph.add_resource(f"stage {g}" if len(members) == 1 else f"rank {g}",
+                                         devices=lowered.stage_devices[members[0]], order="fixed" if fixed else "ready",
+                                         base_memory_bytes=math.fsum(lowered.state_bytes[s] for s in members)))  # fmt: skip
+    stages = [groups[lowered.group_of(s)] for s in range(len(lowered.stage_devices))]
     links: dict[tuple[int, int], int] = {}
 
     def link(a: int, b: int) -> int:
+        a, b = lowered.group_of(a), lowered.group_of(b)
         if (a, b) not in links:
             links[a, b] = graph.add_resource(f"link {a}>{b}", order="ready")
         return links[a, b]
@@ -126,7 +139,8 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
     out: list[list[tuple[int, float]]] = [[] for _ in chunks]
     for u, v in sorted(lowered.edges):
         out[u].append((v, lowered.grad_edges.get((u, v), 0.0)))
-    backward, parts, syncs = {}, {}, []
+    split = lowered.schedule == "zero-bubble"  # I (input gradients, what the stage before waits for), later W
+    backward, weight, parts, syncs = {}, {}, {}, {}
     for i in range(m):
         for c in reversed(range(len(chunks))):
             chunk, deps = chunks[c], [forward[c, i]]
@@ -134,38 +148,51 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
                 same = chunks[v].stage == chunk.stage
                 deps.append(backward[v, i] if same else transfer(f"B{i} {v}>{c}", chunks[v].stage, chunk.stage,
                                                                     num_bytes, backward[v, i]))  # fmt: skip
-            if lowered.sync_segments and i == m - 1:  # DDP: the buckets go out while the last backward runs
-                parts[c, i], syncs = _overlapped_backward(graph, lowered, stages[chunk.stage], f"B{i} c{c}", chunk,
-                                                          deps, include_step=include_step)  # fmt: skip
+            segments = lowered.sync_segments.get(chunk.stage, ()) if i == m - 1 else ()
+            if segments and not split:  # the buckets go out while the stage's last backward runs
+                parts[c, i], syncs[chunk.stage] = _overlapped_backward(graph, segments, stages[chunk.stage],
+                                                                       f"B{i} c{c}", chunk, deps,
+                                                                       include_step=include_step)  # fmt: skip
                 backward[c, i] = parts[c, i][-1]
+                continue
+            if split:
+                backward[c, i] = graph.add_task(f"I{i} c{c}", resource=stages[chunk.stage],
+                                                duration_s=chunk.bwd_s - chunk.weight_grad_s, deps=deps)  # fmt: skip
+                weight[c, i] = graph.add_task(f"W{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.weight_grad_s,
+                                              deps=(backward[c, i],), free_bytes=chunk.activation_bytes)  # fmt: skip
                 continue
             backward[c, i] = graph.add_task(f"B{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.bwd_s,
                                             deps=deps, free_bytes=chunk.activation_bytes)  # fmt: skip
     steps = {}
     for s, resource in enumerate(stages):
-        mine = [backward[c, i] for c, chunk in enumerate(chunks) if chunk.stage == s for i in range(m)]
+        mine = [weight.get((c, i), backward[c, i]) for c, chunk in enumerate(chunks) if chunk.stage == s
+                for i in range(m)]  # fmt: skip
         seconds = lowered.step_s[s] if include_step else 0.0
-        steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine + syncs,
+        if split and lowered.sync_segments.get(s):  # zero bubble: the buckets go out after the last W
+            syncs[s] = _syncs_after(graph, lowered.sync_segments[s], after=mine[-1], include_step=include_step)
+        steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine + syncs.get(s, []),
                                   end_of_step=True)  # fmt: skip
     if fixed:
-        _set_pipeline_orders(graph, lowered, stages, forward, backward, steps, parts)
+        _set_pipeline_orders(graph, lowered, groups, forward, backward | {("W", c, i): t for (c, i), t in weight.items()},
+                             steps, parts)  # fmt: skip
     return graph
 
 
-def _overlapped_backward(graph: TaskGraph, lowered: Lowered, resource: int, name: str, chunk: Chunk, deps: list[int],
-                         *, include_step: bool) -> tuple[list[int], list[int]]:  # fmt: skip
-    """The last backward of a DDP stage cut where its buckets become ready, and one all-reduce task per bucket
-    on a communication resource, one after another (:mod:`planner.costing.overlap`). Recomputation, when the
+def _overlapped_backward(graph: TaskGraph, segments: Sequence[SyncSegment], resource: int, name: str, chunk: Chunk,
+                         deps: list[int], *, include_step: bool) -> tuple[list[int], list[int]]:  # fmt: skip
+    """The last backward of a stage cut where its buckets become ready, and one all-reduce task per bucket
+    on a communication resource, one after another (:mod:`planner.costing.overlap`); a lossy choice's
+    compression compute runs on the stage's devices before its bucket goes out. Recomputation, when the
     stage recomputes, runs first: the first part takes whatever the segments leave of the chunk's backward."""
-    segments = lowered.sync_segments
     first_extra = max(0.0, chunk.bwd_s - math.fsum(segment.backward_s for segment in segments))
-    comm = graph.add_resource("ddp sync", order="ready")
+    comm = graph.add_resource(f"{name} sync", order="ready")
     parts: list[int] = []
     syncs: list[int] = []
     for k, segment in enumerate(segments):
         last = k == len(segments) - 1
         parts.append(graph.add_task(f"{name} part {k}", resource=resource, duration_s=segment.backward_s
-                                    + (first_extra if k == 0 else 0.0), deps=deps if k == 0 else (parts[-1],),
+                                    + segment.compress_s + (first_extra if k == 0 else 0.0),
+                                    deps=deps if k == 0 else (parts[-1],),
                                     free_bytes=chunk.activation_bytes if last else 0.0))  # fmt: skip
         if segment.all_reduce_s > 0:
             seconds = segment.all_reduce_s if include_step else 0.0
@@ -174,16 +201,42 @@ def _overlapped_backward(graph: TaskGraph, lowered: Lowered, resource: int, name
     return parts, syncs
 
 
-def _set_pipeline_orders(graph: TaskGraph, lowered: Lowered, stages: list[int], forward: dict, backward: dict,
+def _syncs_after(graph: TaskGraph, segments: Sequence[SyncSegment], *, after: int, include_step: bool) -> list[int]:
+    """Every bucket of a stage after its last task (a zero-bubble stage's last W), one after another, the
+    compression compute first (:func:`planner.costing.overlap.after_backward_s` with nothing overlapped)."""
+    comm = graph.add_resource(f"sync after {after}", order="ready")
+    pending = math.fsum(segment.compress_s for segment in segments)
+    syncs: list[int] = []
+    for k, segment in enumerate(segments):
+        if segment.all_reduce_s > 0:
+            seconds = segment.all_reduce_s + pending if include_step else 0.0
+            syncs.append(graph.add_task(f"sync bucket {k}", resource=comm, duration_s=seconds,
+                                        deps=(after, *syncs[-1:]), end_of_step=True))  # fmt: skip
+            pending = 0.0
+    return syncs
+
+
+def _set_pipeline_orders(graph: TaskGraph, lowered: Lowered, groups: list[int], forward: dict, backward: dict,
                          steps: dict, parts: dict) -> None:  # fmt: skip
-    assert [chunk.stage for chunk in lowered.chunks] == list(range(len(stages))), "a pipeline has one chunk per stage"
+    """Each pipeline rank runs its stages' tasks in the schedule's order (:func:`planner.plan.schedules.rank_actions`),
+    then its stages' steps. ``backward`` holds ``B``/``I`` tasks by ``(stage, i)``, ``W`` tasks by ``("W", stage, i)``."""
+    count = len(lowered.chunks)
+    assert [chunk.stage for chunk in lowered.chunks] == list(range(count)), "a pipeline has one chunk per stage"
     schedule = "1f1b" if lowered.schedule == "none" else lowered.schedule
-    for s, resource in enumerate(stages):
-        order = pipeline_order(schedule, num_stages=len(stages), stage=s, num_microbatches=lowered.num_microbatches)
+    num_ranks = len(groups)
+    virtual = len(lowered.chunks) // num_ranks
+    for rank, resource in enumerate(groups):
         tasks = []
-        for kind, i in order:
-            tasks.extend([forward[s, i]] if kind == "F" else parts.get((s, i), [backward[s, i]]))
-        graph.set_order(resource, [*tasks, steps[s]])
+        for s, kind, i in rank_actions(schedule, num_ranks=num_ranks, virtual_stages=virtual,
+                                       num_microbatches=lowered.num_microbatches, rank=rank):  # fmt: skip
+            if kind == "F":
+                tasks.append(forward[s, i])
+            elif kind == "W":
+                tasks.append(backward["W", s, i])
+            else:
+                tasks.extend(parts.get((s, i), [backward[s, i]]))
+        mine = [steps[s] for s in range(len(lowered.chunks)) if lowered.group_of(s) == rank]
+        graph.set_order(resource, [*tasks, *mine])
 
 
 def simulate_lowered(lowered: Lowered, *, record: bool = False, include_transfers: bool = True,
@@ -205,12 +258,12 @@ def chunks_of(stage_of: Sequence[int]) -> list[list[int]]:
 def lower_plan(plan: Plan, graph: OpGraph, setup: CostSetup) -> Lowered:
     """``graph`` is the model at the plan's microbatch size (``batch_size / num_microbatches``)."""
     return lower_stages(plan.stages, graph, setup, num_microbatches=plan.num_microbatches, schedule=plan.schedule,
-                        zero=plan.zero)  # fmt: skip
+                        zero=plan.zero, grad_sync=plan.grad_sync)  # fmt: skip
 
 
 def lower_stages(
     plan_stages: Sequence[Stage], graph: OpGraph, setup: CostSetup, *, num_microbatches: int, schedule: str,
-    zero: bool = False,
+    zero: bool = False, grad_sync: GradSync = EXACT,
 ) -> Lowered:  # fmt: skip
     """:func:`lower_plan` from a plan's parts (candidates that are not plans yet)."""
     m = num_microbatches
@@ -218,12 +271,16 @@ def lower_stages(
     assert [stage.index for stage in stages] == list(range(len(stages))), "stages are numbered 0..S-1"
     stage_of = {name: stage.index for stage in stages for name in stage.nodes}
     work: dict[str, NodeWork] = {}
-    ddp = runs_as_ddp(stages, zero=zero)
+    ddp, fsdp = runs_as_ddp(stages), runs_as_fsdp(stages)  # plain tensors: DDP, or FSDP at a ZeRO level
     for stage in stages:
-        work.update(stage_node_work(stage, graph, setup, zero=zero, ddp=ddp))
+        work.update(stage_node_work(stage, graph, setup, ddp=ddp or fsdp))
     order = [stage_of[node.name] for node in graph.nodes]
     runs = chunks_of(order)
-    chunks = tuple(_chunk(graph, run, order[run[0]], work, remat=stages[order[run[0]]].remat) for run in runs)
+    chunks = tuple(_chunk(graph, run, order[run[0]], work) for run in runs)
+    fsdp_step = fsdp_price(stages[0], graph, setup, work=work, num_microbatches=m) if fsdp else None
+    if fsdp_step is not None:  # FSDP's gathers the compute waits for, on average per microbatch
+        chunks = tuple(replace(c, fwd_s=c.fwd_s + fsdp_step.forward_wait_s, bwd_s=c.bwd_s + fsdp_step.backward_wait_s)
+                       for c in chunks)  # fmt: skip
     pipeline = schedule in PIPELINE_SCHEDULES and [c.stage for c in chunks] == list(range(len(stages)))
     if pipeline and len(stages) > 1:  # the schedule's host work per stage and microbatch, half per pass
         half = setup.cluster.device.microbatch_overhead_s / 2
@@ -233,16 +290,23 @@ def lower_stages(
     tied_s = shared_param_sync_s(stages, graph, setup) if pipeline and len(stages) > 1 else 0.0
     step_s = [math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s + tied_s
               for stage in stages]  # fmt: skip
-    segments: tuple[SyncSegment, ...] = ()
-    if ddp:  # DDP's buckets, overlapped with the last backward, instead of the additive shares in step_s
-        step_s[0] -= math.fsum(work[n].grad_sync_s for n in stages[0].nodes)
-        devices = stages[0].devices
-        segments = tuple(ddp_segments(graph, {name: w.bwd_s for name, w in work.items()}, optimizer=setup.optimizer,
-                                      num_devices=len(devices), link=setup.cluster.link_between(devices)))  # fmt: skip
+    state_bytes = [math.fsum(work[n].state_bytes for n in stage.nodes) for stage in stages]
+    segments: dict[int, tuple[SyncSegment, ...]] = {}
+    if fsdp_step is not None:  # the last reduce-scatters instead of the additive shares; level 3's gathered groups
+        step_s[0] += fsdp_step.tail_s - math.fsum(work[n].zero_step_s for n in stages[0].nodes)
+        state_bytes[0] += fsdp_step.gathered_bytes
+    for s, stage in enumerate(stages if (pipeline or ddp) and not fsdp else ()):  # buckets, not the additive shares
+        sync = stage_sync(stage, graph, {n: work[n].bwd_s for n in stage.nodes}, setup, grad_sync=grad_sync, ddp=ddp)
+        if sync.segments:
+            step_s[s] += sync.amortised_s - math.fsum(work[n].grad_sync_s for n in stage.nodes)
+            state_bytes[s] += sync.state_bytes
+            segments[s] = sync.segments
+    homes = list(dict.fromkeys(stage.devices for stage in stages))  # pipeline ranks, in stage order
     return Lowered(
+        stage_groups=tuple(homes.index(stage.devices) for stage in stages) if len(homes) < len(stages) else (),
         num_devices=setup.cluster.num_devices,
         stage_devices=tuple(stage.devices for stage in stages),
-        state_bytes=tuple(math.fsum(work[n].state_bytes for n in stage.nodes) for stage in stages),
+        state_bytes=tuple(state_bytes),
         step_s=tuple(step_s),
         chunks=chunks,
         edges=edges,
@@ -258,12 +322,13 @@ def lower_stages(
     )
 
 
-def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork], *, remat: bool) -> Chunk:
+def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork]) -> Chunk:
+    """A run of one stage's nodes: its forward, its backward with the recomputed forward of its checkpointed
+    nodes, and what it keeps for backward (stage_work's ``kept_bytes``)."""
     nodes = [work[graph.nodes[p].name] for p in run]
-    fwd, bwd = math.fsum(w.fwd_s for w in nodes), math.fsum(w.bwd_s for w in nodes)
-    if remat:
-        return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd + fwd, activation_bytes=math.fsum(w.input_bytes for w in nodes))
-    return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd, activation_bytes=math.fsum(w.activation_bytes for w in nodes))
+    fwd, bwd = math.fsum(w.fwd_s for w in nodes), math.fsum(w.bwd_s + w.recompute_s for w in nodes)
+    return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd, activation_bytes=math.fsum(w.kept_bytes for w in nodes),
+                 weight_grad_s=math.fsum(w.weight_grad_s for w in nodes))  # fmt: skip
 
 
 def _value_bytes(setup: CostSetup, meta) -> float:

@@ -10,15 +10,21 @@ with the same function, so what was searched and what is judged are one cost::
                 the compute and half the collectives (each has a forward and a backward half), what
                 recomputing the node costs (:func:`planner.costing.stage_work.recompute_s`)
     step_s    = grad_sync(s) + optimizer(local params) + h · params_v   once per step
-              grad_sync: one all-reduce per parameter and sync axis (the executor redistributes each
-              DTensor gradient alone); when the stage runs as DDP, the parameters' additive share of
-              its bucketed all-reduce (cost_models.communication.bucketed_all_reduce_s; the estimate and
-              the simulator then charge the exact buckets) + DDP_BUCKET_COPIES · gradient bytes / memory
-              bandwidth
+              grad_sync: per parameter and sync axis its additive share of a bucketed all-reduce
+              (cost_models.communication.bucketed_all_reduce_s: sharded stages reduce in buckets too,
+              executors.grad_sync; the estimate and the simulator charge the exact buckets, overlapped
+              with the last backward, planner.costing.overlap); when the stage runs as DDP, the same share
+              over the stage's devices + DDP_BUCKET_COPIES · gradient bytes / memory bandwidth
+              + zero_step: the ZeRO level's collectives once per step (planner.costing.zero.param_terms:
+              the all-gather of updated parameters; under FSDP the reduce-scatter replaces the all-reduce)
+    zero_comm_s = FSDP's collectives every microbatch at ZeRO levels 2 and 3 (reduce-scatter; all-gathers)
     state_bytes      = model state of v's parameters at their shard counts (planner.costing.setup / memory.py);
-                       with ``zero`` optimizer state and gradients also split over the sync axes
+                       at ZeRO level z over the sync axes' d replicas: optimizer state / d (z ≥ 1),
+                       gradients / d (z ≥ 2), weights / d (z = 3) (cost_models.memory.zero_shards)
     activation_bytes = v's output at its local size, when it is kept for backward, plus a dropout's
-                       mask at the output's local size (one byte an element; cost_models.memory.dropout_mask)
+                       mask at the local size it is computed in (one byte an element;
+                       cost_models.memory.dropout_mask): sequence shards under sequence parallelism, even
+                       where the output is then gathered (planner.sharding.sequence_parallel.computed_output)
 
 ``h`` is the device's calibrated ``sharded_op_overhead_s`` on a mesh of more than one device
 (:func:`sharded_dispatch_s`: the executor runs such stages on DTensors), 0 on one device and for a
@@ -27,13 +33,16 @@ stage run as DDP; ``passes_v`` is 2 when v has floating inputs, else 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cost_models.communication import bucketed_all_reduce_s
-from cost_models.memory import dropout_mask, model_state_bytes, optimizer_bytes
+from cost_models.memory import dropout_mask, model_state_bytes, optimizer_bytes, zero_shards
 from planner.costing.estimate import DDP_BUCKET_COPIES, optimizer_step_s
 from planner.costing.setup import CostSetup
+from planner.costing.zero import param_terms
 from planner.ir.graph import OpGraph, OpNode
+from planner.sharding.sequence_parallel import computed_output
 from planner.sharding.specs import StageMesh
 from planner.sharding.strategies import NodeStrategy, StrategyContext
 
@@ -47,6 +56,10 @@ class NodeCost:
     activation_bytes: float  # the output, when it is kept for backward
     forward_s: float = 0.0  # the forward pass of compute_s + comm_s (what recomputation repeats)
     grad_sync_s: float = 0.0  # the gradient-sync part of step_s
+    zero_step_s: float = 0.0  # the ZeRO part of step_s beyond grad_sync_s (planner.costing.zero.param_terms)
+    zero_comm_s: float = 0.0  # ZeRO collectives every microbatch (FSDP levels 2, 3), not in comm_s
+    output_bytes: float = 0.0  # the output at its local size, kept for backward or not
+    mask_bytes: float = 0.0  # a dropout's mask, the part of activation_bytes beyond the output
 
     @property
     def memory_bytes(self) -> float:
@@ -69,34 +82,44 @@ def strategy_context(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> Strat
 
 
 def node_cost(
-    node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh, *, saved: bool, zero: bool = False,
+    node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh, *, saved: bool, zero: int = 0,
     ddp: bool = False,
 ) -> NodeCost:  # fmt: skip
-    """The cost of ``node`` under ``strategy`` on ``mesh``; ``saved``: its output is kept for backward."""
+    """The cost of ``node`` under ``strategy`` on ``mesh``; ``saved``: its output is kept for backward; ``zero``:
+    the stage's ZeRO level over the parameters' sync axes (planner.costing.zero)."""
+    computed = computed_output(strategy, rank=len(node.output.shape))  # before a reduce-scatter or gather
     graph_time = setup.compute.local_time(
-        node, shards=strategy.compute_shards, output_shards=strategy.output.shards_per_dim(mesh.mesh_shape)
+        node, shards=strategy.compute_shards, output_shards=computed.shards_per_dim(mesh.mesh_shape)
     )  # t_v / shards(s), or the local share's own shape under a GPU kernel shape model
-    activation = mesh.local_bytes(node.output, strategy.output) if saved else 0.0
+    output_bytes = mesh.local_bytes(node.output, strategy.output)
+    activation = output_bytes if saved else 0.0
     mask = dropout_mask(node)
-    if mask is not None:
-        activation += mesh.local_bytes(mask, strategy.output)
+    mask_bytes = mesh.local_bytes(mask, computed) if mask is not None else 0.0
+    activation += mask_bytes
     state = 0.0
     sync_axes = dict(strategy.grad_sync_axes)
     local_params = 0.0
+    zero_step_s = zero_comm_s = 0.0
     for name, spec in strategy.params:
         numel = _param_numel(node, name)
         shards = spec.num_shards(mesh.mesh_shape)
-        data_shards = 1
-        for axis in sync_axes.get(name, ()):
-            data_shards *= mesh.mesh_shape[axis]
-        zero_shards = shards * data_shards if zero else shards
-        state += model_state_bytes(
-            numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=zero_shards, state_shards=zero_shards
-        )
-        local_params += numel / zero_shards
+        if not zero:
+            state += model_state_bytes(numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=shards,
+                                       state_shards=shards)  # fmt: skip
+            local_params += numel / shards
+            continue
+        axes = sync_axes.get(name, ())
+        weight, grad, optimizer_state = zero_shards(int(zero), math.prod(mesh.mesh_shape[axis] for axis in axes))
+        state += model_state_bytes(numel, optimizer=setup.optimizer, weight_shards=shards * weight,
+                                   grad_shards=shards * grad, state_shards=shards * optimizer_state)  # fmt: skip
+        local_params += numel / (shards * optimizer_state)
+        terms = param_terms(int(zero), local_numel=numel / shards, setup=setup, mesh=mesh, axes=axes, plain=ddp)
+        zero_step_s, zero_comm_s = zero_step_s + terms.step_s, zero_comm_s + terms.per_microbatch_s
     dispatch_s = 0.0 if ddp else sharded_dispatch_s(setup, mesh=mesh)
     grad_sync_s = _ddp_share_s(node, strategy, setup, mesh) if ddp else strategy.grad_sync_s
-    step_s = grad_sync_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
+    if zero and (ddp or zero >= 2):  # FSDP's reduce-scatters replace the all-reduce
+        grad_sync_s = 0.0
+    step_s = grad_sync_s + zero_step_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
     if ddp:  # DDP copies each gradient into its bucket and back
         device = setup.cluster.device
         grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
@@ -110,6 +133,10 @@ def node_cost(
         activation_bytes=activation,
         forward_s=graph_time.fwd_s + dispatch_s + strategy.comm_s / 2,
         grad_sync_s=grad_sync_s,
+        zero_step_s=zero_step_s,
+        zero_comm_s=zero_comm_s,
+        output_bytes=output_bytes,
+        mask_bytes=mask_bytes,
     )
 
 

@@ -7,8 +7,9 @@ the cost model prices, computing its seconds from the record alone, term by term
 :func:`planner.sharding.strategies._finish` does (on mesh axis ``a`` of ``n`` devices, α-β formulas of
 :mod:`cost_models.communication`):
 
-* ``comm_s`` = Σ forward collectives ``all_reduce(local bytes of the output, a)``
-  + Σ per input Σ backward collectives ``all_reduce(local bytes of that input, a)``;
+* ``comm_s`` = Σ forward collectives on the output + Σ per input Σ its backward collectives + Σ backward
+  collectives on the output's gradient, each ``kind(bytes of its tensor local to the other axes, a)``
+  (:func:`planner.sharding.strategies.own_collectives_s`, which the sharding rules price with too);
 * ``grad_sync_s`` = Σ per parameter Σ sync collectives
   ``bucketed all_reduce(numel · grad itemsize / shards of its spec, a)``;
 * ``params`` and ``grad_sync_axes`` from the parameter operands and their sync collectives.
@@ -24,8 +25,8 @@ from planner.ir.graph import OpNode, ValueKind
 from planner.ir.layers import collapse_identical_layers
 from planner.plan import Collective, NodeSharding, PlanError, Stage
 from planner.sharding.op_rules import enumerate_strategies
-from planner.sharding.specs import ShardingSpec, StageMesh
-from planner.sharding.strategies import NodeStrategy, StrategyContext
+from planner.sharding.specs import ShardingSpec
+from planner.sharding.strategies import NodeStrategy, StrategyContext, own_collectives_s
 
 
 def record_of(node: OpNode, strategy: NodeStrategy) -> NodeSharding:
@@ -55,9 +56,8 @@ def strategy_of(node: OpNode, record: NodeSharding, context: StrategyContext) ->
     by_phase: dict[str, list[Collective]] = {"forward": [], "backward": [], "sync": []}
     for collective in record.collectives:
         by_phase[collective.phase].append(collective)
-    comm_s = 0.0
-    for collective in by_phase["forward"]:
-        comm_s += _collective_s(collective.kind, mesh.local_bytes(node.output, output), collective.axis, mesh)
+    own = [(c.kind, c.axis, c.phase, c.operand) for c in record.collectives if c.phase != "sync"]
+    comm_s = own_collectives_s(node, own, output=output, operands=operands, mesh=mesh)
     inputs: list[ShardingSpec | None] = []
     params: dict[str, ShardingSpec] = {}
     sync_axes: dict[str, tuple[int, ...]] = {}
@@ -66,9 +66,6 @@ def strategy_of(node: OpNode, record: NodeSharding, context: StrategyContext) ->
         kind = graph.value_kind(name)
         if kind not in (ValueKind.PARAM, ValueKind.BUFFER):
             inputs.append(spec)
-            moved = [c for c in by_phase["backward"] if c.operand == position]
-            if spec is not None:
-                comm_s += sum(_collective_s(c.kind, mesh.local_bytes(meta, spec), c.axis, mesh) for c in moved)
             continue
         inputs.append(None)
         if kind == ValueKind.BUFFER or name in params:
@@ -79,7 +76,6 @@ def strategy_of(node: OpNode, record: NodeSharding, context: StrategyContext) ->
         if spec is not None:
             grad_bytes = meta.numel * context.grad_itemsize / spec.num_shards(mesh.mesh_shape)
             grad_sync_s += sum(mesh.grad_sync_s(grad_bytes, axis) for axis in axes)
-    own = [c for c in record.collectives if c.phase != "sync"]
     return NodeStrategy(
         name=record.split,
         output=output,
@@ -89,17 +85,9 @@ def strategy_of(node: OpNode, record: NodeSharding, context: StrategyContext) ->
         comm_s=comm_s,
         grad_sync_s=grad_sync_s,
         grad_sync_axes=tuple(sync_axes.items()),
-        collectives=tuple((c.kind, c.axis, c.phase, c.operand) for c in own),
+        collectives=tuple(own),
         operands=operands,
     )
-
-
-def _collective_s(kind: str, num_bytes: float, axis: int, mesh: StageMesh) -> float:
-    if kind == "all_reduce":
-        return mesh.all_reduce_s(num_bytes, axis)
-    if kind == "all_to_all":
-        return mesh.all_to_all_s(num_bytes, axis)
-    return mesh.all_gather_s(num_bytes, axis)  # all-gather and reduce-scatter move the same bytes
 
 
 def rule_records(context: StrategyContext) -> dict[str, tuple[NodeSharding, ...]]:

@@ -10,12 +10,15 @@ stored output specs (:func:`planner.sharding.specs.reshard_s`). A node's work is
 * ``fwd_s`` = the node cost's ``forward_s`` (its forward compute + half its own collectives) + half
   the resharding of its inputs; ``bwd_s`` = the rest (collectives and resharding have a forward and
   a backward half: the all-reduce of a row-split matmul forward, of a column-split one's input
-  gradient backward). Recomputation repeats ``fwd_s``: the one price of it, here and in the search
-  (:func:`planner.intra.stage_problem.recompute_s` gives the same sum);
+  gradient backward). Recomputation repeats ``fwd_s`` of every node in the stage's checkpointed runs
+  (``Stage.recomputed_runs``; ``recompute_s``): the one price of it, here and in the search
+  (:func:`planner.intra.stage_problem.recompute_s` gives the same sum); what a node keeps for backward
+  under them is ``kept_bytes`` (:func:`cost_models.memory.kept_under_recompute`, as
+  :func:`planner.intra.stage_problem.kept_bytes` counts it; ``activation_bytes`` without recomputation);
 * a stage run as DDP (:func:`runs_as_ddp`) has no collectives and no resharding: each rank runs its
   share of the batch on plain tensors, and its gradient all-reduce is DDP's (:mod:`planner.costing.overlap`);
 * ``step_s`` = gradient sync + optimizer update, once per step; ``state_bytes`` and
-  ``activation_bytes`` as the intra-op problem charges them.
+  ``activation_bytes`` as the intra-op problem charges them, at the stage's ZeRO level (``Stage.zero``).
 
 :func:`explain_stage` turns the same work into the plan's explanation rows.
 """
@@ -26,11 +29,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from cost_models.memory import saved_values
-from planner.costing.node_cost import node_cost, strategy_context
+from cost_models.memory import KeptUnderRecompute, kept_under_recompute, saved_values
+from planner.costing.node_cost import NodeCost, node_cost, strategy_context
 from planner.costing.records import check_records, rule_records, strategy_of
 from planner.costing.setup import CostSetup, plan_setup
-from planner.ir.graph import OpGraph, ValueKind, subgraph
+from planner.ir.graph import NodeKind, OpGraph, OpNode, ValueKind, subgraph
 from planner.plan import NodeSharding, Plan, Stage
 from planner.plan.explain import ExplainRow
 from planner.sharding.op_rules import split_label
@@ -50,13 +53,31 @@ class NodeWork:
     compute_s: float = 0.0  # the parts of fwd_s + bwd_s, for explanations
     comm_s: float = 0.0
     reshard_s: float = 0.0
+    weight_grad_s: float = 0.0  # the part of bwd_s a zero-bubble schedule defers (W): :func:`weight_grad_s`
+    output_bytes: float = 0.0  # the output at its local size (kept or not)
+    mask_bytes: float = 0.0  # a dropout's mask (part of activation_bytes)
+    kept_bytes: float = 0.0  # kept for backward under the stage's recomputation (activation_bytes without it)
+    recompute_s: float = 0.0  # its forward once more in the backward, when a checkpointed run holds it
+    zero_step_s: float = 0.0  # the ZeRO part of step_s beyond grad_sync_s (planner.costing.zero.param_terms)
 
 
-def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...], *, zero: bool) -> bool:
+def weight_grad_s(node: OpNode, cost: NodeCost) -> float:
+    """The weight-gradient part of a node's backward, which zero-bubble schedules run apart (``W``): a matmul
+    reading a parameter has two backward GEMMs of the forward's size (dX and dW), so half its backward compute;
+    other operators' parameter gradients (norms, biases) are reductions too small to count, and they run with
+    the input gradient (``I``). Collectives and resharding stay with ``I``: the next stage waits for them."""
+    if node.kind != NodeKind.MATMUL or not node.params:
+        return 0.0
+    forward_compute = cost.forward_s - cost.comm_s / 2
+    return max(0.0, cost.compute_s - forward_compute) / 2
+
+
+def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...], *, zero: object = None) -> bool:
     """Pure data parallelism, which the executor runs with DDP on plain tensors: one stage on several
-    devices, every parameter replicated, optimizer state not sharded (``zero`` runs FSDP)."""
+    devices, every parameter replicated, at ZeRO level 0 (a level above runs FSDP:
+    :func:`planner.costing.zero.runs_as_fsdp`). ``zero`` is not read: each stage has its own level."""
     return (
-        len(stages) == 1 and len(stages[0].devices) > 1 and not zero
+        len(stages) == 1 and len(stages[0].devices) > 1 and stages[0].zero == 0
         and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
     )  # fmt: skip
 
@@ -90,13 +111,15 @@ def check_plan_strategies(plan: Plan, graph: OpGraph) -> None:
 
 
 def stage_node_work(
-    stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: bool = False, ddp: bool = False
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: object = None, ddp: bool = False
 ) -> dict[str, NodeWork]:
-    """Node name -> its work per microbatch on ``stage`` (``graph`` at the microbatch size); ``ddp``: see
-    :func:`runs_as_ddp`."""
+    """Node name -> its work per microbatch on ``stage`` (``graph`` at the microbatch size), at the stage's own
+    ZeRO level and recomputation (``zero`` is not read); ``ddp``: the stage runs on plain tensors
+    (:func:`runs_as_ddp`, or FSDP: :func:`planner.costing.zero.runs_as_fsdp`)."""
     context, chosen = stage_strategies(stage, graph, setup)
     local, mesh = context.graph, context.mesh
     saved = saved_values(local)
+    kept = kept_under_recompute(local, stage.recomputed_runs())
     first_reader: dict[str, str] = {}
     for node in local.nodes:
         for value in node.inputs:
@@ -104,7 +127,7 @@ def stage_node_work(
     work: dict[str, NodeWork] = {}
     for node in local.nodes:
         strategy = chosen[node.name]
-        cost = node_cost(node, strategy, setup, mesh, saved=node.name in saved, zero=zero, ddp=ddp)
+        cost = node_cost(node, strategy, setup, mesh, saved=node.name in saved, zero=stage.zero, ddp=ddp)
         reshard = 0.0 if ddp else _reshard_in(local, mesh, node.name, strategy, chosen, context.grad_values)
         if ddp:  # each rank runs its share on plain tensors: the only collective is DDP's gradient all-reduce
             cost = replace(cost, comm_s=0.0, forward_s=cost.forward_s - cost.comm_s / 2)
@@ -120,13 +143,42 @@ def stage_node_work(
             compute_s=cost.compute_s,
             comm_s=cost.comm_s,
             reshard_s=reshard,
+            weight_grad_s=weight_grad_s(node, cost),
+            zero_step_s=cost.zero_step_s,
+            output_bytes=cost.output_bytes,
+            mask_bytes=cost.mask_bytes,
+            kept_bytes=cost.activation_bytes,
         )
+    if stage.remat:
+        _with_recomputation(work, local, mesh, kept, chosen, first_reader)
     return work
 
 
-def explain_stage(stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: bool = False) -> tuple[ExplainRow, ...]:
-    """One row per node of ``stage``: its split, output spec and the seconds and bytes it costs."""
-    work = stage_node_work(stage, graph, setup, zero=zero)
+def _with_recomputation(work: dict[str, NodeWork], graph: OpGraph, mesh: StageMesh, kept: KeptUnderRecompute,
+                        chosen: Mapping[str, NodeStrategy], first_reader: Mapping[str, str]) -> None:  # fmt: skip
+    """What each node keeps and recomputes under the stage's checkpointed runs (:func:`kept_under_recompute`):
+    a kept value's bytes on its producer, a kept stage input's on its first reader (at the size it reads it in),
+    the masks outside the runs on their dropouts; a recomputed node's forward once more in the backward."""
+    inputs: dict[str, float] = {}
+    for value in kept.values:
+        if graph.value_kind(value) == ValueKind.INPUT:
+            reader = graph.node(first_reader[value])
+            need = chosen[reader.name].inputs[reader.inputs.index(value)]
+            meta = graph.value(value).meta
+            inputs[reader.name] = inputs.get(reader.name, 0.0) + (
+                mesh.local_bytes(meta, need) if need is not None else mesh.tensor_bytes(meta)
+            )
+    for name, w in work.items():
+        kept_bytes = (w.output_bytes if name in kept.values else 0.0) + (w.mask_bytes if name in kept.masked else 0.0)
+        work[name] = replace(
+            w, kept_bytes=kept_bytes + inputs.get(name, 0.0), recompute_s=w.fwd_s if name in kept.recomputed else 0.0
+        )
+
+
+def explain_stage(stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: object = None) -> tuple[ExplainRow, ...]:
+    """One row per node of ``stage``: its split, output spec and the seconds and bytes it costs (at the stage's
+    own ZeRO level; ``zero`` is not read)."""
+    work = stage_node_work(stage, graph, setup)
     rows = []
     for name in stage.nodes:
         node, w, record = graph.node(name), work[name], stage.strategies[name]

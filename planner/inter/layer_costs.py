@@ -13,12 +13,19 @@ operators alone. :func:`layer_table` builds that problem once and reads off a fi
 * the data-parallel and Megatron assignments (:mod:`planner.intra.incumbents`), so no hand-written
   layout is outside the search;
 
-and each slot with and without activation recomputation (:func:`_option`):
+and each with every recomputation and ZeRO level (:func:`_option`), one *slot* per
+(source, recomputation, ZeRO level) of :data:`SLOTS`:
 
 * no recomputation: time = the problem's objective; activations kept = saved outputs' bytes;
-* recomputation: time + the forward once more (:func:`planner.intra.stage_problem.recompute_s`: forward
-  compute, half the collectives and half the resharding, the price the simulator charges too);
-  activations kept = the layer's inputs at their local size.
+* ``attention`` (selective: the attention cores, :func:`planner.ir.recompute.attention_cores`; no slot for
+  a layer without one) or ``full`` (the whole layer): time + the recomputed nodes' forward once more
+  (:func:`planner.intra.stage_problem.recompute_s`: forward compute, half the collectives and half the
+  resharding into them, the price the simulator charges too); activations kept = what the runs keep
+  (:func:`planner.intra.stage_problem.kept_bytes`: the layer's inputs under ``full``);
+* ZeRO level ``z`` over the data-parallel axes (:mod:`planner.costing.zero`): state bytes and time of the
+  parameter nodes priced again at ``z`` (:func:`planner.intra.stage_problem.zero_costs`). Levels 2 and 3 run
+  under FSDP, on a data-parallel plan only: they are slots of the ``data-parallel`` source alone, and the
+  stage DP offers them only for one stage of every layer on every device (:mod:`planner.inter.search`).
 
 A stage of several layers takes the same slot in each (:mod:`planner.inter.search`), so its time
 and memory are sums over its layers. Values crossing between layers are charged no
@@ -36,13 +43,25 @@ from planner.costing.setup import CostSetup
 from planner.intra.ilp import solve_unconstrained
 from planner.intra.incumbents import data_parallel_choice, megatron_choice
 from planner.intra.problem import evaluate
-from planner.intra.stage_problem import IntraOpOptions, StageProblem, build_stage_problem, recompute_s
+from planner.intra.stage_problem import (
+    IntraOpOptions,
+    StageProblem,
+    build_stage_problem,
+    kept_bytes,
+    recompute_s,
+    zero_costs,
+)
 from planner.ir.graph import OpGraph
+from planner.ir.recompute import REMAT_KINDS, remat_runs
+from planner.plan import ZERO_LEVELS
 from planner.sharding.specs import StageMesh
 
 LAMBDA_STEPS = (0.0, 0.25, 1.0, 4.0)
 SOURCES = (*(f"λ={kappa:g}" for kappa in LAMBDA_STEPS), "data-parallel", "megatron")
-SLOTS = tuple((source, remat) for remat in (False, True) for source in SOURCES)
+FSDP_LEVELS = (2, 3)  # ZeRO levels that run under FSDP only: data-parallel plans
+# (source, recomputation, ZeRO level); levels 2 and 3 for the data-parallel layout only
+SLOTS = tuple((source, remat, zero) for zero in ZERO_LEVELS for remat in REMAT_KINDS for source in SOURCES
+              if zero not in FSDP_LEVELS or source == "data-parallel")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,9 +69,10 @@ class LayerOption:
     time_s: float  # forward + backward of one microbatch, gradient sync amortised
     state_bytes: float
     activation_bytes: float  # kept per in-flight microbatch
-    remat: bool
+    remat: str  # REMAT_KINDS
     choice: tuple[int, ...]  # strategy per variable of the table's problem
     source: str
+    zero: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,25 +118,33 @@ def split_costs(problem: StageProblem, choice: tuple[int, ...]) -> tuple[float, 
     return state, activation, compute
 
 
-def input_bytes(problem: StageProblem, choice: tuple[int, ...]) -> float:
-    """The layer's inputs at the local size its first reader wants: what recomputation keeps."""
-    graph, mesh, total = problem.graph, problem.mesh, 0.0
-    for value in graph.inputs:
-        reader = next(n for n in graph.nodes if value.name in n.inputs)
-        variable = problem.variables.index(problem.representative[reader.name])
-        spec = problem.strategies[variable][choice[variable]].inputs[reader.inputs.index(value.name)]
-        total += mesh.local_bytes(value.meta, spec) if spec is not None else mesh.tensor_bytes(value.meta)
-    return total
+@dataclass(frozen=True, kw_only=True)
+class _Base:
+    """A choice's time and bytes without recomputation, at the problem's ZeRO level."""
+
+    time_s: float
+    state_bytes: float
+    activation_bytes: float
 
 
-def _option(problem: StageProblem, choice: tuple[int, ...], *, source: str, remat: bool) -> LayerOption:
-    time_s, _ = evaluate(problem.problem, choice)
-    state, activation, _ = split_costs(problem, choice)
-    if remat:
-        time_s, activation = time_s + recompute_s(problem, choice), input_bytes(problem, choice)
-    return LayerOption(
-        time_s=time_s, state_bytes=state, activation_bytes=activation, remat=remat, choice=choice, source=source
-    )
+def _option(problem: StageProblem, choice: tuple[int, ...], base: _Base, *, source: str, remat: str,
+            runs: tuple[tuple[str, ...], ...], zero: int, setup: CostSetup, memo: dict) -> LayerOption | None:  # fmt: skip
+    """The slot's option (a layer without attention cores recomputes nothing under ``attention``); ``memo`` holds
+    each choice's recomputation and ZeRO figures once (sources often share a choice)."""
+    time_s, state, activation = base.time_s, base.state_bytes, base.activation_bytes
+    if runs:
+        if (choice, remat) not in memo:
+            memo[choice, remat] = (recompute_s(problem, choice, runs), kept_bytes(problem, choice, runs))
+        added, activation = memo[choice, remat]
+        time_s += added
+    if zero:
+        if (choice, zero) not in memo:
+            memo[choice, zero] = zero_costs(problem, choice, level=zero, setup=setup)
+        costs = memo[choice, zero]
+        time_s += costs.per_microbatch_s + costs.step_s / problem.num_microbatches
+        state = costs.state_bytes
+    return LayerOption(time_s=time_s, state_bytes=state, activation_bytes=activation, remat=remat, choice=choice,
+                       source=source, zero=zero)  # fmt: skip
 
 
 def _lagrangian_choices(problem: StageProblem, options: IntraOpOptions) -> list[tuple[int, ...]]:
@@ -158,10 +186,19 @@ def layer_table(
         choices["data-parallel"] = data_parallel_choice(problem)
     if "megatron" in wanted:
         choices["megatron"] = megatron_choice(problem)
+    nodes = [node.name for node in layer.nodes]
+    runs = {kind: remat_runs(kind, layer, nodes) for kind in REMAT_KINDS}
+    bases: dict[tuple[int, ...], _Base] = {}
+    memo: dict[tuple, object] = {}
     found: list[LayerOption | None] = []
-    for source, remat in SLOTS:
+    for source, remat, zero in SLOTS:
         choice = choices.get(source) if source in wanted else None
-        found.append(None if choice is None else _option(problem, choice, source=source, remat=remat))
+        if choice is not None and choice not in bases:
+            time_s, _ = evaluate(problem.problem, choice)
+            state, activation, _ = split_costs(problem, choice)
+            bases[choice] = _Base(time_s=time_s, state_bytes=state, activation_bytes=activation)
+        found.append(None if choice is None else _option(problem, choice, bases[choice], source=source, remat=remat,
+                                                         runs=runs[remat], zero=zero, setup=setup, memo=memo))  # fmt: skip
     names = tuple(tuple(strategy.name for strategy in row) for row in problem.strategies)
     return LayerTable(variables=tuple(problem.variables), representative=dict(problem.representative),
                       strategy_names=names, options=tuple(found))  # fmt: skip

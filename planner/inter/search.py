@@ -12,7 +12,9 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
 
        time(k, i, j, (q, w)) = Σ_{ℓ=k..i} time_w(kind ℓ, j, q)     (and state, activation bytes)
 
-   ``--remat on|off`` keeps only the slots with or without recomputation.
+   ``--remat off|attention|full`` (``on``: full) keeps only the slots of that recomputation, ``--zero z`` those
+   of ZeRO level ``z`` (level 1 on the sharded stages when ``z`` is 2 or 3: those run under FSDP only, so the
+   FSDP slots stand only for one stage of every layer on every device, a data-parallel plan).
 4. Boundary between consecutive stages (:func:`boundary_table`): the activation ``A_i`` crossing
    after layer ``i`` (:func:`planner.ir.layers.boundary_bytes`, each value at its dtype, floats at
    the training itemsize) goes forward and the gradient ``G_i`` of its floating part comes back,
@@ -47,19 +49,21 @@ from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.device_blocks import Submesh
 from planner.inter.forked import fork_map
-from planner.inter.layer_costs import SLOTS, LayerTable, layer_table
+from planner.inter.layer_costs import FSDP_LEVELS, SLOTS, LayerTable, layer_table
 from planner.inter.stage_dp import OptionArrays, StagePlan, solve_stages, submeshes
 from planner.intra.single_stage import logical_meshes
 from planner.intra.stage_problem import IntraOpOptions
 from planner.ir.graph import OpGraph, subgraph
 from planner.ir.layers import boundary_bytes, collapse_identical_layers, graph_layers
 from planner.ir.rebatch import MicrobatchGraphs
+from planner.plan import ZERO_LEVELS, GradSync
 from planner.sharding.specs import StageMesh
 
 MAX_AUTO_MICROBATCHES = 64
 MAX_LAYERS = 32
-REMAT_MODES = ("auto", "on", "off")
-SCHEDULE_MODES = ("auto", "1f1b", "gpipe")
+REMAT_MODES = ("auto", "off", "attention", "full", "on")  # on: full (what it meant before selective recomputation)
+ZERO_MODES = ("auto", "0", "1", "2", "3")
+SCHEDULE_MODES = ("auto", "1f1b", "gpipe", "interleaved", "zero-bubble")
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
@@ -69,10 +73,12 @@ class PipelineOptions:
     microbatches: int | None = None  # None: search the counts of :func:`microbatch_counts`
     schedule: str = "auto"
     remat: str = "auto"
-    zero: bool = False
+    zero: str = "auto"  # ZERO_MODES: a ZeRO level for every stage with data-parallel axes, or auto (the search's)
     ilp_time_limit_s: float = 30.0
     degrees: tuple[int, int, int] | None = None  # megatron: evaluate this (tensor, pipeline, data) only
     jobs: int = 1  # processes for the layer tables (planner.inter.forked)
+    allow_lossy: bool = False  # --allow-lossy: candidates may also run a lossy gradient sync (grad_sync_choice)
+    grad_sync: GradSync | None = None  # --grad-sync: every candidate runs this one (None: exact, or the choice)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +165,7 @@ class LayerTables:
         mesh_key = (submesh, shape)
         if mesh_key not in self._meshes:
             self._meshes[mesh_key] = canonical_mesh(self.setup, submesh, shape)
-        intra = IntraOpOptions(num_microbatches=m, zero=self.options.zero, time_limit_s=self.options.ilp_time_limit_s)
+        intra = IntraOpOptions(num_microbatches=m, time_limit_s=self.options.ilp_time_limit_s)  # ZeRO: per slot
         part = subgraph(graph, list(layers.layers[kind]))
         return layer_table(part, self.setup, self._meshes[mesh_key], options=intra, sources=self.sources)
 
@@ -186,10 +192,15 @@ def mesh_choices(setup: CostSetup) -> MeshChoices:
     ]
 
 
-def allowed_slots(remat: str) -> np.ndarray:
+def allowed_slots(remat: str, zero: str | int = "auto") -> np.ndarray:
+    """The slots ``--remat`` and ``--zero`` allow (a mask over :data:`SLOTS`)."""
     if remat not in REMAT_MODES:
         raise AutoplanError(f"--remat must be one of {', '.join(REMAT_MODES)}, got {remat!r}")
-    return np.array([remat == "auto" or (remat == "on") == slot_remat for _, slot_remat in SLOTS])
+    if str(zero) not in ZERO_MODES:
+        raise AutoplanError(f"--zero must be one of {', '.join(ZERO_MODES)}, got {zero!r}")
+    kinds = {"auto": ("none", "attention", "full"), "on": ("full",), "off": ("none",)}.get(remat, (remat,))
+    levels = ZERO_LEVELS if zero == "auto" else {int(zero), min(int(zero), 1)}  # sharded stages run level 1 at most
+    return np.array([slot_remat in kinds and slot_zero in levels for _, slot_remat, slot_zero in SLOTS])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +224,9 @@ def option_arrays(
     width = max(len(shapes) for _, shapes in choices) * slots
     shape = (num_layers, num_layers, len(choices), width)
     times, state, activation = np.full(shape, np.inf), np.zeros(shape), np.zeros(shape)
-    allowed, upper = allowed_slots(tables.options.remat), np.triu(np.ones((num_layers, num_layers), dtype=bool))
+    allowed = allowed_slots(tables.options.remat, tables.options.zero)
+    upper = np.triu(np.ones((num_layers, num_layers), dtype=bool))
+    fsdp = np.array([zero in FSDP_LEVELS for _, _, zero in SLOTS])  # data-parallel plans only: one stage, every device
     labels = []
     keys = [
         (kind, submesh, q, m) for submesh, shapes in choices for q in shapes for kind in dict.fromkeys(layers.kinds)
@@ -234,6 +247,11 @@ def option_arrays(
                 spans = cumulative[None, 1:] - cumulative[:-1, None]  # [k, i] = Σ_{k..i}, valid for k ≤ i
             columns = slice(index * slots, (index + 1) * slots)
             times[:, :, j, columns] = np.where(upper[..., None], spans[:, :, 0], np.inf)
+            if submesh.size != tables.setup.cluster.num_devices or q != (submesh.size,):
+                times[:, :, j, columns][:, :, fsdp] = np.inf
+            else:
+                times[1:, :, j, columns][:, :, fsdp] = np.inf
+                times[:, :-1, j, columns][:, :, fsdp] = np.inf
             state[:, :, j, columns], activation[:, :, j, columns] = spans[:, :, 1], spans[:, :, 2]
     times[~np.isfinite(times)] = np.inf  # inf − inf in the prefix sums
     return SpanOptions(

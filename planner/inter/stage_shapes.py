@@ -23,15 +23,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from planner.inter.layer_costs import input_bytes, split_costs
+from planner.costing.setup import CostSetup
+from planner.inter.layer_costs import split_costs
 from planner.intra.ilp import solve_unconstrained
 from planner.intra.problem import StrategySolution, evaluate
 from planner.intra.solve import IntraOpResult
-from planner.intra.stage_problem import StageProblem, recompute_s
+from planner.intra.stage_problem import StageProblem, ZeroCosts, kept_bytes, recompute_s, zero_costs
 from planner.intra.to_stage import stage_from_result
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import structural_hash
+from planner.ir.recompute import REMAT_KINDS, remat_runs
 from planner.plan import Stage
+from planner.plan.stage import memory_choice_label
 
 
 def shape_key(part: OpGraph) -> tuple[str, tuple[int, ...]]:
@@ -48,10 +51,13 @@ class StageTemplate:
     part: OpGraph
     problem: StageProblem
     composed: tuple[int, ...]
+    layers: tuple[tuple[str, ...], ...] = ()  # the stage's layers (node names): full recomputation's runs
     _unconstrained: tuple[int, ...] | None = None
     _costs: dict[tuple[int, ...], tuple[float, float, float, float, float]] = field(default_factory=dict)
-    _stages: dict[tuple[tuple[int, ...], bool], Stage] = field(default_factory=dict)
-    _recompute: dict[tuple[int, ...], float] = field(default_factory=dict)
+    _stages: dict[tuple[tuple[int, ...], str, int], Stage] = field(default_factory=dict)
+    _recompute: dict[tuple[tuple[int, ...], str], tuple[float, float]] = field(default_factory=dict)
+    _zero: dict[tuple[tuple[int, ...], int], ZeroCosts] = field(default_factory=dict)
+    memo: dict[tuple, object] = field(default_factory=dict)  # other per-choice figures (gradient sync)
 
     def unconstrained(self) -> tuple[int, ...]:
         """The stage's exact optimum without a memory limit (:func:`solve_unconstrained`)."""
@@ -68,19 +74,67 @@ class StageTemplate:
             self._costs[choice] = (objective, step_s(self.problem, choice), state, activation, compute)
         return self._costs[choice]
 
-    def recompute_s(self, choice: tuple[int, ...]) -> float:
-        """Seconds to recompute the stage's forward once (:func:`planner.intra.stage_problem.recompute_s`)."""
-        if choice not in self._recompute:
-            self._recompute[choice] = recompute_s(self.problem, choice)
-        return self._recompute[choice]
+    def runs(self, remat: str) -> tuple[tuple[str, ...], ...]:
+        """The runs recomputation ``remat`` checkpoints (:func:`planner.ir.recompute.remat_runs`)."""
+        return remat_runs(str(remat), self.part, [node.name for node in self.part.nodes], layers=self.layers)
 
-    def recompute_bytes(self, choice: tuple[int, ...]) -> float:
-        """Activations kept per microbatch when the stage recomputes: its inputs (:func:`input_bytes`)."""
-        return input_bytes(self.problem, choice)
+    def _recomputed(self, choice: tuple[int, ...], remat: str) -> tuple[float, float]:
+        if (choice, remat) not in self._recompute:
+            runs = self.runs(remat)
+            self._recompute[choice, remat] = (recompute_s(self.problem, choice, runs),
+                                              kept_bytes(self.problem, choice, runs))  # fmt: skip
+        return self._recompute[choice, remat]
 
-    def stage(self, choice: tuple[int, ...], *, remat: bool, explain: Callable[[Stage], tuple]) -> Stage:
+    def forward_s(self, choice: tuple[int, ...]) -> float:
+        """Seconds of the stage's whole forward (:func:`planner.intra.stage_problem.recompute_s` of every node)."""
+        if (choice, "forward") not in self._recompute:
+            self._recompute[choice, "forward"] = (recompute_s(self.problem, choice), 0.0)
+        return self._recompute[choice, "forward"][0]
+
+    def recompute_s(self, choice: tuple[int, ...], remat: str = "full") -> float:
+        """Seconds to recompute the runs of ``remat`` once (:func:`planner.intra.stage_problem.recompute_s`)."""
+        return 0.0 if remat == "none" else self._recomputed(choice, remat)[0]
+
+    def recompute_bytes(self, choice: tuple[int, ...], remat: str = "full") -> float:
+        """Activations kept per microbatch under ``remat`` (:func:`planner.intra.stage_problem.kept_bytes`)."""
+        return self.costs(choice)[3] if remat == "none" else self._recomputed(choice, remat)[1]
+
+    def zero(self, choice: tuple[int, ...], level: int, setup: CostSetup) -> ZeroCosts:
+        """``choice`` at ZeRO ``level`` (:func:`planner.intra.stage_problem.zero_costs`)."""
+        if (choice, level) not in self._zero:
+            self._zero[choice, level] = zero_costs(self.problem, choice, level=level, setup=setup)
+        return self._zero[choice, level]
+
+    def memory_saving(self, choice: tuple[int, ...], *, remat: str, zero: int, levels: tuple[int, ...], m: int,
+                      in_flight: int, setup: CostSetup) -> dict[str, object]:  # fmt: skip
+        """What the stage's recomputation and ZeRO level save, per step and per device, against the next-best pair:
+        the fastest other pair that fits, or the fastest other one (said not to fit). Priced on the stage's problem:
+        the recomputed forward and FSDP's per-microbatch collectives ``m`` times, ZeRO's per-step terms once, memory
+        with ``in_flight`` microbatches (kept activations, state at the level)."""
+
+        def price(kind: str, level: int) -> tuple[float, float]:
+            seconds = m * self.recompute_s(choice, kind)
+            state = self.costs(choice)[2]
+            if level:
+                costs = self.zero(choice, level, setup)
+                seconds, state = seconds + m * costs.per_microbatch_s + costs.step_s, costs.state_bytes
+            return seconds, state + self.recompute_bytes(choice, kind) * in_flight
+
+        chosen_s, chosen_bytes = price(remat, zero)
+        others = [(kind, level, *price(kind, level)) for kind in REMAT_KINDS for level in levels
+                  if (kind, level) != (remat, zero) and (kind != "attention" or self.runs(kind))]  # fmt: skip
+        if not others:
+            return {}
+        budget = setup.memory_budget_bytes
+        kind, level, seconds, memory = min(others, key=lambda other: (other[3] > budget, other[2]))
+        return {"choice": memory_choice_label(remat, zero),
+                "next_best": memory_choice_label(kind, level) + (" (does not fit)" if memory > budget else ""),
+                "saved_s": seconds - chosen_s, "saved_bytes": memory - chosen_bytes}  # fmt: skip
+
+    def stage(self, choice: tuple[int, ...], *, remat: str, explain: Callable[[Stage], tuple], zero: int = 0
+              ) -> Stage:  # fmt: skip
         """The plan stage of ``choice`` on the template's names and canonical ranks, explained by ``explain``."""
-        if (choice, remat) not in self._stages:
+        if (choice, remat, zero) not in self._stages:
             objective = self.costs(choice)[0]
             solution = StrategySolution(choice=choice, objective=objective, memory_bytes=0.0, optimal=False,
                                         num_variables=0, num_constraints=0, build_s=0.0, solve_s=0.0,
@@ -88,8 +142,10 @@ class StageTemplate:
             result = IntraOpResult(stage=self.problem, choice=choice, objective_s=objective, memory_bytes=0.0,
                                    solution=solution, incumbent_objectives_s={}, build_s=0.0)  # fmt: skip
             base = stage_from_result(result)
-            self._stages[choice, remat] = replace(base, remat=remat, explanation=explain(base))
-        return self._stages[choice, remat]
+            regions = tuple((run[0], run[-1]) for run in self.runs(remat))
+            base = replace(base, remat=remat if regions else "none", remat_regions=regions, zero=zero)
+            self._stages[choice, remat, zero] = replace(base, explanation=explain(base))
+        return self._stages[choice, remat, zero]
 
 
 def step_s(problem: StageProblem, choice: tuple[int, ...]) -> float:
@@ -138,4 +194,5 @@ def relabel(template: Stage, template_graph: OpGraph, part: OpGraph, *, devices:
         strategies={names[name]: record for name, record in template.strategies.items()},
         param_placements=placements,
         explanation=tuple({**row, "node": names[row["node"]]} for row in template.explanation),
+        remat_regions=tuple((names[first], names[last]) for first, last in template.remat_regions),
     )

@@ -67,8 +67,8 @@ def single_stage_plan(
 ) -> tuple[tuple[Stage, ...], Estimate, IntraOpResult]:
     devices = tuple(range(setup.cluster.num_devices))
     result, _ = solve_best_mesh(graph, setup, devices=devices, options=options)
-    stage = stage_from_result(result)
-    rows = explain_stage(stage, graph, setup, zero=options.zero)
+    stage = replace(stage_from_result(result), zero=int(options.zero))
+    rows = explain_stage(stage, graph, setup)
     stage = replace(stage, explanation=tuple(row.to_json() for row in rows))
     step = result.objective_s * options.num_microbatches + setup.cluster.device.step_overhead_s
     estimate = Estimate(

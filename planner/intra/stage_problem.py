@@ -10,9 +10,10 @@ For every node v with strategies S_v (:func:`planner.sharding.op_rules.enumerate
     + Σ_(u→v)  w_uv · reshard(out_u(s_u) → in_v(s_v))          edges — planner.sharding.specs.reshard_s
 
 subject to  Σ_v w_v · mem_v(s) ≤ memory budget, where mem_v is the model state of v's
-parameters at their shard counts (16 B/param for mixed-precision Adam; with ``zero`` the
-optimizer state and gradients are also split over the axes the gradient syncs over) plus v's
-output if it is kept for backward, at its local size. ``optimizer_v`` is the memory-bound Adam
+parameters at their shard counts (16 B/param for mixed-precision Adam; at ZeRO level ``zero``
+the optimizer state, then the gradients, then the weights are also split over the axes the gradient
+syncs over, and FSDP's collectives every microbatch join ``comm_v``) plus v's output if it is kept
+for backward, at its local size. ``optimizer_v`` is the memory-bound Adam
 update of v's local parameters (:func:`planner.costing.estimate.optimizer_step_s`). ``h`` is the device's
 calibrated ``sharded_op_overhead_s`` on a mesh of more than one device (the executor runs such
 stages on DTensors), 0 on one device and on a stage run as DDP (``IntraOpOptions.ddp``: a one-stage
@@ -30,12 +31,14 @@ assignments (:mod:`planner.intra.incumbents`), so the answer is never worse than
 
 from __future__ import annotations
 
+import functools
+import math
 import warnings
 from collections import Counter
 from dataclasses import dataclass
 
-from cost_models.memory import saved_values
-from planner.costing.node_cost import NodeCost, node_cost, strategy_context
+from cost_models.memory import kept_under_recompute, saved_values
+from planner.costing.node_cost import NodeCost, grad_values, node_cost, strategy_context
 from planner.costing.setup import CostSetup
 from planner.intra.problem import StrategyEdge, StrategyProblem, evaluate
 from planner.ir.graph import OpGraph, ValueKind
@@ -48,7 +51,7 @@ from planner.sharding.strategies import NodeStrategy
 @dataclass(frozen=True, kw_only=True)
 class IntraOpOptions:
     num_microbatches: int = 1
-    zero: bool = False
+    zero: int = 0  # ZeRO level over the data-parallel axes (planner.costing.zero)
     time_limit_s: float = 30.0
     gap: float = 0.0
     ddp: bool = False  # the stage runs as DDP on plain tensors (pure data parallelism): no DTensor dispatch
@@ -71,6 +74,11 @@ class StageProblem:
     unruled: tuple[str, ...]  # targets replicated for lack of a rule
     num_microbatches: int = 1  # the m the objective amortises each step's work over
 
+    @functools.cached_property
+    def variable_of(self) -> dict[str, int]:
+        """Representative node name -> its variable."""
+        return {name: index for index, name in enumerate(self.variables)}
+
 
 def build_stage_problem(
     graph: OpGraph, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions = DEFAULT_OPTIONS
@@ -92,7 +100,7 @@ def build_stage_problem(
     weights = Counter(collapsed.representative.values())
     m = options.num_microbatches
     edges, self_costs = _edges(graph, collapsed.representative, index, strategies, mesh, context.grad_values)
-    node_costs = [[c.compute_s + c.comm_s + c.step_s / m for c in row] for row in costs]
+    node_costs = [[c.compute_s + c.comm_s + c.zero_comm_s + c.step_s / m for c in row] for row in costs]
     for variable, extra in self_costs.items():  # an edge between two copies of one layer position
         node_costs[variable] = [
             a + b / weights[variables[variable]] for a, b in zip(node_costs[variable], extra, strict=True)
@@ -163,17 +171,106 @@ def _edges(
     return edges, self_costs
 
 
-def recompute_s(problem: StageProblem, choice: tuple[int, ...]) -> float:
-    """Seconds to recompute the forward of a stage problem's ``choice`` once (a microbatch): each node's
-    ``forward_s`` plus half the resharding between nodes, which is the objective less the nodes' own
-    compute, collectives and amortised step. The simulator charges the same
-    (:mod:`planner.costing.stage_work`: the chunk's ``fwd_s`` again)."""
+def recompute_s(problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple[str, ...], ...] | None = None
+                ) -> float:  # fmt: skip
+    """Seconds to recompute, once (a microbatch), the forward of ``runs`` (None: the whole stage) under a stage
+    problem's ``choice``: each recomputed node's ``forward_s`` plus half the resharding into it. When the runs
+    cover every node, the resharding is the objective less the nodes' own compute, collectives and amortised
+    step. The simulator charges the same (:mod:`planner.costing.stage_work`: each recomputed node's ``fwd_s``
+    again)."""
+    inside = [name for run in runs for name in run] if runs is not None else []
+    if runs is not None and len(set(inside)) < len(problem.graph.nodes):
+        return _runs_forward_s(problem, choice, inside)
     objective, _ = evaluate(problem.problem, choice)
     forward = own = step = 0.0
-    index = {name: v for v, name in enumerate(problem.variables)}
     for node in problem.graph.nodes:
-        variable = index[problem.representative[node.name]]
-        cost = problem.costs[variable][choice[variable]]
-        forward, own, step = forward + cost.forward_s, own + cost.compute_s + cost.comm_s, step + cost.step_s
+        c = _cost_of(problem, choice, node.name)
+        forward, own = forward + c.forward_s, own + c.compute_s + c.comm_s + c.zero_comm_s
+        step += c.step_s
     reshard = max(0.0, objective - own - step / problem.num_microbatches)
     return forward + reshard / 2
+
+
+def _runs_forward_s(problem: StageProblem, choice: tuple[int, ...], inside: list[str]) -> float:
+    """Each node's ``forward_s`` plus half the resharding into it, priced once per representative and producers
+    (copies of an identical layer cost the same)."""
+    graph, grads = problem.graph, grad_values(problem.graph)
+    seen: dict[tuple[str, ...], float] = {}
+    total = 0.0
+    for name in inside:
+        node = graph.node(name)
+        key = tuple(problem.representative.get(value, value) for value in (name, *node.inputs))
+        if key not in seen:
+            seen[key] = _cost_of(problem, choice, name).forward_s + _reshard_into(problem, choice, name, grads) / 2
+        total += seen[key]
+    return total
+
+
+def _strategy(problem: StageProblem, choice: tuple[int, ...], name: str) -> NodeStrategy:
+    variable = problem.variable_of[problem.representative[name]]
+    return problem.strategies[variable][choice[variable]]
+
+
+def _reshard_into(problem: StageProblem, choice: tuple[int, ...], name: str, grads: frozenset[str]) -> float:
+    """Seconds to bring ``name``'s inputs from their producers' specs to the ones its strategy reads."""
+    graph, mesh, total = problem.graph, problem.mesh, 0.0
+    node, strategy = graph.node(name), _strategy(problem, choice, name)
+    for position, (value, meta) in enumerate(zip(node.inputs, node.input_metas, strict=True)):
+        need = strategy.inputs[position]
+        if need is not None and graph.value_kind(value) == ValueKind.NODE:
+            produced = _strategy(problem, choice, value).output
+            total += reshard_s(produced, need, meta, mesh, requires_grad=value in grads)
+    return total
+
+
+def kept_bytes(problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple[str, ...], ...]) -> float:
+    """Activation bytes one microbatch keeps for backward when ``runs`` are recomputed
+    (:func:`cost_models.memory.kept_under_recompute`): each kept value at its producer's local output size, or a
+    graph input at the size its first reader reads it in, and the dropout masks outside the runs."""
+    graph, mesh = problem.graph, problem.mesh
+    kept = kept_under_recompute(graph, runs)
+
+    def cost(name: str) -> NodeCost:
+        return _cost_of(problem, choice, name)
+
+    total = math.fsum(cost(name).mask_bytes for name in kept.masked)
+    for value in kept.values:
+        if graph.value_kind(value) == ValueKind.NODE:
+            total += cost(value).output_bytes
+        elif graph.value_kind(value) == ValueKind.INPUT:
+            reader = next(n for n in graph.nodes if value in n.inputs)
+            spec = _strategy(problem, choice, reader.name).inputs[reader.inputs.index(value)]
+            total += mesh.local_bytes(graph.value(value).meta, spec) if spec is not None else mesh.tensor_bytes(
+                graph.value(value).meta)  # fmt: skip
+    return total
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroCosts:
+    """A choice at a ZeRO level against the problem's own level (:func:`zero_costs`)."""
+
+    per_microbatch_s: float  # FSDP's collectives every microbatch, added
+    step_s: float  # once per step, added: the all-gather of updated parameters, the smaller optimizer update
+    state_bytes: float  # the model state at the level
+
+
+def zero_costs(problem: StageProblem, choice: tuple[int, ...], *, level: int, setup: CostSetup) -> ZeroCosts:
+    """``choice`` at ZeRO ``level``: its parameter nodes priced again (:func:`planner.costing.node_cost.node_cost`)."""
+    per_microbatch = step = state = 0.0
+    for variable, name in enumerate(problem.variables):  # identical layers: one variable, counted per copy
+        node, weight = problem.graph.node(name), problem.problem.node_weights[variable]
+        base = problem.costs[variable][choice[variable]]
+        if not node.params:
+            state += weight * base.state_bytes
+            continue
+        other = node_cost(node, problem.strategies[variable][choice[variable]], setup, problem.mesh, saved=False,
+                          zero=level)  # fmt: skip
+        per_microbatch += weight * (other.zero_comm_s - base.zero_comm_s)
+        step += weight * (other.step_s - base.step_s)
+        state += weight * other.state_bytes
+    return ZeroCosts(per_microbatch_s=per_microbatch, step_s=step, state_bytes=state)
+
+
+def _cost_of(problem: StageProblem, choice: tuple[int, ...], name: str) -> NodeCost:
+    variable = problem.variable_of[problem.representative[name]]
+    return problem.costs[variable][choice[variable]]

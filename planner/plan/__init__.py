@@ -1,6 +1,7 @@
 """The plan: a frozen value with a JSON round-trip that holds everything the executors need.
 
 * :mod:`~planner.plan.value` — ``Plan``, ``ModelRef``, ``Estimate``, ``SearchStats``, saving and loading;
+* :mod:`~planner.plan.grad_sync` — ``GradSync``: exact, or the lossy gradient sync the user allowed;
 * :mod:`~planner.plan.stage` — ``Stage`` and every node's chosen strategy (``NodeSharding``, ``Collective``);
 * :mod:`~planner.plan.validate` — ``validate_plan``: a plan checked against its graph;
 * :mod:`~planner.plan.explain` — ``ExplainRow``, the per-node explanation a stage stores;
@@ -11,7 +12,8 @@ May import: :mod:`planner.ir`, :mod:`planner.errors`, :mod:`cost_models` (the cl
 """
 
 from planner.plan.explain import ExplainRow
-from planner.plan.stage import COLLECTIVE_KINDS, PHASES, Collective, NodeSharding, Stage
+from planner.plan.grad_sync import GRAD_SYNC_KINDS, GradSync, GradSyncError
+from planner.plan.stage import COLLECTIVE_KINDS, GATHERED, PHASES, ZERO_LEVELS, Collective, NodeSharding, Remat, Stage
 from planner.plan.validate import parse_placement, validate_plan
 from planner.plan.value import (
     FORMAT_VERSION,
@@ -28,15 +30,21 @@ from planner.plan.value import (
 __all__ = [
     "COLLECTIVE_KINDS",
     "FORMAT_VERSION",
+    "GATHERED",
+    "GRAD_SYNC_KINDS",
     "PHASES",
     "SCHEDULES",
+    "ZERO_LEVELS",
     "Collective",
     "Estimate",
     "ExplainRow",
+    "GradSync",
+    "GradSyncError",
     "ModelRef",
     "NodeSharding",
     "Plan",
     "PlanError",
+    "Remat",
     "SearchStats",
     "Stage",
     "load_plan",

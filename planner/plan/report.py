@@ -9,6 +9,8 @@ method's candidate was chosen, in words, and ends with the next command to run.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
+from typing import Any
 
 from cost_models.cluster import Cluster, reserved_bytes
 from cost_models.units import GIB
@@ -36,6 +38,11 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "equal layers per stage on equal submeshes, each stage sharded by the ILP",
     ),
     "data-parallel": ("data-parallel", "every device holds the whole model and a 1/D share of the batch"),
+    "rescheduled": (
+        "rescheduled",
+        "one of the fastest pipelines re-cut into virtual stages (interleaved 1F1B) or with its backward passes split "
+        "into input and weight gradients (zero bubble), priced by replaying the schedule",
+    ),
 }
 
 
@@ -51,8 +58,22 @@ def _stage_line(stage: Stage) -> str:
     mesh = "×".join(str(s) for s in stage.mesh_shape)
     return (
         f"  stage {stage.index}: devices {_device_range(stage.devices)}, {stage_degrees(stage).text()} (mesh {mesh}), "
-        f"{count_of(len(stage.nodes), 'operator')}, {params}{', activations recomputed' if stage.remat else ''}"
+        f"{count_of(len(stage.nodes), 'operator')}, {params}"
+        + (
+            ", sequence parallel (norms and dropouts split along the sequence)"
+            if stage.uses_sequence_parallelism
+            else ""
+        )
+        + (f"\n    memory: {memory_saving_text(stage.memory_saving)}" if stage.memory_saving else "")
     )
+
+
+def memory_saving_text(saving: Mapping[str, Any]) -> str:
+    """``selective recomputation (attention), ZeRO-1: 0.012 s and 1.2 GiB less than full recomputation, no ZeRO``."""
+    seconds, size = float(saving["saved_s"]), float(saving["saved_bytes"])
+    time_text = f"{abs(seconds):.3g} s {'less' if seconds >= 0 else 'more'}"
+    bytes_text = f"{abs(size) / GIB:.3g} GiB {'less' if size >= 0 else 'more'}"
+    return f"{saving['choice']}: {time_text} per step and {bytes_text} per device than {saving['next_best']}"
 
 
 def _estimate_lines(plan: Plan) -> list[str]:
@@ -129,8 +150,10 @@ def next_step_lines(plan: Plan, *, plan_path: str | None = None) -> list[str]:
     path = shlex.quote(plan_path) if plan_path else "PLAN.json"
     cluster = plan.cluster
     if is_cpu_cluster(cluster) and cluster.num_nodes == 1:
+        check = ("   (trains here; a lossy gradient sync is not checked against one device)" if plan.grad_sync.lossy
+                 else " --check-parity   (trains here, checked against one device)")  # fmt: skip
         return [
-            f"next: plan run {path} --steps 10 --check-parity   (trains here, checked against one device)",
+            f"next: plan run {path} --steps 10{check}",
             f"      plan compile {path} --out train_dir   (writes train_dir/train.py for torchrun)",
         ]
     launch = torchrun_command(cluster, "train_dir/train.py")
@@ -155,7 +178,8 @@ def plan_summary(plan: Plan, *, plan_path: str | None = None, simulated_line: st
         f"{model.num_params / 1e6:,.1f}M parameters",
         f"cluster {cluster.name}: {count_of(cluster.num_nodes, 'node')} × {cluster.devices_per_node} "
         f"{cluster.device.name}",
-        f"{_batch_text(plan)}, optimizer {plan.optimizer}",
+        f"{_batch_text(plan)}, optimizer {plan.optimizer}"
+        + (f", gradient sync {plan.grad_sync.label} (lossy: see its note)" if plan.grad_sync.lossy else ""),
         *(_stage_line(stage) for stage in plan.stages),
         *_estimate_lines(plan),
         *([simulated_line] if simulated_line else []),

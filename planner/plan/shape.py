@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from planner.plan.stage import Stage
 from planner.plan.value import Plan
 
-SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe"}
+SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B", "zero-bubble": "zero bubble"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,10 +73,12 @@ def plan_shape(plan: Plan) -> str:
     if plan.num_microbatches > 1:
         parts.append(count_of(plan.num_microbatches, "microbatch", "microbatches"))
     if len(stages) > 1:
-        parts.append(SCHEDULE_NAMES.get(plan.schedule, plan.schedule))
+        name = SCHEDULE_NAMES.get(plan.schedule, plan.schedule)
+        virtual = plan.virtual_stages
+        parts.append(name + (f" ({virtual} virtual stages per rank)" if virtual > 1 else ""))
     parts.append(_recompute_text(stages))
     if plan.zero:
-        parts.append("ZeRO (optimizer state and gradients sharded over the data axes)")
+        parts.append(_zero_text(stages))
     return ", ".join(parts)
 
 
@@ -86,15 +88,35 @@ def _degrees_text(stages: list[Stage]) -> str:
         return degrees[0].text()
     if len(set(degrees)) == 1:
         inner = degrees[0].text()
-        return f"pipeline {len(stages)}" + ("" if inner == "1 device" else f" × {inner}")
-    return f"pipeline {len(stages)} stages on {'+'.join(str(len(stage.devices)) for stage in stages)} devices"
+        ranks = len({stage.devices for stage in stages})  # fewer than the stages when a rank holds several
+        return f"pipeline {ranks}" + ("" if inner == "1 device" else f" × {inner}")
+    homes = list(dict.fromkeys(stage.devices for stage in stages))  # a rank holds several stages when interleaved
+    return f"pipeline {len(homes)} stages on {'+'.join(str(len(devices)) for devices in homes)} devices"
+
+
+_RECOMPUTE_NAMES = {"attention": "selective (attention)", "full": "full"}
+_ZERO_NAMES = {1: "optimizer state", 2: "optimizer state and gradients", 3: "optimizer state, gradients and parameters"}
 
 
 def _recompute_text(stages: list[Stage]) -> str:
-    recomputing = sum(stage.remat for stage in stages)
-    if recomputing in (0, len(stages)):
-        return "recompute on" if recomputing else "recompute off"
-    return f"recompute on in {recomputing} of {len(stages)} stages"
+    kinds = [str(stage.remat) for stage in stages if stage.remat]
+    if not kinds:
+        return "recompute off"
+    if len(kinds) == len(stages) and len(set(kinds)) == 1:
+        return f"recompute {_RECOMPUTE_NAMES[kinds[0]]}"
+    counts = ", ".join(f"{_RECOMPUTE_NAMES[kind]} in {kinds.count(kind)}" for kind in dict.fromkeys(kinds))
+    return f"recompute {counts} of {len(stages)} stages"
+
+
+def _zero_text(stages: list[Stage]) -> str:
+    levels = [stage.zero for stage in stages if stage.zero]
+    if len(levels) == len(stages) and len(set(levels)) == 1:
+        return f"ZeRO-{levels[0]} ({_ZERO_NAMES[levels[0]]} sharded over the data axes)"
+    return (
+        "ZeRO "
+        + ", ".join(f"{level} in {levels.count(level)}" for level in sorted(set(levels)))
+        + (f" of {len(stages)} stages")
+    )
 
 
 def _placement_shape(plan: Plan) -> str:

@@ -8,19 +8,23 @@ from __future__ import annotations
 import math
 import re
 
+from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph, OpNode, TensorMeta
-from planner.plan.stage import COLLECTIVE_KINDS, PHASES, NodeSharding, Stage
+from planner.ir.op_kinds import BATCH_STATISTICS
+from planner.plan.schedules import MULTI_STAGE_SCHEDULES, check_schedule
+from planner.plan.stage import COLLECTIVE_KINDS, GATHERED, PHASES, ZERO_LEVELS, NodeSharding, Stage
 from planner.plan.value import SCHEDULES, Plan, PlanError
 
-_PLACEMENT = re.compile(r"^(R|P|S\((\d+)\))$")
+_PLACEMENT = re.compile(r"^(R\*|R|P|S\((\d+)\))$")
 
 
 def parse_placement(text: str) -> tuple[str, int | None]:
-    """``"S(1)"`` -> ``("S", 1)``; ``"R"`` -> ``("R", None)``."""
+    """``"S(1)"`` -> ``("S", 1)``; ``"R"`` -> ``("R", None)``; ``"R*"`` -> ``("R*", None)``."""
     match = _PLACEMENT.match(text)
     if not match:
-        raise PlanError(f"placement {text!r} is not one of S(d), R, P")
-    return (match.group(1)[0], int(match.group(2)) if match.group(2) is not None else None)
+        raise PlanError(f"placement {text!r} is not one of S(d), R, R*, P")
+    kind = GATHERED if match.group(1) == GATHERED else match.group(1)[0]
+    return (kind, int(match.group(2)) if match.group(2) is not None else None)
 
 
 def validate_plan(plan: Plan, graph: OpGraph) -> None:
@@ -34,6 +38,15 @@ def validate_plan(plan: Plan, graph: OpGraph) -> None:
             f"schedule 1f1b needs at least as many microbatches as stages ({len(plan.stages)}), got "
             f"{plan.num_microbatches}: use gpipe, whose timeline is the same when microbatches are fewer"
         )
+    if plan.schedule in MULTI_STAGE_SCHEDULES or plan.virtual_stages > 1:
+        if len(plan.stages) % plan.num_pipeline_ranks:
+            ranks = plan.num_pipeline_ranks
+            raise PlanError(f"{len(plan.stages)} stages do not spread evenly over {ranks} pipeline ranks")
+        try:
+            check_schedule(plan.schedule, num_ranks=plan.num_pipeline_ranks, virtual_stages=plan.virtual_stages,
+                           num_microbatches=plan.num_microbatches)  # fmt: skip
+        except AutoplanError as error:
+            raise PlanError(str(error)) from None
     if plan.model.fingerprint != graph.fingerprint():
         raise PlanError(f"plan was made for model {plan.model.fingerprint}, this model is {graph.fingerprint()}")
     _check_devices(plan)
@@ -47,11 +60,45 @@ def validate_plan(plan: Plan, graph: OpGraph) -> None:
     )
     for stage in plan.stages:
         _check_stage_specs(stage, graph)
+        _check_memory_choices(plan, stage, graph)
+
+
+def _check_memory_choices(plan: Plan, stage: Stage, graph: OpGraph) -> None:
+    """Recomputed runs are consecutive stage nodes, in order, none holding batch statistics (recomputing one would
+    update its running statistics twice); ZeRO levels 2 and 3 run under FSDP only: on a data-parallel plan (one
+    stage on several devices, every parameter replicated)."""
+    if stage.zero not in ZERO_LEVELS:
+        raise PlanError(f"stage {stage.index}: ZeRO level {stage.zero} is not one of {list(ZERO_LEVELS)}")
+    data_parallel = len(plan.stages) == 1 and len(stage.devices) > 1 and all(
+        set(spec) == {"R"} for spec in stage.param_placements.values())  # fmt: skip
+    if stage.zero >= 2 and not data_parallel:
+        raise PlanError(f"stage {stage.index}: ZeRO level {stage.zero} runs under FSDP, on a data-parallel plan only "
+                        "(one stage, every parameter replicated): use level 1 (optimizer state sharded) or 0")  # fmt: skip
+    if stage.remat_regions and not stage.remat:
+        raise PlanError(f"stage {stage.index}: remat_regions without recomputation (remat is none)")
+    position, last = {name: index for index, name in enumerate(stage.nodes)}, -1
+    for first, final in stage.remat_regions:
+        if first not in position or final not in position or not last < position[first] <= position[final]:
+            raise PlanError(f"stage {stage.index}: remat region {first}..{final} is not a run of the stage's nodes "
+                            "after the previous region")  # fmt: skip
+        last = position[final]
+    for run in stage.recomputed_runs():
+        held = [name for name in run if graph.node(name).op_name in BATCH_STATISTICS]
+        if held:
+            raise PlanError(f"stage {stage.index}: {held[0]} keeps batch statistics and cannot be recomputed "
+                            "(its running statistics would be updated twice)")  # fmt: skip
 
 
 def _check_devices(plan: Plan) -> None:
     seen: dict[int, int] = {}
+    ranks = plan.num_pipeline_ranks
     for stage in plan.stages:
+        if stage.index >= ranks:  # a later virtual stage: on the devices of stage index mod P, nothing new
+            home = plan.stages[stage.index % ranks]
+            if (stage.devices, stage.mesh_shape) != (home.devices, home.mesh_shape):
+                raise PlanError(f"stage {stage.index} must run on stage {home.index}'s devices and mesh "
+                                f"(virtual stages: stage k on the devices of stage k mod {ranks})")  # fmt: skip
+            continue
         if math.prod(stage.mesh_shape) != len(stage.devices) or any(size <= 0 for size in stage.mesh_shape):
             raise PlanError(
                 f"stage {stage.index}: mesh shape {list(stage.mesh_shape)} does not hold its "

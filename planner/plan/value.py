@@ -4,8 +4,8 @@ JSON layout (``format_version`` 2)::
 
     {format_version, method, model: {file, args, fingerprint, tracer, num_params},
      cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer, zero,
-     memory_fraction,
-     stages: [{index, nodes, devices, mesh_shape, param_placements, remat, explanation,
+     memory_fraction, grad_sync: {kind, rank, period, warmup_steps} (planner.plan.grad_sync; absent: exact),
+     stages: [{index, nodes, devices, mesh_shape, param_placements, remat, remat_regions, zero, explanation,
                strategies: {node: {split, input_specs, output_spec, compute_shards,
                                    collectives: [{kind, axis, phase, operand}]}}}],
      estimate: {step_time_s, per_stage_time_s, memory_per_device_bytes, bubble_fraction,
@@ -17,8 +17,9 @@ tensor operand is consumed in (an activation is redistributed to it, a parameter
 the output spec, the factor its compute is split by, and the collectives it issues. Version 1
 plans stored only output specs and cannot be read (re-plan).
 
-A placement is one of ``"S(d)"`` (shard tensor dim d), ``"R"`` (replicate) or ``"P"``
-(partial sum), one per mesh axis. :func:`validate_plan` checks the plan against its graph.
+A placement is one of ``"S(d)"`` (shard tensor dim d), ``"R"`` (replicate), ``"R*"`` (replicate, the
+gradient handed back as partial sums: sequence parallelism's gathered tensors) or ``"P"`` (partial sum),
+one per mesh axis. :func:`validate_plan` checks the plan against its graph.
 
 ``model.file`` is absolute in plans made by ``plan`` (:func:`planner.api.prepare_model_file`);
 :func:`load_plan` finds a relative one (older plans) beside the plan file, then in the current
@@ -36,10 +37,13 @@ from typing import Any
 from cost_models.atomic_file import write_text_atomic
 from cost_models.cluster import Cluster, memory_budget_bytes
 from planner.errors import AutoplanError
+from planner.plan.grad_sync import GradSync
 from planner.plan.stage import Stage
 
 FORMAT_VERSION = 2
-SCHEDULES = ("none", "gpipe", "1f1b", "dataflow")  # dataflow: op placements, each op runs when its inputs arrive
+# dataflow: op placements, each op runs when its inputs arrive; interleaved and zero-bubble may hold several stages
+# per pipeline rank (stage k on the devices of stage k mod P: planner.plan.schedules)
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved", "zero-bubble", "dataflow")
 
 
 class PlanError(AutoplanError):
@@ -157,15 +161,31 @@ class Plan:
     estimate: Estimate
     search: SearchStats
     notes: tuple[str, ...] = ()
-    zero: bool = False  # optimizer state and gradients sharded over data-parallel axes
     # rows each batch-normalization call computes its statistics over (0: the model has none)
     batch_stat_rows: int = 0
     memory_fraction: float = 1.0  # --memory-fraction: the share of the usable memory the plan was made for
+    # exact unless the user allowed a lossy one (planner.plan.grad_sync)
+    grad_sync: GradSync = field(default_factory=GradSync)
     format_version: int = FORMAT_VERSION
 
     @property
     def num_devices(self) -> int:
-        return sum(len(stage.devices) for stage in self.stages)
+        return len({device for stage in self.stages for device in stage.devices})
+
+    @property
+    def zero(self) -> int:
+        """The highest ZeRO level of the stages (each stage has its own: ``Stage.zero``)."""
+        return max((stage.zero for stage in self.stages), default=0)
+
+    @property
+    def num_pipeline_ranks(self) -> int:
+        """P: the distinct device groups the stages run on (stage k on group k mod P)."""
+        return len({stage.devices for stage in self.stages})
+
+    @property
+    def virtual_stages(self) -> int:
+        """v: stages per pipeline rank (1 but under the interleaved and zero-bubble schedules)."""
+        return len(self.stages) // max(1, self.num_pipeline_ranks)
 
     @property
     def memory_budget_bytes(self) -> float:
@@ -185,6 +205,7 @@ class Plan:
             "zero": self.zero,
             "memory_fraction": self.memory_fraction,
             "batch_stat_rows": self.batch_stat_rows,
+            "grad_sync": self.grad_sync.to_json(),
             "stages": [stage.to_json() for stage in self.stages],
             "estimate": self.estimate.to_json(),
             "search": self.search.to_json(),
@@ -211,16 +232,26 @@ class Plan:
                 num_microbatches=int(data["num_microbatches"]),
                 schedule=str(data["schedule"]),
                 optimizer=str(data.get("optimizer", "adam-mixed")),
-                zero=bool(data.get("zero", False)),
                 memory_fraction=float(data.get("memory_fraction", 1.0)),
                 batch_stat_rows=int(data.get("batch_stat_rows", 0)),
-                stages=tuple(Stage.from_json(stage) for stage in data["stages"]),
+                grad_sync=GradSync.from_json(data.get("grad_sync")),
+                stages=_stages_from_json(data),
                 estimate=Estimate.from_json(data["estimate"]),
                 search=SearchStats.from_json(data["search"]),
                 notes=tuple(data.get("notes", ())),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise PlanError(f"plan JSON is malformed: {type(error).__name__} {error}") from None
+
+
+def _stages_from_json(data: Mapping[str, Any]) -> tuple[Stage, ...]:
+    """The stages; a plan stored before stages had ZeRO levels says ``zero: true`` for the whole plan (optimizer
+    state and gradients sharded): level 2 on a data-parallel plan (FSDP), 1 on the stages of any other."""
+    stages = tuple(Stage.from_json(stage) for stage in data["stages"])
+    if data.get("zero") is not True or any("zero" in stage for stage in data["stages"]):
+        return stages
+    data_parallel = len(stages) == 1 and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
+    return tuple(replace(stage, zero=(2 if data_parallel else 1) if len(stage.devices) > 1 else 0) for stage in stages)
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -4,11 +4,19 @@
 (:func:`letters_for`), aligned operators the dims they work along (:func:`excluded_dims`),
 views and reductions a dim map (:mod:`planner.sharding.view_rules`). An operator none of these
 understands gets the single replicated strategy and a reason, which the caller reports.
+Contractions and aligned operators also get Megatron sequence parallelism's variants
+(:mod:`planner.sharding.sequence_parallel`).
 """
 
 from __future__ import annotations
 
-from planner.ir.graph import NodeKind, OpNode, TensorArg
+from planner.ir.graph import NodeKind, OpNode, TensorArg, ValueKind
+from planner.sharding.sequence_parallel import (
+    can_gather,
+    gathered_input_variants,
+    gathered_output_variants,
+    reduce_scatter_variants,
+)
 from planner.sharding.strategies import (
     Letters,
     NodeStrategy,
@@ -192,6 +200,8 @@ def enumerate_strategies(node: OpNode, context: StrategyContext) -> tuple[list[N
     strategies: list[NodeStrategy] = []
     if letters is not None:
         strategies = contraction_strategies(node, letters, context)
+        strategies += reduce_scatter_variants(node, letters, strategies, context)
+        strategies += gathered_input_variants(node, _gathering_inputs(node, context), strategies, context)
     elif node.kind == NodeKind.VIEW or node.op_name in ("argmax", "argmin"):  # op_kinds files these under INDEX
         dim_map = view_dim_map(node) if node.kind == NodeKind.VIEW else _reduction_map(node)
         strategies = view_strategies(node, dim_map, context) if dim_map is not None else []
@@ -200,10 +210,33 @@ def enumerate_strategies(node: OpNode, context: StrategyContext) -> tuple[list[N
         strategies = view_strategies(node, dim_map, context) if dim_map is not None else []
     elif (excluded := excluded_dims(node)) is not None:
         strategies = aligned_strategies(node, excluded, context)
+        if _read_by_contraction(node.name, context) and can_gather(node, excluded, context):
+            strategies += gathered_output_variants(node, strategies, context)
     if strategies:
         return strategies, None
     reason = None if node.kind in (NodeKind.CREATION, NodeKind.REDUCTION) else f"no sharding rule for {node.target}"
     return [replicated_strategy(node, context)], reason
+
+
+def _read_by_contraction(value: str, context: StrategyContext) -> bool:
+    graph = context.graph
+    return any(graph.node(reader).kind == NodeKind.MATMUL and letters_for(graph.node(reader)) is not None
+               for reader in context.readers.get(value, ()))  # fmt: skip
+
+
+def _gathering_inputs(node: OpNode, context: StrategyContext) -> list[int]:
+    """Positions of ``node``'s activation inputs made by an operator that may gather them (sequence parallelism)."""
+    if node.kind != NodeKind.MATMUL:
+        return []
+    graph, positions = context.graph, []
+    for position, name in enumerate(node.inputs):
+        if graph.value_kind(name) != ValueKind.NODE or name in node.inputs[:position]:
+            continue
+        producer = graph.node(name)
+        excluded = excluded_dims(producer)
+        if excluded is not None and can_gather(producer, excluded, context):
+            positions.append(position)
+    return positions
 
 
 _ROLES: dict[NodeKind, dict[str, str]] = {
@@ -217,12 +250,19 @@ _ROLES: dict[NodeKind, dict[str, str]] = {
 def split_label(node: OpNode, strategy_name: str) -> str:
     """A strategy's per-axis splits in words: ``"a n"`` on a linear reads ``"batch col"``."""
     roles = _ROLES.get(node.kind, {}) if letters_for(node) is not None else {}
+    letters = letters_for(node)
     words = []
     for choice in strategy_name.split(" "):
+        choice, gathered = choice.removesuffix("*"), choice.endswith("*")  # reads or writes a gathered R* tensor
+        choice, _, scattered = choice.partition(">")  # a partial sum reduce-scattered to dim `scattered`
         if choice == "-":
-            words.append("-")
+            word = "-"
         elif choice.isdigit():
-            words.append(f"dim{choice}")
+            word = f"dim{choice}"
         else:
-            words.append(roles.get(choice, choice))
+            word = roles.get(choice, choice)
+        if scattered and letters is not None:
+            letter = letters.output[int(scattered)]
+            word += f"→{roles.get(letter, letter)}"
+        words.append(word + ("*" if gathered else ""))
     return " ".join(words)

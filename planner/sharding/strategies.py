@@ -13,7 +13,8 @@ its compute is divided by, and the collectives it implies (in seconds on the sta
     (``grad_sync_s``, data parallelism's gradient sync);
   - ℓ contracted (not in the output) → each device holds a partial sum: the output is
     all-reduced over a in forward (row-parallel linear, vocabulary-parallel embedding,
-    input-channel-split convolution).
+    input-channel-split convolution), or reduce-scattered along the sequence
+    (:mod:`planner.sharding.sequence_parallel`).
   Batch split, column split, row split and their 2-D combinations on both axis orders are all
   instances. Expert-split MoE einsums need all-to-all, which appears as resharding
   ``S(d) → S(e)`` on their edges (:func:`planner.sharding.specs.reshard_s`).
@@ -32,6 +33,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from planner.ir.graph import NodeKind, OpGraph, OpNode, TensorArg, ValueKind
 from planner.sharding.specs import REPLICATE, ShardingSpec, StageMesh, shard
@@ -60,6 +62,11 @@ class StrategyContext:
     mesh: StageMesh
     grad_values: frozenset[str]  # values whose gradient is needed
     grad_itemsize: int  # bytes per gradient element (2 mixed precision, 4 fp32)
+
+    @cached_property
+    def readers(self) -> dict[str, list[str]]:
+        """Value name -> the nodes that read it."""
+        return self.graph.consumers()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +233,35 @@ def replicated_strategy(node: OpNode, context: StrategyContext) -> NodeStrategy:
     spec = ShardingSpec.replicated(num_axes)
     assignment = (None,) * num_axes
     return _finish(node, assignment, spec, [spec] * len(node.inputs), 0.0, context, context.graph, contracted=set())
+
+
+Collective = tuple[str, int, str, int | None]  # (kind, mesh axis, phase, operand: input position or None, the output)
+
+
+def own_collectives_s(
+    node: OpNode, collectives: Sequence[Collective], *, output: ShardingSpec,
+    operands: Sequence[ShardingSpec | None], mesh: StageMesh,
+) -> float:  # fmt: skip
+    """Seconds of a node's own forward and backward collectives, each on its tensor local to the other mesh axes
+    and whole on its own (:meth:`StageMesh.gathered_bytes`), summed in one order — the forward ones, then each
+    input's backward ones, then the output gradient's — so a strategy and its stored record price alike
+    (:func:`planner.costing.records.strategy_of`)."""
+    total = 0.0
+    for kind, axis, phase, operand in collectives:
+        if phase == "forward":
+            meta, spec = (node.output, output) if operand is None else (node.input_metas[operand], operands[operand])
+            assert spec is not None, f"{node.name}: a collective on an operand without a layout"
+            total += mesh.collective_s(kind, mesh.gathered_bytes(meta, spec, axis), axis)
+    for position, (meta, spec) in enumerate(zip(node.input_metas, operands, strict=True)):
+        moved = [
+            (kind, axis) for kind, axis, phase, operand in collectives if phase == "backward" and operand == position
+        ]
+        if spec is not None and moved:
+            total += sum(mesh.collective_s(kind, mesh.gathered_bytes(meta, spec, axis), axis) for kind, axis in moved)
+    for kind, axis, phase, operand in collectives:
+        if phase == "backward" and operand is None:
+            total += mesh.collective_s(kind, mesh.gathered_bytes(node.output, output, axis), axis)
+    return total
 
 
 def tensor_positions(node: OpNode) -> dict[int, int]:

@@ -1,0 +1,206 @@
+"""Interleaved 1F1B and zero bubble as choices: a pipeline candidate under the schedules beyond 1F1B.
+
+A candidate of the stage DP or a hand-written method is ``S`` stages on ``S`` device groups, run by
+GPipe or 1F1B (:mod:`planner.inter.pricing`). Its *variants* keep the device groups, meshes and
+layer options (the same :class:`~planner.inter.pricing.StageSpec` slot) and change the schedule
+(:mod:`planner.plan.schedules`):
+
+* ``zero-bubble`` with ``v = 1``: the same stages; each backward splits into the input gradient
+  ``I`` (the previous stage waits for it) and the weight gradient ``W``, which fills the bubble
+  (:func:`planner.costing.stage_work.weight_grad_s`: half a matmul's backward compute);
+* ``interleaved`` or ``zero-bubble`` with ``v ≥ 2``: the candidate's layers are cut again into
+  ``S·v`` contiguous virtual stages of about equal time (:func:`balanced_cuts`, the linear partition
+  minimising the largest part, over each layer's time in the candidate's slot), virtual stage
+  ``k`` on the devices of stage ``k mod S``. The bubble shrinks about ``v`` times (Narayanan et al.
+  2021 §2.2: ``(S − 1)/(v·m)`` of the ideal time) for ``v`` times the boundary transfers and the
+  per-action host overhead, and the warm-up keeps more microbatches in flight.
+
+Each variant is priced by replaying its schedule's real order in the simulator
+(:func:`planner.costing.lowering.lower_stages` with :func:`planner.plan.schedules.rank_actions`): the step
+time, bubble and peak memory per device of the estimate are the replay's, so for these schedules the
+estimate and ``plan show``'s simulation agree by construction (there is no closed form to check).
+A variant whose peak memory exceeds the budget, that torch's schedule class would refuse
+(:func:`planner.plan.schedules.check_schedule`), or whose stages differ in size is not offered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from cost_models.units import GIB
+from planner.costing.estimate import mfu, model_tflops_per_device
+from planner.costing.lowering import lower_stages, simulate_lowered
+from planner.errors import AutoplanError
+from planner.inter.device_blocks import assign_devices
+from planner.inter.layer_costs import SLOTS
+from planner.inter.pricing import PricedPipeline, StageSpec, _plan_stages, _price_stage
+from planner.inter.search import Layering, LayerTables, boundary_table
+from planner.inter.stage_shapes import StageShapes
+from planner.ir.graph import OpGraph
+from planner.plan import Estimate
+from planner.plan.schedules import MULTI_STAGE_SCHEDULES, check_schedule
+
+# (schedule, virtual stages per rank) tried for each candidate; --schedule NAME keeps that name's
+VARIANTS = (("zero-bubble", 1), ("interleaved", 2), ("zero-bubble", 2), ("interleaved", 4))
+VARIANT_CANDIDATES = 3  # the fastest candidates of several stages (all methods together) get variants
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """What a priced pipeline was made from: enough to re-cut and re-price it."""
+
+    graph: OpGraph  # at the microbatch size
+    layers: Layering
+    specs: tuple[StageSpec, ...]
+    num_microbatches: int
+    refine: bool  # re-solve stages as the search does (False: a hand-written layout stays itself)
+
+
+def balanced_cuts(times: list[float], parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ``(first, last)`` ranges of ``times`` whose largest sum is the smallest possible
+    (the linear-partition DP, O(parts·n²)); ties keep earlier parts smaller."""
+    n = len(times)
+    assert 1 <= parts <= n, "at least one item per part"
+    prefix = [0.0]
+    for t in times:
+        prefix.append(prefix[-1] + t)
+    best = [[math.inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for j in range(k, n - parts + k + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                if value < best[k][j] - 1e-15:
+                    best[k][j], cut[k][j] = value, i
+    ranges, j = [], n
+    for k in range(parts, 0, -1):
+        i = cut[k][j]
+        ranges.append((i, j - 1))
+        j = i
+    return ranges[::-1]
+
+
+def variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, schedule: str, virtual_stages: int,
+            shapes: StageShapes) -> PricedPipeline | None:  # fmt: skip
+    """The candidate under ``schedule`` with ``virtual_stages`` per rank, priced by replay; None if not offered."""
+    specs, m, v = candidate.specs, candidate.num_microbatches, virtual_stages
+    ranks_count = len(specs)
+    uniform = {(spec.submesh, spec.mesh_shape, spec.slot) for spec in specs}
+    if ranks_count < 2 or len(uniform) != 1:
+        return None
+    try:
+        check_schedule(schedule, num_ranks=ranks_count, virtual_stages=v, num_microbatches=m)
+    except AutoplanError:
+        return None
+    first, last = specs[0].first, specs[-1].last
+    if last - first + 1 < ranks_count * v:
+        return None
+    setup = tables.setup
+    cluster = setup.cluster
+    homes = assign_devices([spec.submesh for spec in specs], num_nodes=cluster.num_nodes,
+                           devices_per_node=cluster.devices_per_node)  # fmt: skip
+    template = specs[0]
+    virtual = specs if v == 1 else _cut(candidate, tables, template, parts=ranks_count * v)
+    graph, layers = candidate.graph, candidate.layers
+    priced = [_price_stage(graph, layers, tables, spec, devices=homes[k % ranks_count], m=m, in_flight=m,
+                           refine=candidate.refine, exact=False, shapes=shapes, index=k) for k, spec in enumerate(virtual)]  # fmt: skip
+    stages = _plan_stages(priced, full_graph)
+    zero = tables.options.zero
+    result = simulate_lowered(lower_stages(stages, graph, setup, num_microbatches=m, schedule=schedule, zero=zero))
+    if result.max_memory_bytes > setup.memory_budget_bytes * (1 + 1e-9):
+        return None
+    boundary = boundary_table(graph, layers, setup)
+    times = [stage.time_s for stage in priced]
+    for k, spec in enumerate(virtual[:-1]):  # each stage's time with its boundary to the next, as pricing reports it
+        times[k] += boundary(spec.last, spec.submesh, virtual[k + 1].submesh,
+                             ranks=[homes[k % ranks_count], homes[(k + 1) % ranks_count]])  # fmt: skip
+    step, devices = result.step_time_s, cluster.num_devices
+    estimate = Estimate(
+        step_time_s=step, per_stage_time_s=tuple(times), memory_per_device_bytes=int(result.max_memory_bytes),
+        bubble_fraction=result.bubble_fraction,
+        tflops_per_device=model_tflops_per_device(full_graph, step_time_s=step, num_devices=devices),
+        mfu=mfu(full_graph, setup, step_time_s=step, num_devices=devices),
+        breakdown_s={"replayed_step_s": step, "work_per_microbatch_s": math.fsum(times),
+                     "grad_sync_and_optimizer_s": max(stage.step_s for stage in priced)},
+    )  # fmt: skip
+    return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=m, schedule=schedule)
+
+
+def _cut(candidate: Candidate, tables: LayerTables, template: StageSpec, *, parts: int) -> tuple[StageSpec, ...]:
+    """The candidate's layers in ``parts`` virtual stages of about equal time, each with the template's options."""
+    graph, layers, m = candidate.graph, candidate.layers, candidate.num_microbatches
+    first, last = candidate.specs[0].first, candidate.specs[-1].last
+    times = []
+    for index in range(first, last + 1):
+        table = tables.get(graph, layers, layers.kinds[index], template.submesh, template.mesh_shape, m)
+        option = table.options[template.slot]
+        assert option is not None, f"slot {SLOTS[template.slot]} has no option"
+        times.append(option.time_s)
+    return tuple(replace(template, first=first + a, last=first + b) for a, b in balanced_cuts(times, parts))
+
+
+def best_variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, schedules: tuple[str, ...],
+                 shapes: StageShapes) -> PricedPipeline | None:  # fmt: skip
+    """The fastest variant whose schedule is in ``schedules`` (None if none is offered)."""
+    found = [variant(candidate, full_graph=full_graph, tables=tables, schedule=schedule, virtual_stages=v,
+                     shapes=shapes) for schedule, v in VARIANTS if schedule in schedules]  # fmt: skip
+    found = [priced for priced in found if priced is not None]
+    return min(found, key=lambda priced: priced.estimate.step_time_s, default=None)
+
+
+# the schedules beyond 1F1B each method may use under --schedule auto: Megatron-LM's own interleaved 1F1B for its
+# hand-written plans; every one for auto's "rescheduled" candidate (the fastest pipelines of every method)
+METHOD_SCHEDULES = {"megatron": ("interleaved",), "uniform-pipeline": (), "rescheduled": MULTI_STAGE_SCHEDULES}
+Pipelines = list[tuple[PricedPipeline, Candidate]]  # a candidate's 1F1B/GPipe price and what it was made from
+
+
+def method_schedules(method: str, mode: str) -> tuple[str, ...]:
+    """The variant schedules ``method`` tries under ``--schedule mode`` (AutoplanError: it has none of that name)."""
+    allowed = METHOD_SCHEDULES[method]
+    if mode == "auto":
+        return allowed
+    if mode not in MULTI_STAGE_SCHEDULES:
+        return ()
+    if method == "megatron" and mode not in allowed:
+        raise AutoplanError(f"--schedule {mode} is not one of this method's schedules ({', '.join(allowed)}, "
+                            "1f1b, gpipe): use --method auto")  # fmt: skip
+    return (mode,)
+
+
+def best_rescheduled(pipelines: Pipelines, *, full_graph: OpGraph, tables: LayerTables, schedules: tuple[str, ...],
+                     ) -> tuple[PricedPipeline, Candidate] | None:  # fmt: skip
+    """The fastest variant under ``schedules`` of the :data:`VARIANT_CANDIDATES` fastest ``pipelines``, its notes
+    saying what it saved against the candidate it came from, and that candidate; None if none is offered."""
+    if not schedules:
+        return None
+    shapes, best = StageShapes(), None
+    for base, candidate in sorted(pipelines, key=lambda entry: entry[0].estimate.step_time_s)[:VARIANT_CANDIDATES]:
+        found = best_variant(candidate, full_graph=full_graph, tables=tables, schedules=schedules, shapes=shapes)
+        if found is not None and (best is None or found.estimate.step_time_s < best[0].estimate.step_time_s):
+            best = (replace(found, notes=(*found.notes, _saving_note(found, base))), candidate)
+    return best
+
+
+def with_variant(best: PricedPipeline | None, found: tuple[PricedPipeline, Candidate] | None, *, mode: str,
+                 ) -> PricedPipeline | None:  # fmt: skip
+    """A method's plan after its variants: under ``--schedule auto`` the faster of ``best`` and the variant, under a
+    named multi-stage schedule the variant (None: the method has no pipeline under it)."""
+    variant_plan = None if found is None else found[0]
+    if mode in MULTI_STAGE_SCHEDULES:
+        return variant_plan
+    if variant_plan is None or (best is not None and best.estimate.step_time_s <= variant_plan.estimate.step_time_s):
+        return best
+    return variant_plan
+
+
+def _saving_note(chosen: PricedPipeline, other: PricedPipeline) -> str:
+    ranks = len({stage.devices for stage in chosen.stages})
+    virtual = len(chosen.stages) // ranks
+    a, b = chosen.estimate, other.estimate
+    return (f"schedule {chosen.schedule} with {virtual} virtual stage{'s' if virtual > 1 else ''} per rank: step "
+            f"{a.step_time_s * 1e3:.4g} ms (bubble {a.bubble_fraction:.0%}, {a.memory_per_device_bytes / GIB:.3g} GiB "
+            f"per device) against {b.step_time_s * 1e3:.4g} ms (bubble {b.bubble_fraction:.0%}, "
+            f"{b.memory_per_device_bytes / GIB:.3g} GiB) under {other.schedule} with {len(other.stages)} stages: "
+            f"saves {(b.step_time_s - a.step_time_s) * 1e3:.3g} ms per step")  # fmt: skip

@@ -1,0 +1,118 @@
+"""The order each pipeline rank runs its actions in, for every schedule the executors run.
+
+A pipeline of ``P`` ranks (groups of devices; a stage's mesh is one group) and ``v`` *virtual stages*
+per rank has ``S = P·v`` stages; stage ``k`` lives on rank ``k mod P`` (torch's loop placement). Per
+microbatch ``i`` a stage runs a forward ``F``, and either one backward ``B`` or, under zero bubble,
+the backward for its inputs ``I`` (what the previous stage waits for) and later the backward for its
+weights ``W`` (which fills what would have been the bubble). :func:`rank_actions` gives rank ``r``'s
+actions in the order the executor's schedule class runs them:
+
+* ``gpipe`` (``ScheduleGPipe``, ``v = 1``): every forward, then every backward;
+* ``1f1b`` (``Schedule1F1B``, ``v = 1``): ``min(P − r − 1, m)`` warm-up forwards, then one forward
+  one backward, then the remaining backwards (:func:`one_f_one_b`);
+* ``interleaved`` (``ScheduleInterleaved1F1B``, Narayanan et al. 2021 §2.2, ``v ≥ 2``) and
+  ``zero-bubble`` (``ScheduleInterleavedZeroBubble``, Qi et al. 2024's ZB1P, ``v ≥ 1``):
+  :func:`interleaved_actions`, a transcription of torch 2.13's ``_get_warmup_ops`` and
+  ``_get_1f1b_rank_ops`` without the empty slots (the runtime runs the actions in order and waits on
+  its receives; the empty slots only pad torch's timeline picture). Microbatches go in rounds of
+  ``m / max(1, m // P)``; a rank runs ``(v − 1)·round + f·(P − 1 − r)`` warm-up forwards (``f = 2``,
+  or 1 under zero bubble, capped at ``v·m``), then alternates forward and backward, then drains;
+  forwards walk the rank's stages in round order, backwards in reverse. Under zero bubble each
+  backward is an ``I``, and after the first ``r`` steady-state steps each step also runs the oldest
+  pending ``W``; the rest run at the end.
+
+``tests/test_schedules.py`` checks every order against the ``pipeline_order`` torch's own schedule
+classes compute. :func:`check_schedule` refuses what torch's classes refuse.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from planner.errors import AutoplanError
+
+Action = tuple[int, str, int]  # (stage, "F" | "B" | "I" | "W", microbatch)
+MULTI_STAGE_SCHEDULES = ("interleaved", "zero-bubble")  # the schedules that may hold several stages per rank
+
+
+def rounds(num_microbatches: int, num_ranks: int) -> int:
+    """How many rounds torch's interleaved schedules cut the microbatches into."""
+    return max(1, num_microbatches // num_ranks)
+
+
+def check_schedule(schedule: str, *, num_ranks: int, virtual_stages: int, num_microbatches: int) -> None:
+    """Raise :class:`AutoplanError` naming what to change when torch's schedule class would refuse this."""
+    m = num_microbatches
+    if schedule == "interleaved" and virtual_stages < 2:
+        raise AutoplanError("schedule interleaved needs at least 2 virtual stages per rank (stages = ranks × v)")
+    if schedule in ("gpipe", "1f1b", "none") and virtual_stages != 1:
+        raise AutoplanError(f"schedule {schedule} runs one stage per rank; use interleaved or zero-bubble for more")
+    if schedule in MULTI_STAGE_SCHEDULES and m % rounds(m, num_ranks):
+        raise AutoplanError(
+            f"schedule {schedule} with {num_ranks} pipeline ranks needs the {m} microbatches to split into "
+            f"{rounds(m, num_ranks)} equal rounds (torch's interleaved schedules): pick a multiple of it"
+        )
+
+
+def rank_actions(schedule: str, *, num_ranks: int, virtual_stages: int, num_microbatches: int, rank: int
+                 ) -> list[Action]:  # fmt: skip
+    """Rank ``rank``'s actions, in the order it runs them (see the module docstring)."""
+    assert 0 <= rank < num_ranks, "a rank of the pipeline"
+    if schedule in MULTI_STAGE_SCHEDULES:
+        return interleaved_actions(num_ranks=num_ranks, virtual_stages=virtual_stages, num_microbatches=num_microbatches,
+                                   rank=rank, zero_bubble=schedule == "zero-bubble")  # fmt: skip
+    assert virtual_stages == 1, f"{schedule} runs one stage per rank"
+    m = num_microbatches
+    if schedule == "gpipe":
+        return [(rank, "F", i) for i in range(m)] + [(rank, "B", i) for i in range(m)]
+    return [(rank, kind, i) for kind, i in one_f_one_b(num_stages=num_ranks, stage=rank, num_microbatches=m)]
+
+
+def one_f_one_b(*, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
+    """1F1B's ``("F", i)`` / ``("B", i)`` for one stage of ``num_stages``."""
+    m = num_microbatches
+    warmup = min(num_stages - stage - 1, m)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warmup, m)]
+
+
+def interleaved_actions(*, num_ranks: int, virtual_stages: int, num_microbatches: int, rank: int,
+                        zero_bubble: bool) -> list[Action]:  # fmt: skip
+    """torch's ``_get_1f1b_rank_ops`` for interleaved 1F1B or ZB1P, the empty slots left out."""
+    p, v, m = num_ranks, virtual_stages, num_microbatches
+    per_round = m // rounds(m, p)
+    warmup = min((v - 1) * per_round + (1 if zero_bubble else 2) * (p - 1 - rank), m * v)
+
+    def forward_stage(step: int) -> int:
+        return (step // per_round) % v * p + rank
+
+    def backward_stage(step: int) -> int:
+        return (v - 1 - ((step - warmup) // per_round) % v) * p + rank
+
+    counters: dict[tuple[str, int], int] = defaultdict(int)
+
+    def next_action(kind: str, stage_of: Callable[[int], int], step: int) -> Action:
+        stage = stage_of(step)
+        counters[kind, stage] += 1
+        return (stage, kind, counters[kind, stage] - 1)
+
+    actions: list[Action] = []
+    backward_steps: list[int] = []  # the steps whose backward ran, in order: their W follow in that order
+    weights_done = 0
+    for step in range(m * v + warmup):  # warm-up, steady state (F then B), cool-down (B only)
+        if step < m * v:
+            actions.append(next_action("F", forward_stage, step))
+        if step < warmup:
+            continue
+        actions.append(next_action("I" if zero_bubble else "B", backward_stage, step))
+        backward_steps.append(step)
+        if zero_bubble and step - warmup >= rank:
+            actions.append(next_action("W", backward_stage, backward_steps[weights_done]))
+            weights_done += 1
+    while zero_bubble and weights_done < len(backward_steps):
+        actions.append(next_action("W", backward_stage, backward_steps[weights_done]))
+        weights_done += 1
+    return actions
