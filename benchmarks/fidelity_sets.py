@@ -69,6 +69,7 @@ def _pipe(schedule: str, microbatches: int) -> dict[str, object]:
 
 
 TENSOR = {"degrees": "tensor"}
+ZERO_BUBBLE = {"schedule": "zero-bubble", "microbatches": 4}
 SCORED: dict[str, Case] = {
     "gpt-dp": Case(model="gpt.py", args=GPT, batch=8, method="data-parallel"),
     "gpt-tp": Case(model="gpt.py", args=GPT, batch=8, method="megatron", options=TENSOR),
@@ -82,6 +83,10 @@ SCORED: dict[str, Case] = {
     "bert-auto": Case(model="zoo/hf_bert.py", args=BERT, batch=16, method="auto"),
     "llama-dp": Case(model="zoo/hf_llama.py", args=LLAMA, batch=16, method="data-parallel"),
     "llama-1f1b": Case(model="zoo/hf_llama.py", args=LLAMA, batch=16, method="megatron", options=_pipe("1f1b", 4)),
+    # issue 20's choices: schedules the probes never run, and FSDP
+    "gpt-interleaved": Case(model="gpt.py", args=GPT, batch=8, method="megatron", options=_pipe("interleaved", 4)),
+    "gpt-zero-bubble": Case(model="gpt.py", args=GPT, batch=8, method="uniform-pipeline", options=ZERO_BUBBLE),
+    "llama-fsdp": Case(model="zoo/hf_llama.py", args=LLAMA, batch=16, method="data-parallel", options={"zero": "3"}),
     "lstm-dp": Case(model="zoo/nn_lstm.py", args=LSTM, batch=16, method="data-parallel"),
     "lstm-hash": Case(model="zoo/nn_lstm.py", args=LSTM, batch=16, method="hash"),
 }

@@ -3,8 +3,10 @@
 Every row of ``../shared/published-measurements.md``: the ten Megatron-LM SC'21 rows on DGX A100
 (Narayanan et al. 2021, Table 1: :data:`scale_cases.MEGATRON_ROWS`, GPT, seq 2048, vocab 51,200) and
 the two Megatron-LM 2019 rows on DGX-2H V100 (Shoeybi et al. 2019: GPT-2 shapes, seq 1024). Each row
-is planned as published — ``--method megatron --degrees t,p,d --remat on`` (full recomputation), its
-batch, its cluster — in a fresh process (:func:`scale_cases.run_case`), and reported as
+is planned as published — ``--method megatron --degrees t,p,d --remat on --space alpa`` (full recomputation;
+``--space alpa`` leaves out what Megatron-LM did not have in 2019–2021: sequence parallelism (2022), the
+distributed optimizer, and the interleaved schedule, which Table 1 does not state), its batch, its cluster — in a
+fresh process (:func:`scale_cases.run_case`), and reported as
 
 * measured samples/s: ``TFLOP/s per GPU × GPUs / (F / B)`` with the paper's FLOPs per iteration
   ``F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` (recomputation counted, Megatron-LM 2021 Eq. 3);
@@ -97,7 +99,8 @@ class Row:
         fixed = method == "megatron"
         return Case(name=f"{self.name}-{variant}", model="examples/gpt.py", args=args, cluster=self.cluster, nodes=nodes,
                     batch=self.batch, method=method, degrees=self.degrees if fixed else None,
-                    remat="on" if fixed else "auto", devices_per_node=devices_per_node)  # fmt: skip
+                    remat="on" if fixed else "auto", devices_per_node=devices_per_node,
+                    space="alpa" if fixed else "full")  # fmt: skip
 
 
 def rows() -> list[Row]:
@@ -366,7 +369,7 @@ def _description(options: argparse.Namespace, *, load_before: float) -> str:
         f"Code: {options.code_note or f'commit `{_commit()}` plus the working tree'}. "
         f"Load average (1 min) {load_before:.2f} at the start. "
         "Each plan runs in a fresh process (`plan ... --json --jobs 2`, roofline costs, adam-mixed). *Estimated*: "
-        "our estimate of the row's own configuration: `--method megatron --degrees t,p,d --remat on`, its batch and "
+        "our estimate of the row's own configuration: `--method megatron --degrees t,p,d --remat on --space alpa`, its batch and "
         "cluster (microbatch count chosen by the planner: the papers do not give it). *Measured samples/s* = "
         "published TFLOP/s per GPU × GPUs ÷ (FLOPs per iteration ÷ batch), FLOPs per iteration "
         "`96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))` (Megatron-LM 2021 Eq. 3, recomputation counted). The 2019 V100 rows: "

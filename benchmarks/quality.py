@@ -21,6 +21,7 @@ the geometric mean of that speedup over every case where both exist.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -49,6 +50,14 @@ MODELS = {
     "gpt-1.3b": ("gpt", {"size": "1.3b"}, 128),
     "gpt-6.7b": ("gpt", {"size": "6.7b"}, 128),
     "gpt-15b": ("gpt", {"size": "15b"}, 128),
+    # Hugging Face models (examples/zoo/hf_llama.py, examples/hf_gpt2.py): Llama-3.2-1B's shape with Llama-2's
+    # vocabulary, and GPT-2 XL
+    "llama-1b": (
+        "zoo/hf_llama",
+        {"layers": 16, "hidden": 2048, "heads": 32, "kv_heads": 8, "intermediate": 8192, "seq": 2048, "vocab": 32000},
+        64,
+    ),
+    "gpt2-xl": ("hf_gpt2", {"layers": 48, "hidden": 1600, "heads": 25, "seq": 1024, "vocab": 50257}, 128),
 }
 # "model@clusterxGPUs"
 CASES = (
@@ -67,10 +76,13 @@ CASES = (
     "gpt-6.7b@p3x64",
     "gpt-6.7b@a100x64",
     "gpt-15b@h100x64",
+    "llama-1b@a100x16",
+    "gpt2-xl@p3x16",
 )
 QUICK = ("mlp@a100x8", "gpt-350m@p3x8")
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 PLACEMENT = ("hash", "critical-path", "multi-objective", "m-etf", "rl")
+ALPA = "auto-alpa-space"  # auto searching Alpa's space only (--space alpa): GPipe/1F1B, recompute all or none, ...
 
 
 def parse_case(case: str) -> tuple[str, dict, int, str, int]:
@@ -86,7 +98,7 @@ def parse_case(case: str) -> tuple[str, dict, int, str, int]:
 
 def worker(case: str, rl_budget_s: float) -> dict:
     from cost_models.cluster import load_cluster
-    from planner.api import prepare_model_file
+    from planner.api import prepare_model_file, search_space
     from planner.compare import compare
 
     example, args, batch, cluster_name, nodes = parse_case(case)
@@ -99,6 +111,10 @@ def worker(case: str, rl_budget_s: float) -> dict:
         print(f"  {case}: {method} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
     rows = compare(prepared, progress=progress)
+    remat, zero = search_space("alpa", remat="auto", zero="auto", schedule="auto", allow_lossy=False)
+    prepared.options, prepared.auto = dataclasses.replace(prepared.options, space="alpa", remat=remat, zero=zero), None
+    progress(ALPA)
+    rows.append(dataclasses.replace(compare(prepared, ("auto",))[0], method=ALPA))
     device = cluster.device
     dtype = "bfloat16" if device.mixed_precision else "float32"  # the training dtype, as planner.costing.estimate.mfu
     model_flops = prepared.graph.flops_fwd + prepared.graph.flops_bwd
@@ -153,6 +169,16 @@ def speedup(result: dict) -> float | None:
     return best["step_time_s"] / auto["step_time_s"] if auto and best else None
 
 
+def alpa_row(result: dict) -> dict | None:
+    row = next((r for r in result["rows"] if r["method"] == ALPA), None)
+    return row if row and row["fits"] and row["step_time_s"] else None
+
+
+def speedup_over_alpa(result: dict) -> float | None:
+    auto, alpa = auto_row(result), alpa_row(result)
+    return alpa["step_time_s"] / auto["step_time_s"] if auto and alpa else None
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -163,9 +189,9 @@ def _s(seconds: float | None) -> str:
 
 def summary_table(results: list[dict]) -> str:
     header = ["case", "GPUs", "batch", "bound s", "auto step s", "auto plan", "auto MFU", "auto GiB/dev",
-              "auto search s", "best hand-written", "its step s", "its MFU", "**speedup**", "best placement",
-              "auto ≤ all", "case s (CPU s)"]  # fmt: skip
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * 4 + "---|" + "---:|" * 3 + "---|" + "---:|" * 3
+              "auto search s", "best hand-written", "its step s", "its MFU", "**speedup**", "Alpa-space step s",
+              "**over Alpa space**", "best placement", "auto ≤ all", "case s (CPU s)"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * 4 + "---|" + "---:|" * 3 + "---|" + "---:|" * 5
              + "---|---|---:|"]  # fmt: skip
     for result in results:
         auto, best, bound = auto_row(result), best_handwritten(result), result["bound_s"]
@@ -182,6 +208,8 @@ def summary_table(results: list[dict]) -> str:
             best["method"] if best else "none fits", _s(best and best["step_time_s"]),
             f"{bound / best['step_time_s']:.0%}" if best else "—",
             f"**{gain:.3f}×**" if gain else "—",
+            _s((alpa := alpa_row(result)) and alpa["step_time_s"]),
+            f"**{over:.3f}×**" if (over := speedup_over_alpa(result)) else "—",
             f"{placed['method']} {placed['step_time_s'] / auto['step_time_s']:.2f}×" if placed and auto else "—",
             "yes" if ok else "**no**", f"{result['wall_s']:.0f} ({result['cpu_s']:.0f})",
         ]  # fmt: skip
@@ -282,16 +310,23 @@ def main() -> None:
         results.append(run(case, rl_budget_s))
         print(summary_table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     wall_s = time.perf_counter() - started
-    gains = [g for r in results if (g := speedup(r))]
     summary = summary_table(results)
-    footer = (
-        f"Geometric-mean speedup of auto over the best hand-written plan: **{geomean(gains):.3f}×** over "
-        f"{len(gains)} case(s) (min {min(gains, default=math.nan):.3f}×, max {max(gains, default=math.nan):.3f}×). "
+    footer = f"{_geomean_line(results, speedup, 'the best hand-written plan')}\n\n" + (
+        f"{_geomean_line(results, speedup_over_alpa, 'auto searching Alpa’s space alone (`--space alpa`)')}\n\n"
         f"Wall time of the run: {wall_s:.0f} s."
     )
     print(summary + "\n\n" + footer)
     if options.save:
         _save(results, summary, footer, rl_budget_s)
+
+
+def _geomean_line(results: list[dict], gain_of, what: str) -> str:
+    gains = {r["case"]: g for r in results if (g := gain_of(r))}
+    values = list(gains.values())
+    return (f"Geometric-mean speedup of auto over {what}: **{geomean(values):.3f}×** over {len(values)} case(s) "
+            f"(min {min(values, default=math.nan):.3f}×, max {max(values, default=math.nan):.3f}×; "
+            f"{sum(v < 1.15 for v in values)} below 1.15×: "
+            + (", ".join(f"{case} {g:.3f}×" for case, g in gains.items() if g < 1.15) or "none") + ").")  # fmt: skip
 
 
 def _save(results: list[dict], summary: str, footer: str, rl_budget_s: float) -> None:

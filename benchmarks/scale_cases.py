@@ -49,6 +49,7 @@ class Case:
     degrees: tuple[int, int, int] | None = None
     remat: str = "auto"
     devices_per_node: int | None = None  # the preset's when None
+    space: str = "full"  # "alpa": without what Megatron-LM lacked in 2019-2021 (SP, ZeRO, interleaving)
 
 
 def _gpt_args(heads: int, hidden: int, layers: int) -> dict:
@@ -88,6 +89,8 @@ def command(case: Case, out: Path) -> list[str]:
         line += ["--degrees", ",".join(map(str, case.degrees))]
     if case.devices_per_node is not None:
         line += ["--devices-per-node", str(case.devices_per_node)]
+    if case.space != "full":
+        line += ["--space", case.space]
     return line
 
 

@@ -32,9 +32,11 @@ from planner.costing.setup import CostSetup, default_optimizer, make_compute_mod
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError, InternalError
-from planner.inter.pricing import PricedPipeline, reprice_data_parallel
-from planner.inter.search import PipelineOptions, Progress, allowed_slots, microbatch_counts
+from planner.inter.data_parallel_step import reprice_data_parallel
+from planner.inter.search import SEARCH_SPACES, PipelineOptions, Progress, allowed_slots, microbatch_counts
+from planner.inter.sp_saving import with_sequence_parallel_savings
 from planner.inter.stage_dp import is_large
+from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.capture import capture
 from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file
@@ -168,6 +170,25 @@ def _run_handwritten(name: str, prepared: Prepared) -> tuple[PricedPipeline, Sea
     return found.best, stats, (note,)
 
 
+def search_space(space: str, *, remat: str, zero: str | int, schedule: str, allow_lossy: bool) -> tuple[str, str | int]:
+    """``--remat`` and ``--zero`` within ``--space``; AutoplanError for an option outside it. ``alpa``: Alpa's
+    space (Zheng et al. 2022): GPipe or 1F1B, each stage recomputing all its layers or none, no ZeRO; sequence
+    parallelism (planner.intra.stage_problem) and schedule variants (planner.inter.schedule_variants) are off."""
+    if space not in SEARCH_SPACES:
+        raise AutoplanError(f"--space must be one of {', '.join(SEARCH_SPACES)}, got {space!r}")
+    if space == "full":
+        return remat, zero
+    outside = [
+        *([f"--schedule {schedule}"] if schedule not in ("auto", "1f1b", "gpipe") else []),
+        *([f"--remat {remat}"] if remat == "attention" else []),
+        *([f"--zero {zero}"] if str(zero) not in ("auto", "0") else []),
+        *(["--allow-lossy"] if allow_lossy else []),
+    ]
+    if outside:
+        raise AutoplanError(f"{', '.join(outside)} is outside --space alpa: drop it or use --space full")
+    return ("off-or-full" if remat == "auto" else remat), "0"
+
+
 def _forced_grad_sync(grad_sync: GradSync | str | None, *, allow_lossy: bool) -> GradSync | None:
     """``--grad-sync`` read and checked: a lossy one only with ``--allow-lossy``."""
     forced = GradSync.parse(grad_sync) if isinstance(grad_sync, str) else grad_sync
@@ -197,6 +218,7 @@ def prepare(
     zero: str | int = "auto",
     allow_lossy: bool = False,
     grad_sync: GradSync | str | None = None,
+    space: str = "full",
     ilp_time_limit_s: float = 30.0,
     degrees: tuple[int, int, int] | None = None,
     rl_budget_s: float = 30.0,
@@ -215,9 +237,10 @@ def prepare(
     if rl_budget_s <= 0:
         raise AutoplanError(f"--rl-budget-s must be positive, got {rl_budget_s:g}")
     forced = _forced_grad_sync(grad_sync, allow_lossy=allow_lossy)
+    remat, zero = search_space(space, remat=remat, zero=zero, schedule=schedule, allow_lossy=allow_lossy)
     pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
                                zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees, jobs=jobs,
-                               allow_lossy=allow_lossy, grad_sync=forced)  # fmt: skip
+                               allow_lossy=allow_lossy, grad_sync=forced, space=space)  # fmt: skip
     counts = microbatch_counts(batch_size, microbatches, data_degree=None if degrees is None else degrees[2])
     allowed_slots(remat, zero)
     if not 0 < memory_fraction <= 1:
@@ -283,6 +306,7 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
         ),
     )
     result = with_batch_statistics(result, prepared.graph)
+    result = with_sequence_parallel_savings(result, graphs, prepared.setup)  # what it saved, said per stage
     try:
         validate_plan(result, prepared.graph)
     except PlanError as error:  # a plan we just made that breaks our own rules: our bug
@@ -317,7 +341,8 @@ def plan(
     meta device. Options (keyword only): ``tracer``, ``optimizer``, ``cost_model``,
     ``memory_fraction`` (share of the usable memory: capacity less the device's reserve,
     :func:`cost_models.cluster.memory_budget_bytes`), ``max_stages`` (None: any), ``microbatches``
-    (None: searched), ``schedule``, ``remat``, ``zero``, ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for
+    (None: searched), ``schedule``, ``remat``, ``zero``, ``allow_lossy``, ``grad_sync``, ``space`` (``"alpa"``:
+    Alpa's search space only, :func:`search_space`), ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for
     ``megatron``), ``rl_budget_s`` and ``seed`` (``rl``), ``model_ref``, ``jobs`` (processes for the
     search's independent work: with 2 or more, the second export runs beside the first; default 1),
     and ``progress(what, done, total)``, called during the search. Raises :class:`AutoplanError`

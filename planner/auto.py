@@ -41,10 +41,12 @@ from planner.costing.lowering import lower_stages, simulate_lowered
 from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
-from planner.inter.pricing import PricedPipeline, StageSpec, price_stages, reprice_data_parallel, specs_from_dp
+from planner.inter.data_parallel_step import reprice_data_parallel
+from planner.inter.pricing import price_stages, specs_from_dp
 from planner.inter.schedule_variants import Candidate, Pipelines, best_rescheduled, method_schedules, with_variant
 from planner.inter.search import LayerTables, PipelineChoice, PipelineOptions, Progress, search_pipeline
 from planner.inter.stage_dp import is_large
+from planner.inter.stage_pricing import PricedPipeline, StageSpec
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES

@@ -185,6 +185,20 @@ def test_a_local_sgd_plan_is_priced_as_the_simulator_runs_it() -> None:
     assert plan.estimate.breakdown_s["grad_sync_saved_s"] > 0
 
 
+def test_auto_prices_a_data_parallel_local_sgd_plan_once() -> None:
+    """Regression: the data-parallel candidate, already priced under local SGD, was repriced as if exact (its
+    saving subtracted twice: a negative step on GPT-1.3B, dgx-a100 × 8)."""
+    cluster = load_cluster("p3.16xlarge", num_nodes=2)
+    prepared = prepare_model_file(EXAMPLES / "resnet.py", cluster, batch_size=64, allow_lossy=True,
+                                  grad_sync="local-sgd:16")  # fmt: skip
+    plan = plan_prepared(prepared, "auto")
+    assert plan.grad_sync == GradSync.parse("local-sgd:16") and len(plan.stages) == 1
+    graph = captured("resnet", 64 // plan.num_microbatches, "export")
+    simulated = simulate_lowered(lower_plan(plan, graph, plan_setup(plan))).step_time_s
+    assert plan.estimate.step_time_s > 0
+    assert simulated == pytest.approx(plan.estimate.step_time_s, rel=1e-6)
+
+
 def test_golden_gpt_1_3b_on_four_p3_nodes_compresses_its_cross_node_sync_only_when_allowed() -> None:
     """p3.16xlarge: 8 V100 per node on NVLink, one 25 Gbit/s NIC per node. Exact sync makes data parallelism
     across the nodes too slow; with --allow-lossy auto compresses that sync and keeps a plan that uses it."""

@@ -35,7 +35,7 @@ from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
 from planner.costing.zero import gathered_param_bytes
 from planner.errors import AutoplanError
-from planner.inter.pricing import fsdp_step
+from planner.inter.data_parallel_step import fsdp_step
 from planner.ir.graph import OpGraph, OpNode
 from planner.plan import Estimate, Stage
 from planner.sharding.op_rules import enumerate_strategies
@@ -173,7 +173,7 @@ def data_parallel(
 def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int
               ) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
     """The data-parallel plan run under FSDP at ZeRO ``level`` (:mod:`planner.costing.zero`; ``graph`` the whole
-    batch's): priced as it runs (:func:`planner.inter.pricing.fsdp_step`), its model state sharded as the level
+    batch's): priced as it runs (:func:`planner.inter.data_parallel_step.fsdp_step`), its model state sharded as the level
     shards it, level 3 holding the groups it computes with unsharded."""
     (stage,) = stages
     if level == 0 or len(stage.devices) == 1:

@@ -30,8 +30,8 @@ from cost_models.cluster import Cluster
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.layer_costs import SLOTS
-from planner.inter.pricing import StageSpec
 from planner.inter.search import MAX_LAYERS, PipelineChoice, allowed_slots, mesh_choices
+from planner.inter.stage_pricing import StageSpec
 from planner.plan import ZERO_LEVELS
 
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from cost_models.memory import model_state_bytes, zero_shards
 from planner.baselines.handwritten import best_handwritten, grid_points
 from planner.costing.setup import CostSetup
-from planner.inter.pricing import PricedPipeline, price_stages
+from planner.inter.pricing import price_stages
 from planner.inter.schedule_variants import Candidate, best_rescheduled, method_schedules, with_variant
 from planner.inter.search import (
     MAX_LAYERS,
@@ -48,6 +48,7 @@ from planner.inter.search import (
     microbatch_counts,
     option_arrays,
 )
+from planner.inter.stage_pricing import PricedPipeline
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs

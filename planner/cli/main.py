@@ -62,7 +62,9 @@ def _plan_parser() -> argparse.ArgumentParser:
     methods = "; ".join(f"{name}: {text}" for name, text in METHODS.items())
     parser.add_argument("--method", default="auto", choices=tuple(METHODS), metavar="M", help=methods)
     add_search_options(parser)
-    parser.add_argument("--explain", action="store_true", help="print each node's split, spec and seconds")
+    parser.add_argument("--explain", action="store_true", help="print each stage's choices (schedule, recomputation, "
+                        "ZeRO, sequence parallelism, gradient sync) and what each saved, then each node's split, spec "
+                        "and seconds")  # fmt: skip
     parser.add_argument(
         "--out", default="plan.json", metavar="FILE", help="where to write the plan (default plan.json)"
     )
@@ -169,10 +171,13 @@ def _run_plan(options: argparse.Namespace) -> int:
 def _print_explanation(result: Plan) -> None:
     from rich.console import Console
 
+    from planner.cli.choices_table import choices_table
     from planner.cli.explain_table import explain_table
+    from planner.plan.choices import plan_choices
     from planner.plan.explain import ExplainRow
 
     console = Console(width=200, stderr=False)
+    console.print(choices_table(plan_choices(result)))
     for stage in result.stages:
         if not stage.explanation:
             console.print(f"stage {stage.index}: {result.method} has no per-node explanation")

@@ -93,10 +93,19 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--remat",
-        choices=("auto", "off", "attention", "full", "on"),
+        choices=("auto", "off", "attention", "full", "on", "off-or-full"),
         default="auto",
         help="activation recomputation per stage: attention recomputes each attention core (selective, Korthikanti "
-        "et al.), full each layer (on: full); auto (default) lets the search choose per stage",
+        "et al.), full each layer (on: full); auto (default) lets the search choose per stage; off-or-full lets it "
+        "choose between off and full only (Alpa's choice)",
+    )
+    parser.add_argument(
+        "--space",
+        choices=("full", "alpa"),
+        default="full",
+        help="what auto searches: full (default) every choice; alpa only Alpa's search space, to measure what the "
+        "rest adds: GPipe or 1F1B, each stage recomputing all its layers or none, no ZeRO, no sequence "
+        "parallelism, exact gradient sync (the baselines keep their own features)",
     )
     parser.add_argument(
         "--zero",
@@ -162,6 +171,7 @@ def search_kwargs(options: argparse.Namespace) -> dict:
         "zero": options.zero,
         "allow_lossy": options.allow_lossy,
         "grad_sync": options.grad_sync,
+        "space": options.space,
         "ilp_time_limit_s": options.ilp_time_limit,
         "degrees": options.degrees,
         "rl_budget_s": options.rl_budget_s,

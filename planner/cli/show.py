@@ -4,7 +4,8 @@ The plan's model is rebuilt from its model file (on the meta device), captured a
 (its fingerprint must be the plan's) and at the microbatch size, and the plan is replayed by the
 discrete-event simulator (:func:`planner.costing.lowering.simulate_plan`, roofline compute times on the
 plan's cluster): the simulated step and peak memory per device are printed in the plan's summary
-(:func:`planner.plan.report.plan_summary`, after its estimate), or as JSON with ``--json``. The
+(:func:`planner.plan.report.plan_summary`, after its estimate) with the choices each stage uses and what each
+saved (:mod:`planner.plan.choices`), or as JSON with ``--json``. The
 pipeline bubble printed is the plan's, the one ``plan`` and ``plan compare`` print. ``--figure``
 draws the plan on its device grid and the simulated step as a Gantt chart
 (:mod:`planner.cli.plan_figure`). Bad input is one error line and exit 2, and writes nothing.
@@ -23,6 +24,7 @@ from cost_models.units import GIB, MIB
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, Stage
+from planner.plan.choices import plan_choices
 
 if TYPE_CHECKING:
     from planner.ir.model_file import ModelFile
@@ -48,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_show(argv: Sequence[str]) -> int:
+    from planner.cli.choices_table import choices_text
     from planner.plan import load_plan
     from planner.plan.report import plan_summary
 
@@ -64,7 +67,8 @@ def run_show(argv: Sequence[str]) -> int:
         return 0
     if figure is not None:
         print(f"wrote {figure}")
-    print(plan_summary(plan, plan_path=options.plan, simulated_line=simulated_line(plan, result)))
+    print(plan_summary(plan, plan_path=options.plan, simulated_line=simulated_line(plan, result),
+                       choices=choices_text(plan_choices(plan))))  # fmt: skip
     return 0
 
 
@@ -139,6 +143,7 @@ def stage_json(stage: Stage) -> dict[str, Any]:
         "remat": str(stage.remat),
         "zero": stage.zero,
         "memory_saving": dict(stage.memory_saving),
+        "sequence_parallel_saving": dict(stage.sequence_parallel_saving),
     }
 
 
@@ -152,6 +157,7 @@ def show_json(plan: Plan, result: SimResult) -> dict[str, Any]:
         "simulated_step_time_s": result.step_time_s,
         "bubble_fraction": plan.estimate.bubble_fraction,  # the plan's pipeline bubble, as plan prints it
         "peak_memory_bytes": result.max_memory_bytes,
+        "choices": plan_choices(plan).to_json(),  # each stage's choices and savings (planner.plan.choices)
     }
 
 

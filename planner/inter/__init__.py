@@ -4,7 +4,10 @@
 * :mod:`~planner.inter.stage_dp` — the stage DP over layers and submeshes;
 * :mod:`~planner.inter.device_blocks` — submeshes and the global ranks they take;
 * :mod:`~planner.inter.search` — microbatch counts, layer tables and the DP: the pipeline search;
-* :mod:`~planner.inter.pricing` — candidate stages rebuilt and priced exactly as plan stages.
+* :mod:`~planner.inter.stage_pricing` — a candidate's stages rebuilt and priced exactly as plan stages;
+* :mod:`~planner.inter.pricing` — a candidate pipeline's step, memory and bubble from its priced stages;
+* :mod:`~planner.inter.data_parallel_step` — one-stage plans priced as DDP or FSDP run them;
+* :mod:`~planner.inter.sp_saving` — what sequence parallelism saves on each stage of the chosen plan.
 
 May import: :mod:`planner.intra` and everything it may import.
 """

@@ -2,7 +2,7 @@
 
 A candidate of the stage DP or a hand-written method is ``S`` stages on ``S`` device groups, run by
 GPipe or 1F1B (:mod:`planner.inter.pricing`). Its *variants* keep the device groups, meshes and
-layer options (the same :class:`~planner.inter.pricing.StageSpec` slot) and change the schedule
+layer options (the same :class:`~planner.inter.stage_pricing.StageSpec` slot) and change the schedule
 (:mod:`planner.plan.schedules`):
 
 * ``zero-bubble`` with ``v = 1``: the same stages; each backward splits into the input gradient
@@ -34,8 +34,8 @@ from planner.costing.lowering import lower_stages, simulate_lowered
 from planner.errors import AutoplanError
 from planner.inter.device_blocks import assign_devices
 from planner.inter.layer_costs import SLOTS
-from planner.inter.pricing import PricedPipeline, StageSpec, _plan_stages, _price_stage
 from planner.inter.search import Layering, LayerTables, boundary_table
+from planner.inter.stage_pricing import PricedPipeline, StageSpec, plan_stages, price_stage
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
 from planner.plan import Estimate
@@ -104,9 +104,9 @@ def variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, s
     template = specs[0]
     virtual = specs if v == 1 else _cut(candidate, tables, template, parts=ranks_count * v)
     graph, layers = candidate.graph, candidate.layers
-    priced = [_price_stage(graph, layers, tables, spec, devices=homes[k % ranks_count], m=m, in_flight=m,
-                           refine=candidate.refine, exact=False, shapes=shapes, index=k) for k, spec in enumerate(virtual)]  # fmt: skip
-    stages = _plan_stages(priced, full_graph)
+    priced = [price_stage(graph, layers, tables, spec, devices=homes[k % ranks_count], m=m, in_flight=m,
+                          refine=candidate.refine, exact=False, shapes=shapes, index=k) for k, spec in enumerate(virtual)]  # fmt: skip
+    stages = plan_stages(priced, full_graph)
     zero = tables.options.zero
     result = simulate_lowered(lower_stages(stages, graph, setup, num_microbatches=m, schedule=schedule, zero=zero))
     if result.max_memory_bytes > setup.memory_budget_bytes * (1 + 1e-9):
@@ -173,14 +173,24 @@ def best_rescheduled(pipelines: Pipelines, *, full_graph: OpGraph, tables: Layer
                      ) -> tuple[PricedPipeline, Candidate] | None:  # fmt: skip
     """The fastest variant under ``schedules`` of the :data:`VARIANT_CANDIDATES` fastest ``pipelines``, its notes
     saying what it saved against the candidate it came from, and that candidate; None if none is offered."""
-    if not schedules:
+    if not schedules or tables.options.space == "alpa":  # Alpa searches GPipe and 1F1B only
         return None
     shapes, best = StageShapes(), None
     for base, candidate in sorted(pipelines, key=lambda entry: entry[0].estimate.step_time_s)[:VARIANT_CANDIDATES]:
         found = best_variant(candidate, full_graph=full_graph, tables=tables, schedules=schedules, shapes=shapes)
         if found is not None and (best is None or found.estimate.step_time_s < best[0].estimate.step_time_s):
-            best = (replace(found, notes=(*found.notes, _saving_note(found, base))), candidate)
+            best = (replace(found, notes=(*found.notes, _saving_note(found, base)), estimate=_with_saving(found, base)),
+                    candidate)  # fmt: skip
     return best
+
+
+def _with_saving(chosen: PricedPipeline, other: PricedPipeline) -> Estimate:
+    """The variant's estimate with what it saved against its candidate, per step and per device
+    (``breakdown_s``: ``schedule_saved_s``, ``schedule_saved_bytes``; read by :mod:`planner.plan.choices`)."""
+    a, b = chosen.estimate, other.estimate
+    saved = {"schedule_saved_s": b.step_time_s - a.step_time_s,
+             "schedule_saved_bytes": float(b.memory_per_device_bytes - a.memory_per_device_bytes)}  # fmt: skip
+    return replace(a, breakdown_s={**a.breakdown_s, **saved})
 
 
 def with_variant(best: PricedPipeline | None, found: tuple[PricedPipeline, Candidate] | None, *, mode: str,

@@ -61,9 +61,11 @@ from planner.sharding.specs import StageMesh
 
 MAX_AUTO_MICROBATCHES = 64
 MAX_LAYERS = 32
-REMAT_MODES = ("auto", "off", "attention", "full", "on")  # on: full (what it meant before selective recomputation)
+REMAT_MODES = ("auto", "off", "attention", "full", "on", "off-or-full")  # on: full (what it meant before selective
+# recomputation); off-or-full: each stage all or nothing (Alpa's choice)
 ZERO_MODES = ("auto", "0", "1", "2", "3")
 SCHEDULE_MODES = ("auto", "1f1b", "gpipe", "interleaved", "zero-bubble")
+SEARCH_SPACES = ("full", "alpa")
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
@@ -79,6 +81,7 @@ class PipelineOptions:
     jobs: int = 1  # processes for the layer tables (planner.inter.forked)
     allow_lossy: bool = False  # --allow-lossy: candidates may also run a lossy gradient sync (grad_sync_choice)
     grad_sync: GradSync | None = None  # --grad-sync: every candidate runs this one (None: exact, or the choice)
+    space: str = "full"  # SEARCH_SPACES: "alpa" searches only what Alpa's does (planner.api.search_space)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +168,8 @@ class LayerTables:
         mesh_key = (submesh, shape)
         if mesh_key not in self._meshes:
             self._meshes[mesh_key] = canonical_mesh(self.setup, submesh, shape)
-        intra = IntraOpOptions(num_microbatches=m, time_limit_s=self.options.ilp_time_limit_s)  # ZeRO: per slot
+        intra = IntraOpOptions(num_microbatches=m, time_limit_s=self.options.ilp_time_limit_s,  # ZeRO: per slot
+                               sequence_parallel=self.options.space != "alpa")  # fmt: skip
         part = subgraph(graph, list(layers.layers[kind]))
         return layer_table(part, self.setup, self._meshes[mesh_key], options=intra, sources=self.sources)
 
@@ -198,7 +202,8 @@ def allowed_slots(remat: str, zero: str | int = "auto") -> np.ndarray:
         raise AutoplanError(f"--remat must be one of {', '.join(REMAT_MODES)}, got {remat!r}")
     if str(zero) not in ZERO_MODES:
         raise AutoplanError(f"--zero must be one of {', '.join(ZERO_MODES)}, got {zero!r}")
-    kinds = {"auto": ("none", "attention", "full"), "on": ("full",), "off": ("none",)}.get(remat, (remat,))
+    kinds = {"auto": ("none", "attention", "full"), "on": ("full",), "off": ("none",),
+             "off-or-full": ("none", "full")}.get(remat, (remat,))  # fmt: skip
     levels = ZERO_LEVELS if zero == "auto" else {int(zero), min(int(zero), 1)}  # sharded stages run level 1 at most
     return np.array([slot_remat in kinds and slot_zero in levels for _, slot_remat, slot_zero in SLOTS])
 

@@ -20,6 +20,7 @@ names and explanation rows mapped position by position, devices set to the stage
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -123,6 +124,8 @@ class StageTemplate:
         chosen_s, chosen_bytes = price(remat, zero)
         others = [(kind, level, *price(kind, level)) for kind in REMAT_KINDS for level in levels
                   if (kind, level) != (remat, zero) and (kind != "attention" or self.runs(kind))]  # fmt: skip
+        # an identical alternative (ZeRO where nothing syncs over data-parallel axes, as on one device) is no option
+        others = [other for other in others if not _same(other[2:], (chosen_s, chosen_bytes))]
         if not others:
             return {}
         budget = setup.memory_budget_bytes
@@ -146,6 +149,10 @@ class StageTemplate:
             base = replace(base, remat=remat if regions else "none", remat_regions=regions, zero=zero)
             self._stages[choice, remat, zero] = replace(base, explanation=explain(base))
         return self._stages[choice, remat, zero]
+
+
+def _same(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return all(math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-15) for x, y in zip(a, b, strict=True))
 
 
 def step_s(problem: StageProblem, choice: tuple[int, ...]) -> float:

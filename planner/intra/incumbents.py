@@ -109,7 +109,7 @@ def megatron_choice(stage: StageProblem, *, sequence_parallel: bool | None = Non
         return placement in (REPLICATE, shard(rank - 1)) or node.kind == NodeKind.VIEW
 
     plain = greedy_choice(stage, prefers)
-    if sequence_parallel is False or stage.mesh.mesh_shape[tensor_axis] == 1:
+    if sequence_parallel is False or not stage.sequence_parallel or stage.mesh.mesh_shape[tensor_axis] == 1:
         return plain
     sequence = greedy_choice(stage, _sequence_parallel(stage, tensor_axis, data, arrives_split_last), prefers)
     return sequence if sequence_parallel else _plain_or_sequence_parallel(stage, plain, sequence)

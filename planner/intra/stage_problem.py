@@ -44,6 +44,7 @@ from planner.intra.problem import StrategyEdge, StrategyProblem, evaluate
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import collapse_identical_layers
 from planner.sharding.op_rules import enumerate_strategies
+from planner.sharding.sequence_parallel import is_sequence_parallel
 from planner.sharding.specs import StageMesh, reshard_s
 from planner.sharding.strategies import NodeStrategy
 
@@ -55,6 +56,7 @@ class IntraOpOptions:
     time_limit_s: float = 30.0
     gap: float = 0.0
     ddp: bool = False  # the stage runs as DDP on plain tensors (pure data parallelism): no DTensor dispatch
+    sequence_parallel: bool = True  # False: no strategy scatters, gathers or consumes along the sequence (--space alpa)
 
 
 DEFAULT_OPTIONS = IntraOpOptions()
@@ -73,6 +75,7 @@ class StageProblem:
     representative: dict[str, str]
     unruled: tuple[str, ...]  # targets replicated for lack of a rule
     num_microbatches: int = 1  # the m the objective amortises each step's work over
+    sequence_parallel: bool = True  # the strategies include Megatron sequence parallelism's (IntraOpOptions)
 
     @functools.cached_property
     def variable_of(self) -> dict[str, int]:
@@ -92,6 +95,8 @@ def build_stage_problem(
     for name in variables:
         node = graph.node(name)
         options_v, reason = enumerate_strategies(node, context)
+        if not options.sequence_parallel:
+            options_v = [s for s in options_v if not is_sequence_parallel(s)] or options_v
         if reason:
             unruled.append(node.target)
         strategies.append(tuple(options_v))
@@ -125,6 +130,7 @@ def build_stage_problem(
         representative=collapsed.representative,
         unruled=tuple(sorted(set(unruled))),
         num_microbatches=m,
+        sequence_parallel=options.sequence_parallel,
     )
 
 

@@ -5,7 +5,8 @@
 * :mod:`~planner.plan.stage` — ``Stage`` and every node's chosen strategy (``NodeSharding``, ``Collective``);
 * :mod:`~planner.plan.validate` — ``validate_plan``: a plan checked against its graph;
 * :mod:`~planner.plan.explain` — ``ExplainRow``, the per-node explanation a stage stores;
-* :mod:`~planner.plan.report` — the plain-text summary ``plan`` prints.
+* :mod:`~planner.plan.report` — the plain-text summary ``plan`` prints;
+* :mod:`~planner.plan.choices` — which choices each stage uses and what each saved (``--explain``, ``plan show``).
 
 May import: :mod:`planner.ir`, :mod:`planner.errors`, :mod:`cost_models` (the cluster, atomic files).
 :mod:`executors` read plans through this package and nothing of the search.

@@ -14,6 +14,7 @@ from typing import Any
 
 from cost_models.cluster import Cluster, reserved_bytes
 from cost_models.units import GIB
+from planner.plan.choices import memory_saving_of
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 from planner.plan.shape import count_of, plan_shape, stage_degrees
 from planner.plan.stage import Stage
@@ -46,7 +47,7 @@ CANDIDATES: dict[str, tuple[str, str]] = {
 }
 
 
-def _device_range(devices: tuple[int, ...]) -> str:
+def device_range(devices: tuple[int, ...]) -> str:
     if devices and list(devices) == list(range(devices[0], devices[0] + len(devices))):
         return f"{devices[0]}..{devices[-1]}" if len(devices) > 1 else str(devices[0])
     return ",".join(str(d) for d in devices)
@@ -57,14 +58,14 @@ def _stage_line(stage: Stage) -> str:
     params = f"{sharded} of {len(stage.param_placements)} parameters sharded" if sharded else "parameters replicated"
     mesh = "×".join(str(s) for s in stage.mesh_shape)
     return (
-        f"  stage {stage.index}: devices {_device_range(stage.devices)}, {stage_degrees(stage).text()} (mesh {mesh}), "
+        f"  stage {stage.index}: devices {device_range(stage.devices)}, {stage_degrees(stage).text()} (mesh {mesh}), "
         f"{count_of(len(stage.nodes), 'operator')}, {params}"
         + (
             ", sequence parallel (norms and dropouts split along the sequence)"
             if stage.uses_sequence_parallelism
             else ""
         )
-        + (f"\n    memory: {memory_saving_text(stage.memory_saving)}" if stage.memory_saving else "")
+        + (f"\n    memory: {memory_saving_text(stage.memory_saving)}" if memory_saving_of(stage) else "")
     )
 
 
@@ -79,7 +80,9 @@ def memory_saving_text(saving: Mapping[str, Any]) -> str:
 def _estimate_lines(plan: Plan) -> list[str]:
     estimate, cluster = plan.estimate, plan.cluster
     breakdown = ", ".join(
-        f"{key.removesuffix('_s').replace('_', ' ')} {value:.3g} s" for key, value in estimate.breakdown_s.items()
+        f"{key.removesuffix('_s').replace('_', ' ')} {value:.3g} s"
+        for key, value in estimate.breakdown_s.items()
+        if key.endswith("_s")  # schedule_saved_bytes: planner.plan.choices
     )
     return [
         f"estimate: step {estimate.step_time_s:.4g} s ({breakdown})",
@@ -167,9 +170,11 @@ def _batch_text(plan: Plan) -> str:
     return f"batch {plan.batch_size}" + (f" in {m} microbatches of {plan.batch_size // m}" if m > 1 else "")
 
 
-def plan_summary(plan: Plan, *, plan_path: str | None = None, simulated_line: str | None = None) -> str:
+def plan_summary(plan: Plan, *, plan_path: str | None = None, simulated_line: str | None = None,
+                 choices: str | None = None) -> str:  # fmt: skip
     """A few lines: the plan's shape, what was planned, the stages, the estimate (and ``simulated_line``
-    after it), why this plan, the search time, notes, and what to run next (on ``plan_path``)."""
+    after it), why this plan, the search time, notes, ``choices`` (``plan show``: each stage's choices and savings,
+    :mod:`planner.plan.choices`), and what to run next (on ``plan_path``)."""
     model, cluster = plan.model, plan.cluster
     args = ", ".join(f"{k}={v}" for k, v in model.args.items())
     lines = [
@@ -185,6 +190,7 @@ def plan_summary(plan: Plan, *, plan_path: str | None = None, simulated_line: st
         *([simulated_line] if simulated_line else []),
         _search_line(plan),
         *_note_lines(plan),
+        *([choices] if choices else []),
         *next_step_lines(plan, plan_path=plan_path),
     ]
     return "\n".join(lines)

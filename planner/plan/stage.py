@@ -127,6 +127,8 @@ class Stage:
     zero: int = 0  # ZeRO level over the stage's data-parallel axes (ZERO_LEVELS; cost_models.memory)
     # what the recomputation and ZeRO level save against the next-best pair: {choice, next_best, saved_s, saved_bytes}
     memory_saving: Mapping[str, Any] = field(default_factory=dict)
+    # what Megatron sequence parallelism saves against the stage without it, the same keys (planner.inter.sp_saving)
+    sequence_parallel_saving: Mapping[str, Any] = field(default_factory=dict)
     explanation: tuple[Mapping[str, Any], ...] = ()  # per node: split, spec and seconds (planner.intra.to_stage)
 
     def __post_init__(self) -> None:
@@ -164,6 +166,7 @@ class Stage:
             "remat_regions": [list(region) for region in self.remat_regions],
             "zero": self.zero,
             "memory_saving": dict(self.memory_saving),
+            "sequence_parallel_saving": dict(self.sequence_parallel_saving),
             "explanation": [dict(row) for row in self.explanation],
         }
 
@@ -180,5 +183,6 @@ class Stage:
             remat_regions=tuple(tuple(region) for region in data.get("remat_regions", ())),
             zero=int(data.get("zero", 0)),
             memory_saving=dict(data.get("memory_saving", {})),
+            sequence_parallel_saving=dict(data.get("sequence_parallel_saving", {})),
             explanation=tuple(dict(row) for row in data.get("explanation", ())),
         )

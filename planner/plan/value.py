@@ -6,6 +6,7 @@ JSON layout (``format_version`` 2)::
      cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer, zero,
      memory_fraction, grad_sync: {kind, rank, period, warmup_steps} (planner.plan.grad_sync; absent: exact),
      stages: [{index, nodes, devices, mesh_shape, param_placements, remat, remat_regions, zero, explanation,
+               memory_saving, sequence_parallel_saving (planner.plan.choices; absent: {}),
                strategies: {node: {split, input_specs, output_spec, compute_shards,
                                    collectives: [{kind, axis, phase, operand}]}}}],
      estimate: {step_time_s, per_stage_time_s, memory_per_device_bytes, bubble_fraction,

@@ -162,6 +162,15 @@ def computed_output(strategy: NodeStrategy, *, rank: int) -> ShardingSpec:
     return spec
 
 
+def is_sequence_parallel(strategy: NodeStrategy) -> bool:
+    """One of sequence parallelism's variants: it scatters or gathers along the sequence, or makes or reads a
+    gathered (``R*``) value."""
+    specs = (strategy.output, *strategy.inputs, *strategy.operands)
+    return uses_sequence_parallelism(strategy) or any(
+        spec is not None and GATHERED in spec.placements for spec in specs
+    )
+
+
 def uses_sequence_parallelism(strategy: NodeStrategy) -> bool:
     """The strategy scatters its output along the sequence (``ḡ``) or gathers it from sequence shards (``g``)."""
     return any(phase == "forward" and operand is None and kind in ("reduce_scatter", "all_gather")

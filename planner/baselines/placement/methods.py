@@ -29,7 +29,7 @@ from planner.costing.estimate import mfu, model_tflops_per_device
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import one_device_strategies
 from planner.errors import AutoplanError
-from planner.inter.pricing import PricedPipeline
+from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.rebatch import MicrobatchGraphs
 from planner.plan import Estimate, Stage

@@ -1,0 +1,208 @@
+"""A candidate's stages rebuilt as whole stage problems and priced one by one.
+
+The search composes per-layer options and charges nothing between layers of a stage
+(:mod:`planner.inter.layer_costs`). Here each stage ``s`` of a candidate (a :class:`StageSpec`) is rebuilt as one stage
+problem (:func:`planner.intra.stage_problem.build_stage_problem` on the stage's subgraph, identical
+layers collapsed) and its strategies are read off the layer tables (:func:`_composed_choice`). The
+problem is built once per stage shape on canonical ranks and reused wherever the shape recurs, in
+this candidate and the others (:mod:`planner.inter.stage_shapes`). Then, per stage (:func:`price_stage`):
+
+* unless it recomputes or shards its state (ZeRO), the exact unconstrained optimum of the whole stage replaces the
+  composition when it is faster and still fits with its in-flight microbatches; a plan of one
+  stage that does not fit so is re-solved by the memory-constrained ILP, started from the
+  composition (:func:`_refined_choice`), so one-stage plans are those of the intra-op ILP;
+* its time per microbatch = the stage problem's objective for the choice (inter-layer resharding included)
+  without its amortised gradient sync and optimizer update ``u_s`` (:func:`planner.inter.stage_shapes.step_s`), plus its
+  recomputed runs' forward once more (:func:`planner.intra.stage_problem.recompute_s`; the slot's ``attention`` or
+  ``full`` runs, :mod:`planner.ir.recompute`), plus its ZeRO level's collectives
+  (:func:`planner.intra.stage_problem.zero_costs`); the pipeline adds the boundary to the next stage and the
+  host overhead (:func:`planner.inter.pricing.price_stages`);
+* memory = state + activations × in flight (``min(S − s, m)`` for 1F1B, ``m`` for GPipe;
+  with recomputation the activations are what its checkpointed runs keep, :func:`planner.intra.stage_problem.kept_bytes`;
+  the state at its ZeRO level; level 3 adds the layer groups FSDP holds gathered,
+  :func:`planner.costing.zero.gathered_param_bytes`). Each stage says what its recomputation and ZeRO level save
+  against the next-best pair (:meth:`planner.inter.stage_shapes.StageTemplate.memory_saving`, ``Stage.memory_saving``);
+* its backward's node seconds and additive sync shares (:class:`planner.inter.grad_sync_choice.StageBackward`),
+  for the gradient buckets the pipeline's pricing charges instead.
+
+The priced stages become plan stages (:func:`plan_stages`), a parameter read in several stages (tied weights)
+placed in the first. What the whole candidate prices to is a :class:`PricedPipeline`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from planner.costing.setup import CostSetup
+from planner.costing.stage_work import explain_stage
+from planner.costing.zero import gathered_param_bytes
+from planner.inter.device_blocks import Submesh
+from planner.inter.grad_sync_choice import StageBackward, stage_backward
+from planner.inter.layer_costs import SLOTS
+from planner.inter.search import Layering, LayerTables, canonical_mesh
+from planner.inter.stage_shapes import StageShapes, StageTemplate, relabel, shape_key
+from planner.intra.ilp import solve_strategy_ilp
+from planner.intra.problem import MemoryBudgetError
+from planner.intra.stage_problem import IntraOpOptions, StageProblem, build_stage_problem
+from planner.ir.graph import OpGraph, subgraph
+from planner.plan import ZERO_LEVELS, Estimate, GradSync, Stage
+
+EXACT_LIMIT_S = 10.0  # the one-stage memory-constrained ILP, at most
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSpec:
+    first: int
+    last: int
+    submesh: Submesh
+    mesh_shape: tuple[int, ...]
+    slot: int  # index into layer_costs.SLOTS
+
+
+@dataclass(frozen=True, kw_only=True)
+class PricedPipeline:
+    """What a candidate prices to (:func:`planner.inter.pricing.price_stages`)."""
+
+    stages: tuple[Stage, ...]
+    estimate: Estimate
+    num_microbatches: int
+    schedule: str
+    notes: tuple[str, ...] = ()  # what a choice beyond the search's saved (schedule variants), for the plan's notes
+    grad_sync: GradSync = field(default_factory=GradSync)  # planner.inter.grad_sync_choice
+
+
+@dataclass(frozen=True, kw_only=True)
+class PricedStage:
+    """One stage of a candidate priced (:func:`price_stage`)."""
+
+    stage: Stage  # the plan stage on its ranks, explained
+    objective_s: float  # the stage problem's objective for the choice
+    time_s: float  # per microbatch, without the gradient sync and optimizer step
+    step_s: float  # gradient sync + optimizer update, once per step
+    memory_bytes: float
+    remat: bool
+    backward_s: float = 0.0  # the part of time_s after the forward (recomputation included)
+    backward: StageBackward | None = None  # node backward seconds and additive sync shares, for its buckets
+
+
+def _composed_choice(
+    problem: StageProblem, graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, m: int
+) -> tuple[int, ...]:
+    owner = {
+        name: (index, position) for index, names in enumerate(layers.layers) for position, name in enumerate(names)
+    }
+    choice = []
+    for v, name in enumerate(problem.variables):
+        layer, position = owner[name]
+        kind = layers.kinds[layer]
+        table = tables.get(graph, layers, kind, spec.submesh, spec.mesh_shape, m)
+        option = table.options[spec.slot]
+        assert option is not None, f"slot {SLOTS[spec.slot]} has no option"
+        kind_name = layers.layers[kind][position]
+        wanted = table.strategy_name(kind_name, option)
+        names = [strategy.name for strategy in problem.strategies[v]]
+        choice.append(names.index(wanted) if wanted in names else table.variable_choice(kind_name, option))
+    return tuple(choice)
+
+
+def _memory(template: StageTemplate, choice: tuple[int, ...], *, remat: str, in_flight: int, zero: int = 0,
+            setup: CostSetup | None = None) -> float:  # fmt: skip
+    """Memory bytes per device of a choice with ``in_flight`` microbatches, recomputing the runs of ``remat``
+    (their kept bytes), its model state at ZeRO level ``zero``."""
+    state = template.costs(choice)[2] if zero == 0 or setup is None else template.zero(choice, zero, setup).state_bytes
+    return state + template.recompute_bytes(choice, remat) * in_flight
+
+
+def _refined_choice(
+    template: StageTemplate, choice: tuple[int, ...], *, in_flight: int, budget: float, exact_limit_s: float | None
+) -> tuple[int, ...]:
+    """The stage's unconstrained optimum if it fits; else, with ``exact_limit_s``, the memory-constrained
+    ILP (memory row: state + activations × in flight) started from ``choice``; else ``choice``."""
+    better = template.unconstrained()
+    if _memory(template, better, remat="none", in_flight=in_flight) <= budget:
+        return better if template.costs(better)[0] < template.costs(choice)[0] else choice
+    if exact_limit_s is None:
+        return choice
+    problem = template.problem
+    memory = tuple(tuple(c.state_bytes + c.activation_bytes * in_flight for c in row) for row in problem.costs)
+    constrained = replace(problem.problem, node_memory=memory, memory_budget=budget)
+    try:
+        return solve_strategy_ilp(constrained, time_limit_s=exact_limit_s, incumbents=[choice]).choice
+    except MemoryBudgetError:
+        return choice
+
+
+def _template(part: OpGraph, graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, m: int
+              ) -> StageTemplate:  # fmt: skip
+    setup, options = tables.setup, tables.options
+    mesh = canonical_mesh(setup, spec.submesh, spec.mesh_shape)
+    intra = IntraOpOptions(num_microbatches=m, time_limit_s=options.ilp_time_limit_s,  # ZeRO: the slot's, added
+                           sequence_parallel=options.space != "alpa")  # fmt: skip
+    problem = build_stage_problem(part, setup, mesh, intra)
+    return StageTemplate(part=part, problem=problem, composed=_composed_choice(problem, graph, layers, tables, spec, m),
+                         layers=tuple(layers.layers[spec.first : spec.last + 1]))  # fmt: skip
+
+
+def price_stage(
+    graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, *, devices: tuple[int, ...], m: int,
+    in_flight: int, refine: bool, exact: bool, shapes: StageShapes, index: int,
+) -> PricedStage:  # fmt: skip
+    """Stage ``index`` of a candidate (``spec``) priced on ranks ``devices`` with ``in_flight`` of ``m``
+    microbatches (the module docstring). ``refine``: try the stage's own optimum; ``exact`` (a one-stage plan):
+    also the memory-constrained ILP, and a data-parallel slot's memory saving weighs every ZeRO level;
+    ``shapes``: the stage problems by shape, shared across candidates."""
+    setup, options = tables.setup, tables.options
+    names = [name for names in layers.layers[spec.first : spec.last + 1] for name in names]
+    part = subgraph(graph, names)
+    key = (shape_key(part), spec.submesh, spec.mesh_shape, spec.slot, m, options.zero)
+    template = shapes.get(key, lambda: _template(part, graph, layers, tables, spec, m))
+    _, remat, zero = SLOTS[spec.slot]
+    choice = template.composed
+    if refine and remat == "none" and zero == 0:
+        limit = min(options.ilp_time_limit_s, EXACT_LIMIT_S) if exact else None
+        choice = _refined_choice(template, choice, in_flight=in_flight, budget=setup.memory_budget_bytes,
+                                 exact_limit_s=limit)  # fmt: skip
+    objective, step_s, _, _, _ = template.costs(choice)
+    memory = _memory(template, choice, remat=remat, in_flight=in_flight, zero=zero, setup=setup)
+    time_s = objective - step_s / m + template.recompute_s(choice, remat)
+    if zero:  # the slot's ZeRO level (planner.costing.zero)
+        costs = template.zero(choice, zero, setup)
+        objective += costs.per_microbatch_s + costs.step_s / m
+        time_s, step_s = time_s + costs.per_microbatch_s, step_s + costs.step_s
+
+    def explain(stage: Stage) -> tuple:
+        return tuple(row.to_json() for row in explain_stage(stage, graph, setup, zero=options.zero))
+
+    base = template.stage(choice, remat=remat, zero=zero, explain=explain)
+    planned = relabel(base, template.part, part, devices=devices, index=index)
+    levels = ZERO_LEVELS if exact and SLOTS[spec.slot][0] == "data-parallel" else (0, 1)
+    saving = template.memory_saving(choice, remat=remat, zero=zero, levels=levels, m=m, in_flight=in_flight,
+                                    setup=setup)  # fmt: skip
+    planned = replace(planned, memory_saving=saving)
+    if zero == 3:  # FSDP holds the groups it computes with and prefetches unsharded
+        memory += gathered_param_bytes(planned, graph, setup)
+    if ("backward", choice) not in template.memo:  # the buckets' ready times, once per choice
+        template.memo["backward", choice] = stage_backward(base, template.part, setup, zero=options.zero)
+    known = template.memo["backward", choice]
+    assert isinstance(known, StageBackward)
+    names = dict(zip((n.name for n in template.part.nodes), (n.name for n in part.nodes), strict=True))
+    backward = StageBackward(node_bwd_s={names[n]: t for n, t in known.node_bwd_s.items()}, additive_s=known.additive_s)
+    return PricedStage(stage=planned, objective_s=objective, time_s=time_s, step_s=step_s, memory_bytes=memory,
+                       remat=bool(remat), backward_s=max(0.0, time_s - template.forward_s(choice)),
+                       backward=backward)  # fmt: skip
+
+
+def plan_stages(priced: list[PricedStage], full_graph: OpGraph) -> tuple[Stage, ...]:
+    """Plan stages; a parameter read in several stages (tied weights) is placed in the first."""
+    stages, placed = [], set()
+    for stage in priced:
+        base = stage.stage
+        placements = {name: spec for name, spec in base.param_placements.items() if name not in placed}
+        placed.update(placements)
+        stages.append(replace(base, param_placements=placements))
+    missing = [name for name in full_graph.param_names if name not in placed]
+    if missing:  # parameters no node reads: replicated on the first stage
+        first = stages[0]
+        extra = {name: ("R",) * len(first.mesh_shape) for name in missing}
+        stages[0] = replace(first, param_placements={**first.param_placements, **extra})
+    return tuple(stages)

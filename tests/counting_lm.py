@@ -1,0 +1,52 @@
+"""A model file for loss-curve tests: a causal LM on sequences it can learn (``tests/test_lossy_sync.py``).
+
+``family``: ``gpt`` (``examples/gpt.py``) or ``llama`` (Hugging Face ``LlamaForCausalLM``,
+``examples/zoo/hf_llama.py``), tiny. Each row counts up from a random start modulo ``vocab`` (``t_{i+1} = t_i + 1``),
+so next-token cross entropy can fall from about ``log(vocab)`` towards 0; on random tokens it cannot fall below
+``log(vocab)``, and a loss curve would show nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor, nn
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SIZES = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "vocab": 16}
+
+
+def _example(relative: str) -> ModuleType:
+    path = EXAMPLES / relative
+    sys.path.insert(0, str(path.parent))  # the zoo's files import their helpers from beside them
+    spec = importlib.util.spec_from_file_location(f"counting_lm_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _family(family: str) -> ModuleType:
+    if family not in ("gpt", "llama"):
+        raise ValueError(f"family must be 'gpt' or 'llama', got {family!r}")
+    return _example("gpt.py" if family == "gpt" else "zoo/hf_llama.py")
+
+
+def build_model(*, family: str = "gpt", **_: object) -> nn.Module:
+    extra = {"kv_heads": 2} if family == "llama" else {}
+    return _family(family).build_model(**SIZES, **extra)
+
+
+def example_inputs(batch_size: int, **_: object) -> tuple[Tensor, ...]:
+    start = torch.randint(0, SIZES["vocab"], (batch_size, 1))
+    return ((start + torch.arange(SIZES["seq"])) % SIZES["vocab"],)
+
+
+def loss_fn(output: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
+    """Next-token cross entropy."""
+    tokens, vocab = inputs[0], output.shape[-1]
+    return nn.functional.cross_entropy(output[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
