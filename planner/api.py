@@ -69,6 +69,7 @@ class Prepared:
     options: PipelineOptions
     microbatches: int | None
     rl_budget_s: float
+    rl_iterations: int | None
     seed: int
     capture_s: float
     captured_before_s: float  # graphs.capture_s when prepared (already in capture_s)
@@ -110,7 +111,7 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
         started = time.perf_counter()
         chosen, notes = run_placement(name, prepared.graphs, setup, batch_size=batch_size,
                                       microbatches=prepared.microbatches, rl_budget_s=prepared.rl_budget_s,
-                                      seed=prepared.seed, progress=prepared.progress)  # fmt: skip
+                                      rl_iterations=prepared.rl_iterations, seed=prepared.seed, progress=prepared.progress)  # fmt: skip
         return chosen, SearchStats(time_s=time.perf_counter() - started), notes
     if name in HANDWRITTEN_ALONE:
         return _run_handwritten(name, prepared)
@@ -222,6 +223,7 @@ def prepare(
     ilp_time_limit_s: float = 30.0,
     degrees: tuple[int, int, int] | None = None,
     rl_budget_s: float = 30.0,
+    rl_iterations: int | None = None,
     seed: int = 0,
     model_ref: dict[str, Any] | None = None,
     progress: Progress | None = None,
@@ -236,6 +238,8 @@ def prepare(
         raise AutoplanError(f"--jobs must be at least 1, got {jobs}")
     if rl_budget_s <= 0:
         raise AutoplanError(f"--rl-budget-s must be positive, got {rl_budget_s:g}")
+    if rl_iterations is not None and rl_iterations < 1:
+        raise AutoplanError(f"--rl-iterations must be at least 1, got {rl_iterations}")
     forced = _forced_grad_sync(grad_sync, allow_lossy=allow_lossy)
     remat, zero = search_space(space, remat=remat, zero=zero, schedule=schedule, allow_lossy=allow_lossy)
     pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
@@ -267,7 +271,7 @@ def prepare(
                           args=ref.get("args", {}), tracer=tracer)  # fmt: skip
     return Prepared(
         graph=graph, graphs=graphs, setup=setup, model=model_json, batch_size=batch_size, options=pipeline,
-        microbatches=microbatches, rl_budget_s=rl_budget_s, seed=seed, capture_s=captured - started,
+        microbatches=microbatches, rl_budget_s=rl_budget_s, rl_iterations=rl_iterations, seed=seed, capture_s=captured - started,
         captured_before_s=graphs.capture_s,
         cost_s=time.perf_counter() - captured, notes=(f"compute times: {cost_model}",), progress=progress,
     )  # fmt: skip
@@ -343,7 +347,7 @@ def plan(
     :func:`cost_models.cluster.memory_budget_bytes`), ``max_stages`` (None: any), ``microbatches``
     (None: searched), ``schedule``, ``remat``, ``zero``, ``allow_lossy``, ``grad_sync``, ``space`` (``"alpa"``:
     Alpa's search space only, :func:`search_space`), ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for
-    ``megatron``), ``rl_budget_s`` and ``seed`` (``rl``), ``model_ref``, ``jobs`` (processes for the
+    ``megatron``), ``rl_budget_s``, ``rl_iterations`` (None: until the budget is spent) and ``seed`` (``rl``), ``model_ref``, ``jobs`` (processes for the
     search's independent work: with 2 or more, the second export runs beside the first; default 1),
     and ``progress(what, done, total)``, called during the search. Raises :class:`AutoplanError`
     for bad input or a model that does not fit.

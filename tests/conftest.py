@@ -53,3 +53,18 @@ def edit_strategy(plan: Plan, graph: OpGraph, *, stage: int, node: str, output_s
     stages = list(plan.stages)
     stages[stage] = dataclasses.replace(edited, strategies=strategies, explanation=())
     return dataclasses.replace(plan, stages=tuple(stages))
+
+
+@pytest.fixture(scope="session")
+def gpt_placement_problem():
+    """GPT-350M (batch 8, 4 microbatches of 2) on one p3.16xlarge node, in 256 groups: the RL's problem."""
+    from cost_models.cluster import load_cluster
+    from cost_models.compute import RooflineCompute
+    from planner.baselines.placement.problem import placement_problem
+    from planner.baselines.placement.rl import group_ops, group_problem
+    from planner.costing.setup import CostSetup
+
+    cluster = load_cluster("p3.16xlarge", num_nodes=1, devices_per_node=8)
+    setup = CostSetup(cluster=cluster, compute=RooflineCompute(device=cluster.device), optimizer="adam-mixed")
+    problem = placement_problem(captured("gpt", batch_size=2, size="350m"), setup, num_microbatches=4)
+    return group_problem(problem, group_ops(problem, 256))

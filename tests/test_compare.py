@@ -122,6 +122,7 @@ def test_cli_compare_table(capsys) -> None:
         (["--figure", "/nowhere/x.png"], "directory /nowhere does not exist"),
         (["--figure", "x.svg"], "must name a .png file"),
         (["--rl-budget-s", "0"], "--rl-budget-s must be positive"),
+        (["--rl-iterations", "0"], "--rl-iterations must be at least 1"),
     ],
 )
 def test_cli_compare_bad_input_is_one_line(extra, message, capsys) -> None:
@@ -133,6 +134,18 @@ def test_cli_compare_bad_input_is_one_line(extra, message, capsys) -> None:
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_rl_with_a_fixed_number_of_updates_gives_the_same_plan(tmp_path: Path) -> None:
+    args = [GPT, "--cluster", "p3.16xlarge", "--devices-per-node", "2", "--batch-size", "4", "--method", "rl",
+            "--rl-iterations", "20", "--rl-budget-s", "1e-9", "--seed", "5"]  # fmt: skip
+    plans = []
+    for k in range(2):
+        out = tmp_path / f"rl{k}.json"
+        assert main([*args, "--out", str(out)]) == 0
+        plans.append(json.loads(out.read_text()))
+    assert plans[0]["stages"] == plans[1]["stages"]
+    assert any("rl: 20 iterations" in note for note in plans[0]["notes"])
 
 
 def test_plan_with_a_placement_method(tmp_path: Path, capsys) -> None:

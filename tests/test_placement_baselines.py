@@ -14,16 +14,18 @@ from planner.baselines.placement.critical_path import critical_path, critical_pa
 from planner.baselines.placement.hash_placement import hash_placement
 from planner.baselines.placement.m_etf import m_etf_placement
 from planner.baselines.placement.multi_objective import multi_objective_placement
-from planner.baselines.placement.problem import PlacementProblem, check_assignment, device_memory_used, fits
+from planner.baselines.placement.problem import (
+    PlacementProblem,
+    check_assignment,
+    device_memory_used,
+    fits,
+    uniform_links,
+)
 from planner.errors import AutoplanError
 
 Placement = Callable[[PlacementProblem], tuple[int, ...]]
 BASELINES: list[Placement] = [hash_placement, critical_path_placement, multi_objective_placement, m_etf_placement]
 GB = 1e9
-
-
-def link(a: int, b: int, num_bytes: float) -> float:
-    return 0.0 if a == b else 1e-3 + num_bytes / 1e9
 
 
 def problem(
@@ -33,7 +35,6 @@ def problem(
     speeds: Sequence[float] = (1.0, 1.0),
     memory: Sequence[float] | None = None,
     capacity: Sequence[float] | None = None,
-    transfer: Callable[[int, int, float], float] = link,
 ) -> PlacementProblem:
     """Ops of ``times`` seconds (all forward), ``memory`` bytes of state each (default 1 GB)."""
     n = len(times)
@@ -49,7 +50,7 @@ def problem(
         device_speed=tuple(speeds),
         device_memory_bytes=tuple(capacity) if capacity is not None else (1e3 * GB,) * len(speeds),
         num_microbatches=2,
-        transfer_s=transfer,
+        **uniform_links(len(speeds), latency_s=1e-3, bandwidth=1e9),  # 1 ms + 1 GB/s between devices
     )
 
 

@@ -10,8 +10,9 @@ import torch
 
 from cost_models.units import GIB
 from planner.baselines.placement.dataflow import simulate_assignment
-from planner.baselines.placement.problem import PlacementProblem, fits
-from planner.baselines.placement.rl import group_ops, group_problem, num_groups, rl_placement
+from planner.baselines.placement.problem import PlacementProblem, fits, uniform_links
+from planner.baselines.placement.rl import _fresh_policy, group_ops, group_problem, num_groups, rl_placement
+from planner.baselines.placement.rl_policy import devices_of, sample, shifts_of
 from planner.errors import AutoplanError
 
 
@@ -38,7 +39,7 @@ def problem_of(
         device_speed=(1.0,) * devices,
         device_memory_bytes=(capacity_gib * GIB,) * devices,
         num_microbatches=m,
-        transfer_s=lambda a, b, num_bytes: 0.0 if a == b else transfer,
+        **uniform_links(devices, latency_s=transfer),
     )
 
 
@@ -54,7 +55,7 @@ def two_interleaved_chains() -> PlacementProblem:
 def test_groups_are_contiguous_non_empty_and_balanced() -> None:
     problem = problem_of(100, chain(100), devices=2, transfer=0.0, fwd=[1.0 + (i % 7) for i in range(100)])
     count = num_groups(problem)
-    assert count == 40  # min(256, 20 × 2, 100)
+    assert count == 64  # min(256, 32 × 2, 100)
     groups = group_ops(problem, count)
     assert groups[0] == 0 and groups[-1] == count - 1
     assert all(b - a in (0, 1) for a, b in itertools.pairwise(groups))
@@ -81,6 +82,30 @@ def test_mean_reward_improves_with_training() -> None:
     first, last = result.mean_reward[:5], result.mean_reward[-5:]
     assert sum(last) / 5 > sum(first) / 5 + 0.03
     assert result.step_time_s == simulate_assignment(problem, result.assignment).step_time_s
+
+
+def test_policy_learns_on_gpt_350m_in_300_updates(gpt_placement_problem: PlacementProblem) -> None:
+    """GPT-350M in 256 groups on 8 devices: 300 updates (64 samples each) raise the samples' mean reward
+    −√(R'/T₁) by at least 0.04 (measured: −0.669 → −0.604 over the first and last 10) and make the fastest
+    placement at least 4% faster than after 10 updates (measured: 6.4%)."""
+    result = rl_placement(gpt_placement_problem, budget_s=math.inf, seed=0, max_iterations=300)
+    first, last = result.mean_reward[:10], result.mean_reward[-10:]
+    assert sum(last) / 10 >= sum(first) / 10 + 0.04
+    assert result.best_step_s[-1] <= 0.96 * result.best_step_s[9]
+    assert result.step_time_s == result.best_step_s[-1]  # the grouped problem's groups are its ops
+
+
+def test_a_restart_policy_draws_around_the_best_placement() -> None:
+    """The restart's mode is the placement it starts from; its samples differ from it in about 2 groups."""
+    generator = torch.Generator().manual_seed(0)
+    best = (0, 0, 1, 1, 1, 2, 2, 0, 0, 1, 2, 2) * 4
+    features = torch.rand(len(best), 7, generator=generator)
+    policy, _ = _fresh_policy(features, 3, generator=generator, around=best)
+    logits = policy()
+    assert tuple(devices_of(logits.argmax(dim=-1, keepdim=True).T, 3)[0].tolist()) == best
+    shifts = sample(torch.log_softmax(logits, dim=-1), 2000, generator=generator)
+    off = (shifts != shifts_of(torch.tensor(best), 3)).sum(dim=1).float().mean()
+    assert 1.5 < off < 2.5  # WARM_DEVIATIONS
 
 
 def test_finds_the_brute_force_optimum_on_a_tiny_graph() -> None:

@@ -144,7 +144,19 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         help="megatron: evaluate this one (tensor, pipeline, data) configuration instead of the grid",
     )
     parser.add_argument(
-        "--rl-budget-s", type=float, default=30.0, metavar="S", help="rl: seconds of training (default 30)"
+        "--rl-budget-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="rl: seconds of training (default 30; a run stopped by the clock depends on the machine's speed)",
+    )
+    parser.add_argument(
+        "--rl-iterations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rl: stop after N policy updates, without a time budget: the same --seed then gives the same placement "
+        "on any machine",
     )
     parser.add_argument("--seed", type=int, default=0, help="rl: random seed (default 0)")
     parser.add_argument(
@@ -175,6 +187,7 @@ def search_kwargs(options: argparse.Namespace) -> dict:
         "ilp_time_limit_s": options.ilp_time_limit,
         "degrees": options.degrees,
         "rl_budget_s": options.rl_budget_s,
+        "rl_iterations": options.rl_iterations,
         "seed": options.seed,
         "jobs": options.jobs,
     }

@@ -13,6 +13,7 @@ these methods' own cost model (RL learns from it).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -39,7 +40,8 @@ PLACEMENT_METHODS: dict[str, str] = {
     "critical-path": "the longest path on the fastest device, other ops least-loaded (Mayer et al. 2017)",
     "multi-objective": "per op the device with the smallest memory × load × traffic × importance (Mayer et al.)",
     "m-etf": "earliest-task-first list scheduling with memory limits (Baechi, Jeon et al. 2020)",
-    "rl": "REINFORCE over group placements, reward −√(simulated step) (Mirhoseini et al. 2017/2018)",
+    "rl": "REINFORCE over group placements, reward −√(simulated step), restarts around its best "
+    "(Mirhoseini et al. 2017/2018; Placeto)",
 }
 HEURISTICS: dict[str, Callable[[PlacementProblem], tuple[int, ...]]] = {
     "hash": hash_placement,
@@ -63,7 +65,7 @@ def placement_microbatches(batch_size: int, num_devices: int, requested: int | N
 
 def run_placement(
     method: str, graphs: MicrobatchGraphs, setup: CostSetup, *, batch_size: int, microbatches: int | None,
-    rl_budget_s: float, seed: int = 0, progress: Callable[[str, int, int], None] | None = None,
+    rl_budget_s: float, rl_iterations: int | None = None, seed: int = 0, progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[PricedPipeline, tuple[str, ...]]:  # fmt: skip
     """The placement of ``method`` as plan stages with its simulated estimate, and notes."""
     assert method in PLACEMENT_METHODS, method
@@ -73,7 +75,8 @@ def run_placement(
     started = time.perf_counter()
     notes = [f"{m} microbatches flow through the placement (dataflow schedule)"]
     if method == "rl":
-        found = rl_placement(problem, budget_s=rl_budget_s, seed=seed, progress=progress)
+        budget_s = rl_budget_s if rl_iterations is None else math.inf  # a fixed number of updates: reproducible
+        found = rl_placement(problem, budget_s=budget_s, seed=seed, max_iterations=rl_iterations, progress=progress)
         assignment = found.assignment
         notes.append(f"rl: {found.iterations} iterations, {found.num_simulations} simulations in {found.time_s:.1f} s")
     else:

@@ -12,7 +12,10 @@ multi-objective, m-ETF, RL) and their tests need no model:
   is ``state + activation × num_microbatches`` (:meth:`PlacementProblem.memory_bytes`: every
   microbatch may be in flight under the dataflow schedule);
 * edge ``(u, v, b)`` sends ``b`` bytes per microbatch forward (and the same back as a gradient)
-  when ``u`` and ``v`` are on different devices: ``transfer_s(a, b, bytes)`` seconds.
+  when ``u`` and ``v`` are on different devices: :meth:`PlacementProblem.transfer_s` seconds,
+  ``link_latency_s[a][b] + bytes / link_bandwidth[a][b]`` (``Link.transfer_s``; 0 for no bytes or one device).
+  The links are numbers, not a function, so that :mod:`~planner.baselines.placement.batched_simulator`
+  can price them in compiled code exactly as the simulator does.
 
 :func:`placement_problem` builds one from a captured graph at the microbatch size, charging
 every op as the single-device intra-op problem does (:func:`planner.intra.stage_problem.build_stage_problem`
@@ -22,17 +25,16 @@ on a ``(1,)`` mesh), so a placement is costed by the same model as every other p
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cost_models.communication import p2p_s
 from cost_models.compute import NodeTime
 from cost_models.memory import model_state_bytes
 from planner.costing.estimate import optimizer_step_s
 from planner.costing.setup import CostSetup
 from planner.ir.graph import OpGraph, ValueKind
 
-TransferFn = Callable[[int, int, float], float]
+Matrix = tuple[tuple[float, ...], ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +49,8 @@ class PlacementProblem:
     device_speed: tuple[float, ...]
     device_memory_bytes: tuple[float, ...]
     num_microbatches: int
-    transfer_s: TransferFn
+    link_latency_s: Matrix  # [a][b]: seconds to start a transfer from device a to device b
+    link_bandwidth: Matrix  # [a][b]: bytes per second from a to b (math.inf: bytes are free)
     step_overhead_s: float = 0.0  # the device's host work once per step, on every device
 
     def __post_init__(self) -> None:
@@ -56,6 +59,10 @@ class PlacementProblem:
         assert len(self.device_speed) == len(self.device_memory_bytes) > 0
         assert all(0 <= u < v < n for u, v, _ in self.edges), "edges must go forward in topological order"
         assert self.num_microbatches >= 1
+        devices = len(self.device_speed)
+        for matrix in (self.link_latency_s, self.link_bandwidth):
+            assert len(matrix) == devices and all(len(row) == devices for row in matrix), "links are D × D"
+        assert all(b > 0 for row in self.link_bandwidth for b in row), "bandwidths must be positive"
 
     @property
     def num_ops(self) -> int:
@@ -64,6 +71,12 @@ class PlacementProblem:
     @property
     def num_devices(self) -> int:
         return len(self.device_speed)
+
+    def transfer_s(self, a: int, b: int, num_bytes: float) -> float:
+        """Seconds to send ``num_bytes`` from device ``a`` to ``b``, as :func:`cost_models.communication.p2p_s`."""
+        if a == b or num_bytes <= 0:
+            return 0.0
+        return self.link_latency_s[a][b] + num_bytes / self.link_bandwidth[a][b]
 
     def time_s(self, op: int) -> float:
         """Forward and backward seconds of one microbatch on a device of speed 1."""
@@ -107,16 +120,21 @@ def fits(problem: PlacementProblem, assignment: Sequence[int]) -> bool:
     return all(u <= cap for u, cap in zip(used, problem.device_memory_bytes, strict=True))
 
 
-def cluster_transfer(setup: CostSetup, devices: Sequence[int]) -> TransferFn:
-    """Seconds to send bytes from device index ``a`` to ``b`` (indices into ``devices``)."""
-    cluster = setup.cluster
+def uniform_links(num_devices: int, *, latency_s: float, bandwidth: float = math.inf) -> dict[str, Matrix]:
+    """``link_latency_s`` and ``link_bandwidth`` with every pair of devices alike (for ``PlacementProblem(**…)``)."""
+    return {
+        "link_latency_s": ((latency_s,) * num_devices,) * num_devices,
+        "link_bandwidth": ((bandwidth,) * num_devices,) * num_devices,
+    }
 
-    def transfer_s(a: int, b: int, num_bytes: float) -> float:
-        if a == b:
-            return 0.0
-        return p2p_s(num_bytes, link=cluster.link_between([devices[a], devices[b]]))
 
-    return transfer_s
+def cluster_links(setup: CostSetup, devices: Sequence[int]) -> dict[str, Matrix]:
+    """The links between ``devices`` (indices of the problem to cluster ranks), as the cluster gives them."""
+    links = [[setup.cluster.link_between([a, b]) for b in devices] for a in devices]
+    return {
+        "link_latency_s": tuple(tuple(link.latency_s for link in row) for row in links),
+        "link_bandwidth": tuple(tuple(link.bandwidth for link in row) for row in links),
+    }
 
 
 def placement_problem(
@@ -156,7 +174,7 @@ def placement_problem(
         device_speed=(1.0,) * len(devices),
         device_memory_bytes=(setup.memory_budget_bytes,) * len(devices),
         num_microbatches=num_microbatches,
-        transfer_s=cluster_transfer(setup, devices),
+        **cluster_links(setup, devices),
         step_overhead_s=setup.cluster.device.step_overhead_s,
     )
 
