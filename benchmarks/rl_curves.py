@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -52,13 +54,20 @@ def worker(case: str, *, budget_s: float, seed: int, iterations: int | None) -> 
         heuristics[name] = simulate_assignment(problem, assignment).step_time_s if fits(problem, assignment) else None
     result = rl_placement(problem, budget_s=float("inf") if iterations else budget_s, seed=seed,
                           max_iterations=iterations)  # fmt: skip
-    every = max(1, result.iterations // CURVE_POINTS)
-    kept = sorted({*range(0, result.iterations, every), result.iterations - 1})  # every update's curve is too big
+    kept = kept_updates(result.iterations)
     return {"case": case, "num_ops": problem.num_ops, "microbatches": m, "heuristics": heuristics,
             "rl_step_s": result.step_time_s, "assignment": list(result.assignment), "iterations": result.iterations,
             "simulations": result.num_simulations, "time_s": result.time_s, "updates": [k + 1 for k in kept],
             "mean_reward": [result.mean_reward[k] for k in kept], "elapsed_s": [result.elapsed_s[k] for k in kept],
             "best_step_s": [result.best_step_s[k] for k in kept]}  # fmt: skip
+
+
+def kept_updates(count: int) -> list[int]:
+    """Indices of the updates whose points are kept: every update's curve is too big to save. Evenly spaced
+    ones (the seconds axis) and geometrically spaced ones (the log updates axis), the first and last included."""
+    every = max(1, count // CURVE_POINTS)
+    geometric = {int(x) - 1 for x in np.geomspace(1, count, CURVE_POINTS // 2)}
+    return sorted({*range(0, count, every), *geometric, count - 1})
 
 
 def run(case: str, *, budget_s: float, seed: int, iterations: int | None = None) -> dict:
@@ -148,7 +157,7 @@ def main() -> None:
             "≤ 0.9 on at least 6 of 8 and ≤ 1 against hash everywhere. No warm start from a heuristic: restarts begin "
             "from the search's own best placement. *same placement again*: a second run stopped at the first run's "
             f"update count (`--rl-iterations`). Load average while measuring: {load[0]:.2f}, {load[1]:.2f}, "
-            f"{load[2]:.2f}. Figure: [rl_curves-{today}.png](rl_curves-{today}.png); curves at up to {CURVE_POINTS} evenly spaced updates per case: "
+            f"{load[2]:.2f}. Figure: [rl_curves-{today}.png](rl_curves-{today}.png); curves at about {CURVE_POINTS} evenly and {CURVE_POINTS // 2} geometrically spaced updates per case: "
             f"[json](rl_curves-{today}.json)."
         )
         command = "python benchmarks/rl_curves.py " + " ".join(sys.argv[1:])

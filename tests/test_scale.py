@@ -124,12 +124,18 @@ def test_the_second_capture_in_a_child_gives_the_same_graphs() -> None:
     assert two.graphs.num_captures == 2
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_cleanly_without_a_plan_file(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     command = [sys.executable, "-m", "planner", str(GPT), "--cluster", "dgx-a100", "--nodes", "8",
                "--batch-size", "256", "--model-arg", "size=350m", "--jobs", "2", "--out", str(out)]  # fmt: skip
+    # a shell's background job (`cmd &` without job control) inherits SIGINT ignored: the plan then rightly
+    # ignores Ctrl-C too, so the child gets the terminal's default disposition back
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
+                               start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
     time.sleep(6)  # imports, then the two exports
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     _, stderr = process.communicate(timeout=60)
