@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.baselines.placement.batched_simulator import simulate_placements
 from planner.baselines.placement.dataflow import simulate_assignment
+from planner.baselines.placement.exact_sum import fsum_prefix
 from planner.baselines.placement.problem import PlacementProblem
 
 SECONDS = st.sampled_from([0.0, 0.005, 0.01, 0.02, 1 / 3])  # repeated values: ties, as identical layers give
@@ -79,3 +82,11 @@ def test_an_empty_batch_and_the_batch_split_over_threads_agree() -> None:
     rows = np.array([[a, b, c] for a in range(2) for b in range(2) for c in range(2)] * 8)  # 64 rows: threads
     batch = simulate_placements(problem, rows).step_time_s
     assert [simulate_placements(problem, row[None]).step_time_s[0] for row in rows] == batch.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False) | st.sampled_from([1e16, -1e16, 0.1, 1e-3]),
+                max_size=40))  # fmt: skip
+def test_the_compiled_fsum_is_math_fsum(values: list[float]) -> None:
+    array = np.array([*values, 123.0])  # a value past ``count``, which must not be summed
+    assert fsum_prefix(array, len(values), np.empty(len(values) + 1)) == math.fsum(values)

@@ -8,7 +8,8 @@ gives for it, bit for bit. It does the same work without Python objects, compile
 
 1. **Chunks** (:func:`_chunks`): the maximal runs of consecutive ops on one device. A chunk's forward and
    backward seconds are ``fsum`` of its ops' over the device's speed, its activations ``fsum`` of its
-   ops' (:func:`_fsum`, Shewchuk's exactly rounded sum as ``math.fsum``, so every sum is the simulator's).
+   ops' (:func:`~planner.baselines.placement.exact_sum.fsum_prefix`, ``math.fsum`` compiled, so every sum is
+   the simulator's).
    A device's model state is ``fsum`` of its ops' state bytes; its step ``fsum`` of its ops' updates over
    its speed, plus ``step_overhead_s``.
 2. **Chunk edges** (:func:`_chunk_edges`): the op edges that cross chunks, their bytes added in the
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from planner.baselines.placement.exact_sum import fsum_prefix
 from planner.baselines.placement.problem import PlacementProblem
 
 MAX_THREADS = 8
@@ -111,48 +113,6 @@ def _simulate_rows(rows, fwd, bwd, step, state, act, edge_u, edge_v, edge_bytes,
 
 
 @numba.njit(**_JIT)
-def _fsum(values, count, partials):
-    """``math.fsum(values[:count])``: CPython's algorithm (Shewchuk's partials, then round half to even)."""
-    n = 0
-    for k in range(count):
-        x = values[k]
-        i = 0
-        for j in range(n):
-            y = partials[j]
-            if abs(x) < abs(y):
-                x, y = y, x
-            hi = x + y
-            lo = y - (hi - x)
-            if lo != 0.0:
-                partials[i] = lo
-                i += 1
-            x = hi
-        n = i
-        if x != 0.0:
-            partials[n] = x
-            n += 1
-    if n == 0:
-        return 0.0
-    n -= 1
-    hi = partials[n]
-    lo = 0.0
-    while n > 0:
-        x = hi
-        n -= 1
-        y = partials[n]
-        hi = x + y
-        lo = y - (hi - x)
-        if lo != 0.0:
-            break
-    if n > 0 and ((lo < 0.0 and partials[n - 1] < 0.0) or (lo > 0.0 and partials[n - 1] > 0.0)):
-        y = lo * 2.0
-        x = hi + y
-        if y == x - hi:
-            hi = x
-    return hi
-
-
-@numba.njit(**_JIT)
 def _chunks(row, fwd, bwd, act, speed):
     """Chunk of each op, each chunk's device, forward and backward seconds and activation bytes."""
     n = row.shape[0]
@@ -172,9 +132,9 @@ def _chunks(row, fwd, bwd, act, speed):
             buf_f[end - start], buf_b[end - start], buf_a[end - start] = fwd[end], bwd[end], act[end]
             end += 1
         device[c] = row[start]
-        f[c] = _fsum(buf_f, end - start, partials) / speed[row[start]]
-        b[c] = _fsum(buf_b, end - start, partials) / speed[row[start]]
-        a[c] = _fsum(buf_a, end - start, partials)
+        f[c] = fsum_prefix(buf_f, end - start, partials) / speed[row[start]]
+        b[c] = fsum_prefix(buf_b, end - start, partials) / speed[row[start]]
+        a[c] = fsum_prefix(buf_a, end - start, partials)
         start = end
     return chunk_of, device, f, b, a
 
@@ -191,8 +151,8 @@ def _device_sums(row, step, state, speed, overhead):
             if row[op] == d:
                 buf_step[count], buf_state[count] = step[op], state[op]
                 count += 1
-        base[d] = _fsum(buf_state, count, partials)
-        step_s[d] = _fsum(buf_step, count, partials) / speed[d] + overhead
+        base[d] = fsum_prefix(buf_state, count, partials)
+        step_s[d] = fsum_prefix(buf_step, count, partials) / speed[d] + overhead
     return base, step_s
 
 
