@@ -28,6 +28,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cost_models.cluster import Link
+from cost_models.communication import p2p_s
 from cost_models.compute import NodeTime
 from cost_models.memory import model_state_bytes
 from planner.costing.estimate import optimizer_step_s
@@ -73,10 +75,10 @@ class PlacementProblem:
         return len(self.device_speed)
 
     def transfer_s(self, a: int, b: int, num_bytes: float) -> float:
-        """Seconds to send ``num_bytes`` from device ``a`` to ``b``, as :func:`cost_models.communication.p2p_s`."""
-        if a == b or num_bytes <= 0:
+        """Seconds to send ``num_bytes`` from device ``a`` to ``b`` (:func:`cost_models.communication.p2p_s`)."""
+        if a == b:
             return 0.0
-        return self.link_latency_s[a][b] + num_bytes / self.link_bandwidth[a][b]
+        return p2p_s(num_bytes, link=Link(bandwidth=self.link_bandwidth[a][b], latency_s=self.link_latency_s[a][b]))
 
     def time_s(self, op: int) -> float:
         """Forward and backward seconds of one microbatch on a device of speed 1."""

@@ -129,7 +129,7 @@ def rl_placement(
     curve: list[float] = []
     elapsed: list[float] = []
     best: list[float] = []
-    stale, restarts = 0, 0
+    stale = 0
     while True:
         before_s, seen = judge.best_s, judge.num_simulations
         curve.append(_train_step(policy, optimizer, judge, generator, samples=samples_per_iteration))
@@ -139,7 +139,7 @@ def rl_placement(
         stale = 0 if judge.best_s < before_s or not converged else stale + 1
         if stale >= PATIENCE and judge.best is not None:
             policy, optimizer = _fresh_policy(features, problem.num_devices, generator=generator, around=judge.best)
-            stale, restarts = 0, restarts + 1
+            stale = 0
         if progress is not None:
             progress("rl", len(curve), 0)
         exhausted = len(judge.cache) == problem.num_devices**count  # every placement simulated
