@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,9 @@ class Cluster:
     # Concurrent cross-node flows from one node share them (:meth:`shared_inter_node`).
     nics_per_node: int | None = None
     source: str = field(default="preset", compare=False)
+    # Where the figures come from when they were measured here: {"by": "plan calibrate" | "plan tune", "date":
+    # ..., "host": ..., "corrections": {...}} (None: data-sheet figures of a preset or a hand-written file).
+    calibration: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def num_devices(self) -> int:
@@ -122,6 +126,7 @@ class Cluster:
                 "microbatch_overhead_s": self.device.microbatch_overhead_s,
                 "step_overhead_s": self.device.step_overhead_s,
                 "shared_slowdown": self.device.shared_slowdown,
+                **({} if self.device.memory_correction == 1.0 else {"memory_correction": self.device.memory_correction}),
                 "mixed_precision": self.device.mixed_precision,
                 **self._reserve_json(),
                 **({} if self.device.kernels is None else {"kernels": self.device.kernels.to_json()}),
@@ -129,6 +134,7 @@ class Cluster:
             "intra_node": {"bandwidth": self.intra_node.bandwidth, "latency_s": self.intra_node.latency_s},
             "inter_node": {"bandwidth": self.inter_node.bandwidth, "latency_s": self.inter_node.latency_s},
             **({} if self.nics_per_node is None else {"nics_per_node": self.nics_per_node}),
+            **({} if self.calibration is None else {"calibration": dict(self.calibration)}),
         }
 
     def _reserve_json(self) -> dict[str, int]:
@@ -159,8 +165,9 @@ def usable_memory_bytes(device: DeviceSpec) -> int:
 
 
 def memory_budget_bytes(cluster: Cluster, *, memory_fraction: float = 1.0) -> float:
-    """Bytes per device a plan may use: (capacity - reserve) x ``memory_fraction``."""
-    return usable_memory_bytes(cluster.device) * memory_fraction
+    """Bytes per device a plan may use: (capacity - reserve) x ``memory_fraction`` / the memory correction
+    ``plan tune`` learned (:mod:`cost_models.corrections`; 1 without one)."""
+    return usable_memory_bytes(cluster.device) * memory_fraction / cluster.device.memory_correction
 
 
 def reserve_reason(device: DeviceSpec) -> str:
@@ -327,6 +334,7 @@ def _parse_cluster(data: Any, *, source: str) -> Cluster:
             kernel_overhead_s=_number(device, "kernel_overhead_s", f"{where}: device", default=5e-6, allow_zero=True),
             **{key: _number(device, key, f"{where}: device", default=0.0, allow_zero=True) for key in RUNTIME_FIELDS},
             shared_slowdown=_number(device, "shared_slowdown", f"{where}: device", default=1.0),
+            memory_correction=_number(device, "memory_correction", f"{where}: device", default=1.0),
             mixed_precision=bool(device.get("mixed_precision", True)),
             memory_reserve_bytes=_reserve(device, where),
             kernels=None if device.get("kernels") is None else KernelSpec.from_json(device["kernels"], where=where),
@@ -335,8 +343,23 @@ def _parse_cluster(data: Any, *, source: str) -> Cluster:
         inter_node=_link(data, "inter_node", where),
         nics_per_node=_number(data, "nics_per_node", where, integer=True) if "nics_per_node" in data else None,
         source=source,
+        calibration=_calibration(data, where),
     )
     return cluster
+
+
+CALIBRATION_SUMMARY = ("by", "date", "hostname", "torch_version", "num_processes", "corrections", "tuned_on")
+
+
+def _calibration(data: dict, where: str) -> dict[str, Any] | None:
+    """What says the figures were measured here (the summary fields of the file's ``calibration`` section: its
+    samples and fits stay in the file)."""
+    value = data.get("calibration")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise AutoplanError(f"{where}: calibration must be a table/object (what plan calibrate or plan tune wrote)")
+    return {key: value[key] for key in CALIBRATION_SUMMARY if key in value}
 
 
 def _reserve(device: dict, where: str) -> int | None:

@@ -38,6 +38,9 @@ class DeviceSpec:
     shared_slowdown: float = 1.0
     # Bytes per device the plan may not use (None: the default for the device kind, see reserved_bytes).
     memory_reserve_bytes: int | None = None
+    # What ``plan tune`` measured a plan's memory estimate to miss by (cost_models/corrections.py): the budget a
+    # plan may use is divided by it (1: nothing learned).
+    memory_correction: float = 1.0
     # The GPU's kernel shape model (None: the flat roofline).
     kernels: KernelSpec | None = None
 

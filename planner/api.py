@@ -14,7 +14,7 @@ the placement baselines (:mod:`planner.baselines.placement.methods`) put every o
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -24,15 +24,14 @@ import torch
 
 from cost_models.cluster import Cluster, load_cluster
 from planner.auto import AutoResult, auto_plan
-from planner.baselines.data_parallel import data_parallel, with_zero
 from planner.baselines.handwritten import check_degrees
-from planner.baselines.handwritten_plan import handwritten_plan, megatron_at_scale
+from planner.baselines.handwritten_plan import data_parallel_plan, handwritten_plan, megatron_at_scale
+from planner.baselines.method_options import check_method_options, does_not_fit_message
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
 from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError, InternalError
-from planner.inter.data_parallel_step import reprice_data_parallel
 from planner.inter.search import SEARCH_SPACES, PipelineOptions, Progress, allowed_slots, microbatch_counts
 from planner.inter.sp_saving import with_sequence_parallel_savings
 from planner.inter.stage_dp import is_large
@@ -44,6 +43,17 @@ from planner.ir.op_kinds import BATCH_STATISTICS
 from planner.ir.parallel_capture import start_capture
 from planner.ir.rebatch import MicrobatchGraphs
 from planner.plan import GradSync, ModelRef, Plan, PlanError, SearchStats, validate_plan
+from planner.tuning import (
+    DEFAULT_CANDIDATES,
+    Measurement,
+    TuneResult,
+    TuneRow,
+    candidate_names,
+    choose,
+    fits,
+    learn,
+    tuned_plan,
+)
 
 METHODS: dict[str, str] = {
     "auto": "the best plan autoplan can search: pipeline stages by DP, per-operator sharding by ILP, "
@@ -54,7 +64,7 @@ METHODS: dict[str, str] = {
     **PLACEMENT_METHODS,
 }
 AUTO_FAMILY = ("auto", "megatron", "uniform-pipeline")
-HANDWRITTEN_ALONE = ("megatron", "uniform-pipeline")  # run without the auto search (planner.baselines.handwritten_plan)
+HANDWRITTEN_ALONE = ("data-parallel", "megatron", "uniform-pipeline")  # without the auto search: handwritten_plan
 
 
 @dataclass(kw_only=True)
@@ -90,47 +100,23 @@ def _auto(prepared: Prepared) -> tuple[AutoResult, float]:
 
 def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:
     """The plan of method ``name``, its search statistics (``time_s``: this method's search) and notes."""
-    graph, setup, batch_size = prepared.graph, prepared.setup, prepared.batch_size
-    options = prepared.options
-    if name == "data-parallel":
-        started = time.perf_counter()
-        stages, estimate = data_parallel(graph, setup, batch_size=batch_size, graph_at=prepared.graphs.at)
-        plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
-        if str(options.zero) not in ("auto", "0"):  # --zero N: FSDP at level N (auto: DDP, the plain baseline)
-            stages, estimate = with_zero(stages, estimate, graph, setup, level=int(options.zero))
-            plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
-        chosen = reprice_data_parallel(plain, graph, setup, allow_lossy=options.allow_lossy, forced=options.grad_sync,
-                                       zero=runs_as_fsdp(stages))  # fmt: skip
-        if chosen is None:
-            raise AutoplanError(f"the data-parallel plan cannot run --grad-sync {options.grad_sync.label}: "
-                                "it needs replicas on several devices (across nodes for local SGD), without --zero")  # fmt: skip
-        return chosen, SearchStats(time_s=time.perf_counter() - started), ()
+    setup, options = prepared.setup, prepared.options
     if name in PLACEMENT_METHODS and options.grad_sync is not None and options.grad_sync.lossy:
         raise AutoplanError(f"--grad-sync {options.grad_sync.label}: op placements ({name}) sync no gradients")
     if name in PLACEMENT_METHODS:
         started = time.perf_counter()
-        chosen, notes = run_placement(name, prepared.graphs, setup, batch_size=batch_size,
+        chosen, notes = run_placement(name, prepared.graphs, setup, batch_size=prepared.batch_size,
                                       microbatches=prepared.microbatches, rl_budget_s=prepared.rl_budget_s,
                                       rl_iterations=prepared.rl_iterations, seed=prepared.seed, progress=prepared.progress)  # fmt: skip
         return chosen, SearchStats(time_s=time.perf_counter() - started), notes
     if name in HANDWRITTEN_ALONE:
         return _run_handwritten(name, prepared)
     result, search_s = _auto(prepared)
-    if name != "auto" and name not in result.priced:
-        degrees = prepared.options.degrees
-        what = (
-            f"the megatron plan {','.join(map(str, degrees))}" if name == "megatron" and degrees else f"no {name} plan"
-        )
-        raise AutoplanError(f"{what} does not fit: the budget per device is {setup.describe_budget()}")
-    chosen = result.best if name == "auto" else result.priced[name]
     stats = SearchStats(time_s=search_s, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s,
                         price_s=result.price_s)  # fmt: skip
     compared = ", ".join(f"{method} {p.estimate.step_time_s:.4g} s" for method, p in sorted(result.priced.items()))
-    chosen_by = result.chosen_by if name == "auto" else name
-    notes = (f"compared under the same cost model: {compared}; chosen: {chosen_by}",)
-    return chosen, stats, notes
-
-
+    notes = (f"compared under the same cost model: {compared}; chosen: {result.chosen_by}",)
+    return result.best, stats, notes
 def _capture_graphs(
     model: torch.nn.Module, example_inputs: Sequence[Any], *, batch_size: int, smallest: int, tracer: str, jobs: int
 ) -> MicrobatchGraphs:
@@ -154,17 +140,16 @@ def _capture_graphs(
 
 
 def _run_handwritten(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:
-    """``megatron`` or ``uniform-pipeline`` alone: only the tables its configurations read."""
+    """``data-parallel``, ``megatron`` or ``uniform-pipeline`` alone: only the tables its configurations read; the
+    plan ``auto`` holds as that method's candidate."""
     started = time.perf_counter()
-    at_scale = name == "megatron" and prepared.options.degrees is None and is_large(prepared.setup.cluster)
-    run = megatron_at_scale if at_scale else partial(handwritten_plan, name)
-    found = run(prepared.graphs, prepared.graph, prepared.setup, options=prepared.options, progress=prepared.progress)
+    options = prepared.options
+    at_scale = name == "megatron" and options.degrees is None and is_large(prepared.setup.cluster)
+    run = {"data-parallel": data_parallel_plan, "megatron": megatron_at_scale if at_scale else None}.get(name)
+    run = run or partial(handwritten_plan, name)
+    found = run(prepared.graphs, prepared.graph, prepared.setup, options=options, progress=prepared.progress)
     if found.best is None:
-        degrees = prepared.options.degrees
-        what = (
-            f"the megatron plan {','.join(map(str, degrees))}" if name == "megatron" and degrees else f"no {name} plan"
-        )
-        raise AutoplanError(f"{what} does not fit: the budget per device is {prepared.setup.describe_budget()}")
+        raise AutoplanError(does_not_fit_message(name, options, prepared.setup, found.least_memory_bytes))
     stats = SearchStats(time_s=time.perf_counter() - started, ilp_solves=found.num_solves, ilp_s=found.tables_s,
                         dp_s=found.score_s, price_s=found.price_s)  # fmt: skip
     note = f"stage problems priced: {found.stages_built} built, {found.stages_reused} reused by shape"
@@ -282,7 +267,14 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
     (the auto-family methods share one search: each reports its seconds)."""
     if method not in METHODS:
         raise AutoplanError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+    check_method_options(method, prepared.options)
     chosen, stats, method_notes = _run_method(method, prepared)
+    return _finish_plan(prepared, method, chosen, stats, method_notes)
+
+
+def _finish_plan(prepared: Prepared, method: str, chosen: PricedPipeline, stats: SearchStats,
+                 method_notes: tuple[str, ...]) -> Plan:  # fmt: skip
+    """The validated plan of a priced candidate: notes, batch statistics and what sequence parallelism saved."""
     graphs = prepared.graphs
     result = Plan(
         method=method,
@@ -315,7 +307,54 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
         validate_plan(result, prepared.graph)
     except PlanError as error:  # a plan we just made that breaks our own rules: our bug
         raise InternalError(f"the {method} plan fails its own check: {error}") from error
+    problem = result.estimate.breakdown_error()
+    if problem is not None:  # the parts of a step we print must add up to it
+        raise InternalError(f"the {method} plan's estimate breakdown is wrong: {problem}")
     return result
+
+
+def candidate_plan(prepared: Prepared, name: str) -> Plan:
+    """Auto's candidate ``name`` (a key of its priced candidates) as a validated plan: a family's is that method's
+    own plan, auto's pick is ``plan_prepared(prepared, "auto")``, any other is an auto plan of that candidate."""
+    if name in HANDWRITTEN_ALONE:
+        return plan_prepared(prepared, name)
+    result, search_s = _auto(prepared)
+    if name == result.chosen_by:
+        return plan_prepared(prepared, "auto")
+    stats = SearchStats(time_s=search_s, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s,
+                        price_s=result.price_s)  # fmt: skip
+    return _finish_plan(prepared, "auto", result.priced[name], stats, (f"auto's {name} candidate (not its pick)",))
+
+
+def tune_prepared(prepared: Prepared, *, measure: Callable[[str, Plan], Measurement],
+                  candidates: int = DEFAULT_CANDIDATES) -> TuneResult:  # fmt: skip
+    """Plan, run up to ``candidates`` distinct candidates with ``measure(name, plan)`` (the caller runs them: the
+    planner starts no process; ``planner.cli.tune.measure_locally`` runs them on this machine) and keep the measured
+    fastest that fits, with the corrections the measurements support (:mod:`planner.tuning`). AutoplanError when
+    no candidate ran."""
+    result, _ = _auto(prepared)
+    rows = []
+    for name in candidate_names(result, count=candidates):
+        plan = candidate_plan(prepared, name)
+        measured = measure(name, plan)
+        rows.append(TuneRow(name=name, plan=plan, measurement=measured, fits=fits(plan, measured)))
+    chosen = choose(rows)
+    if chosen is None:
+        reasons = "; ".join(f"{row.name}: {row.measurement.error or 'over the memory budget'}" for row in rows)
+        raise AutoplanError(f"no candidate ran within its memory budget ({reasons})")
+    corrections = learn(rows, prepared.graphs.at, prepared.setup)
+    return TuneResult(rows=tuple(rows), chosen=chosen, plan=tuned_plan(rows, chosen), corrections=corrections,
+                      auto_name=rows[0].name)  # fmt: skip
+
+
+def tune(
+    model: torch.nn.Module, example_inputs: Sequence[Any], cluster: Cluster | str, *, batch_size: int,
+    measure: Callable[[str, Plan], Measurement], candidates: int = DEFAULT_CANDIDATES, **options: Any,
+) -> TuneResult:  # fmt: skip
+    """:func:`plan`, then the measured loop of :func:`tune_prepared`: e.g. ``tune(model, inputs, "local-cpu",
+    batch_size=8, measure=planner.cli.tune.measure_locally)``."""
+    return tune_prepared(prepare(model, example_inputs, cluster, batch_size=batch_size, **options), measure=measure,
+                         candidates=candidates)  # fmt: skip
 
 
 def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:

@@ -22,8 +22,10 @@ from planner.sharding.op_rules import enumerate_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-# Tests never read or write the user's profile cache.
+# Tests never read or write the user's profile or calibration cache, and `plan --cluster local-cpu` plans with the
+# preset's figures unless a test asks for the default calibration (tests/test_calibrated_default.py).
 os.environ["AUTOPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="autoplan-test-cache-")
+os.environ["AUTOPLAN_CALIBRATE"] = "0"
 
 
 @functools.cache

@@ -20,22 +20,23 @@ specs follow the batch through the graph, so each is one that a sharding strateg
   is a local slice), so one unruled operator does not replicate the rest of the model; a value
   whose batch dim was reduced away (a mean over the batch) is not lost and is never re-split.
 
-The estimate is :func:`planner.costing.estimate.data_parallel_estimate`.
+The step is priced as DDP runs it (:func:`planner.inter.data_parallel_step.ddp_step`); the memory is
+:func:`planner.costing.estimate.data_parallel_memory_bytes`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from cost_models.memory import model_state_bytes, zero_shards
-from planner.costing.estimate import batched_values, check_fits, data_parallel_estimate, mfu, model_tflops_per_device
+from planner.costing.estimate import batched_values, check_fits, data_parallel_memory_bytes
 from planner.costing.node_cost import strategy_context
 from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
 from planner.costing.zero import gathered_param_bytes
 from planner.errors import AutoplanError
-from planner.inter.data_parallel_step import fsdp_step
+from planner.inter.data_parallel_step import ddp_estimate, ddp_step, fsdp_step
 from planner.ir.graph import OpGraph, OpNode
 from planner.plan import Estimate, Stage
 from planner.sharding.op_rules import enumerate_strategies
@@ -152,20 +153,14 @@ def _unsplit(spec: ShardingSpec) -> bool:
     return all(placement == REPLICATE for placement in spec.placements)
 
 
-def data_parallel(
-    graph: OpGraph, setup: CostSetup, *, batch_size: int, graph_at: Callable[[int], OpGraph] | None = None
-) -> tuple[tuple[Stage, ...], Estimate]:
-    """The data-parallel plan over every device of the cluster, or a clear error.
-
-    ``graph_at(b)``: the graph at batch ``b``; with a compute model that measures shapes the
-    estimate prices one replica's batch on it."""
+def data_parallel(graph: OpGraph, setup: CostSetup, *, batch_size: int) -> tuple[tuple[Stage, ...], Estimate]:
+    """The data-parallel plan over every device of the cluster, priced as DDP runs it
+    (:func:`planner.inter.data_parallel_step.ddp_step`, the price of every one-stage data-parallel plan), or a
+    clear error."""
     devices = tuple(range(setup.cluster.num_devices))
     stage = data_parallel_stage(graph, setup, batch_size=batch_size, devices=devices)
-    per_replica, uneven = divmod(batch_size, len(devices))
-    replica = None
-    if graph_at is not None and setup.compute.measures_shapes and not uneven and len(devices) > 1:
-        replica = graph_at(per_replica)
-    estimate = data_parallel_estimate(graph, setup, devices=devices, replica_graph=replica)
+    memory = data_parallel_memory_bytes(graph, setup, num_devices=len(devices))
+    estimate = ddp_estimate(graph, setup, ddp_step(stage, graph, setup, m=1), memory_bytes=memory)
     check_fits(estimate, setup, what=f"data parallel over {len(devices)} devices")
     return (stage,), estimate
 
@@ -180,16 +175,9 @@ def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, set
         return stages, estimate
     stage = replace(stage, zero=level)
     devices = len(stage.devices)
-    step = fsdp_step(stage, graph, setup, m=1)
     replicated = model_state_bytes(graph.num_params, optimizer=setup.optimizer)
     weights, grads, state = zero_shards(level, devices)
     sharded = model_state_bytes(graph.num_params, optimizer=setup.optimizer, weight_shards=weights, grad_shards=grads,
                                 state_shards=state)  # fmt: skip
     memory = estimate.memory_per_device_bytes - replicated + sharded + gathered_param_bytes(stage, graph, setup)
-    return (stage,), replace(
-        estimate, step_time_s=step.step_s, per_stage_time_s=(step.step_s,), memory_per_device_bytes=int(memory),
-        tflops_per_device=model_tflops_per_device(graph, step_time_s=step.step_s, num_devices=devices),
-        mfu=mfu(graph, setup, step_time_s=step.step_s, num_devices=devices),
-        breakdown_s={"compute_and_optimizer_s": step.step_s - step.exposed_sync_s, "zero_sync_s": step.exposed_sync_s,
-                     "zero_sync_overlapped_s": step.whole_sync_s - step.exposed_sync_s},
-    )  # fmt: skip
+    return (stage,), ddp_estimate(graph, setup, fsdp_step(stage, graph, setup, m=1), memory_bytes=memory)

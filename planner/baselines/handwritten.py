@@ -41,7 +41,8 @@ HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 class Candidate:
     method: str
     degrees: tuple[int, int, int]  # (tensor, pipeline, data); 0 where a stage picks its own mesh
-    step_time_s: float  # approximate (span options)
+    step_time_s: float  # approximate (span options); inf when it does not fit
+    memory_bytes: float  # the most a stage holds (span options)
     specs: tuple[StageSpec, ...]
     setting: PipelineChoice
 
@@ -73,25 +74,32 @@ def _cut(first: int, last: int, num_layers: int, count: int) -> list[tuple[int, 
 
 def approximate_step_s(setting: PipelineChoice, setup: CostSetup, specs: list[StageSpec]) -> float:
     """Latency of fixed stages on the span options; inf if a stage has no option or does not fit."""
+    step_s, memory_bytes = approximate(setting, specs)
+    return step_s if memory_bytes <= setup.memory_budget_bytes else math.inf
+
+
+def approximate(setting: PipelineChoice, specs: list[StageSpec]) -> tuple[float, float]:
+    """Latency ``Σ t_s + (m − 1)·max t_s`` of fixed stages on the span options and the most bytes a stage holds
+    (1F1B's or GPipe's in-flight microbatches); (inf, inf) if a stage has no option."""
     arrays, m, count = setting.spans.arrays, setting.num_microbatches, len(specs)
     boundary = setting.boundary_s
-    times = []
+    times, memory = [], 0.0
     for s, spec in enumerate(specs):
         if spec.submesh not in setting.spans.meshes:
-            return math.inf
+            return math.inf, math.inf
         j = setting.spans.index(spec.submesh)
         labels = setting.spans.labels[j]
         if (spec.mesh_shape, spec.slot) not in labels:
-            return math.inf
+            return math.inf, math.inf
         column = labels.index((spec.mesh_shape, spec.slot))
         index = (spec.first, spec.last, j, column)
+        if not math.isfinite(arrays.time_s[index]):
+            return math.inf, math.inf
         in_flight = m if setting.schedule == "gpipe" else min(count - s, m)
-        memory = arrays.state_bytes[index] + arrays.activation_bytes[index] * in_flight
-        if memory > setup.memory_budget_bytes or not math.isfinite(arrays.time_s[index]):
-            return math.inf
+        memory = max(memory, float(arrays.state_bytes[index] + arrays.activation_bytes[index] * in_flight))
         after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
         times.append(float(arrays.time_s[index]) + after)
-    return math.fsum(times) + (m - 1) * max(times)
+    return math.fsum(times) + (m - 1) * max(times), memory
 
 
 def _submesh_of(setup: CostSetup, size: int):
@@ -141,6 +149,14 @@ def grid_points(
     return found
 
 
+def _candidate(method: str, degrees: tuple[int, int, int], specs: list[StageSpec], setting: PipelineChoice,
+               setup: CostSetup) -> Candidate:  # fmt: skip
+    step, memory = approximate(setting, specs)
+    fits = memory <= setup.memory_budget_bytes
+    return Candidate(method=method, degrees=degrees, step_time_s=step if fits else math.inf, memory_bytes=memory,
+                     specs=tuple(specs), setting=setting)  # fmt: skip
+
+
 def megatron_grid(
     setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None,
     zero: str | int = "auto",
@@ -158,10 +174,7 @@ def megatron_grid(
         for slot, spans in itertools.product(_slots(source, remat, zero, levels=levels),
                                              equal_spans(setting.layers.kinds, p)):  # fmt: skip
             specs = [StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot) for a, b in spans]
-            step = approximate_step_s(setting, setup, specs)
-            found.append(
-                Candidate(method=method, degrees=(t, p, d), step_time_s=step, specs=tuple(specs), setting=setting)
-            )
+            found.append(_candidate(method, (t, p, d), specs, setting, setup))
     return found
 
 
@@ -180,29 +193,71 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
                     setting.num_microbatches if setting.schedule == "gpipe" else min(p - s, setting.num_microbatches)
                 )
                 memory = arrays.state_bytes[a, b, j] + arrays.activation_bytes[a, b, j] * in_flight
-                times = np.where(memory <= setup.memory_budget_bytes, arrays.time_s[a, b, j], np.inf)
-                shape, slot = setting.spans.labels[j][int(np.argmin(times))]
+                fitting = np.where(memory <= setup.memory_budget_bytes, arrays.time_s[a, b, j], np.inf)
+                # the fastest option that fits; when none does, the smallest (what the does-not-fit figure reports)
+                column = int(np.argmin(fitting)) if np.isfinite(fitting).any() else int(np.argmin(memory))
+                shape, slot = setting.spans.labels[j][column]
                 specs.append(StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot))
-            step = approximate_step_s(setting, setup, specs)
-            found.append(Candidate(method="uniform-pipeline", degrees=(0, p, 0), step_time_s=step, specs=tuple(specs),
-                                   setting=setting))  # fmt: skip
+            found.append(_candidate("uniform-pipeline", (0, p, 0), specs, setting, setup))
     return found
+
+
+def _all_candidates(setting: PipelineChoice, setup: CostSetup, *, remat: str, degrees: tuple[int, int, int] | None,
+                    methods: tuple[str, ...], zero: str | int, max_stages: int | None) -> list[Candidate]:  # fmt: skip
+    grid = megatron_grid(setting, setup, remat=remat, degrees=degrees, zero=zero) if "megatron" in methods else []
+    if "data-parallel" in methods and (degrees is not None or "megatron" not in methods):
+        grid += [c for c in megatron_grid(setting, setup, remat=remat, zero=zero) if c.method == "data-parallel"]
+    uniform = uniform_pipelines(setting, setup) if "uniform-pipeline" in methods else []
+    return [candidate for candidate in [*grid, *uniform] if candidate.method in methods
+            and (max_stages is None or len(candidate.specs) <= max_stages)]  # fmt: skip
+
+
+def _crosses_nodes(candidate: Candidate, setup: CostSetup) -> bool:
+    """A Megatron grid point whose data-parallel groups cross nodes (where a lossy gradient sync can pay)."""
+    t, _, d = candidate.degrees
+    return candidate.method == "megatron" and d > 1 and t * d > setup.cluster.devices_per_node
 
 
 def best_handwritten(
     settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", keep: int = 3,
     degrees: tuple[int, int, int] | None = None, methods: tuple[str, ...] = HANDWRITTEN, zero: str | int = "auto",
+    max_stages: int | None = None, allow_lossy: bool = False,
 ) -> dict[str, list[Candidate]]:  # fmt: skip
     """Per hand-written method of ``methods``, its ``keep`` fastest fitting candidates over every
     microbatch count, fastest first (the exact price of the first may not fit where the approximation
-    did). With ``degrees`` the megatron candidates are that one configuration's."""
+    did), of at most ``max_stages`` stages. With ``degrees`` the megatron candidates are that one configuration's.
+    With ``allow_lossy`` the megatron candidates also hold the best of every grid point whose data-parallel groups
+    cross nodes: the approximation charges exact gradient sync, which a compressed one can make cheap there."""
     found: dict[str, list[Candidate]] = {}
+    wide: dict[tuple[int, int, int], Candidate] = {}
     for setting in settings:
-        grid = megatron_grid(setting, setup, remat=remat, degrees=degrees, zero=zero) if "megatron" in methods else []
-        if "data-parallel" in methods and (degrees is not None or "megatron" not in methods):
-            grid += [c for c in megatron_grid(setting, setup, remat=remat, zero=zero) if c.method == "data-parallel"]
-        uniform = uniform_pipelines(setting, setup) if "uniform-pipeline" in methods else []
-        for candidate in [*grid, *uniform]:
-            if math.isfinite(candidate.step_time_s) and candidate.method in methods:
-                found.setdefault(candidate.method, []).append(candidate)
-    return {method: sorted(items, key=lambda c: c.step_time_s)[:keep] for method, items in found.items()}
+        for candidate in _all_candidates(setting, setup, remat=remat, degrees=degrees, methods=methods, zero=zero,
+                                         max_stages=max_stages):  # fmt: skip
+            if not math.isfinite(candidate.step_time_s):
+                continue
+            found.setdefault(candidate.method, []).append(candidate)
+            known = wide.get(candidate.degrees)
+            if (
+                allow_lossy
+                and _crosses_nodes(candidate, setup)
+                and (known is None or candidate.step_time_s < known.step_time_s)
+            ):
+                wide[candidate.degrees] = candidate
+    best = {method: sorted(items, key=lambda c: c.step_time_s)[:keep] for method, items in found.items()}
+    if wide:
+        kept = best.setdefault("megatron", [])
+        kept += [candidate for candidate in wide.values() if not any(candidate is other for other in kept)]
+    return best
+
+
+def least_memory(
+    settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None,
+    method: str, zero: str | int = "auto", max_stages: int | None = None,
+) -> Candidate | None:  # fmt: skip
+    """The candidate of ``method`` that needs the least memory per device under the options (for the does-not-fit
+    message: what the smallest plan with the choices asked for needs); None if the method has none at all."""
+    candidates = [candidate for setting in settings
+                  for candidate in _all_candidates(setting, setup, remat=remat, degrees=degrees, methods=(method,),
+                                                   zero=zero, max_stages=max_stages)
+                  if math.isfinite(candidate.memory_bytes)]  # fmt: skip
+    return min(candidates, key=lambda candidate: candidate.memory_bytes, default=None)

@@ -31,8 +31,13 @@ import time
 from dataclasses import dataclass, replace
 
 from cost_models.memory import model_state_bytes, zero_shards
-from planner.baselines.handwritten import best_handwritten, grid_points
+from planner.baselines.data_parallel import data_parallel, with_zero
+from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_points, least_memory
+from planner.costing.estimate import check_fits
 from planner.costing.setup import CostSetup
+from planner.costing.zero import runs_as_fsdp
+from planner.errors import AutoplanError
+from planner.inter.data_parallel_step import reprice_data_parallel
 from planner.inter.pricing import price_stages
 from planner.inter.schedule_variants import Candidate, best_rescheduled, method_schedules, with_variant
 from planner.inter.search import (
@@ -66,6 +71,7 @@ class HandwrittenResult:
     price_s: float
     stages_built: int  # stage problems built for pricing (the others reused by shape)
     stages_reused: int
+    least_memory_bytes: float | None = None  # no plan fits: the least a plan of the method needs per device
 
 
 def mesh_choices_of(method: str, setup: CostSetup, options: PipelineOptions, num_layers: int) -> MeshChoices:
@@ -74,8 +80,9 @@ def mesh_choices_of(method: str, setup: CostSetup, options: PipelineOptions, num
     if method == "uniform-pipeline":
         sizes = {setup.cluster.num_devices // p for p in range(1, num_layers + 1) if setup.cluster.num_devices % p == 0}
         return [(submesh, shapes) for submesh, shapes in every if submesh.size in sizes]
+    degrees = (1, 1, setup.cluster.num_devices) if method == "data-parallel" else options.degrees
     wanted: dict[int, set[tuple[int, ...]]] = {}
-    for (t, _, d), shape in grid_points(setup, num_layers=num_layers, degrees=options.degrees):
+    for (t, _, d), shape in grid_points(setup, num_layers=num_layers, degrees=degrees):
         wanted.setdefault(t * d, set()).add(shape)
     return [(submesh, [q for q in shapes if q in wanted[submesh.size]]) for submesh, shapes in every
             if submesh.size in wanted]  # fmt: skip
@@ -85,17 +92,59 @@ def handwritten_plan(
     method: str, graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions,
     progress: Progress | None = None,
 ) -> HandwrittenResult:  # fmt: skip
-    """The best exactly priced plan of ``method`` (``megatron`` or ``uniform-pipeline``) over the counts."""
-    assert method in ("megatron", "uniform-pipeline"), method
-    sources = ("megatron", "data-parallel") if method == "megatron" else None
+    """The best exactly priced plan of ``method`` (``data-parallel``, ``megatron`` or ``uniform-pipeline``) over the
+    counts; a data-parallel plan's are those of the grid point ``(1, 1, D)``."""
+    assert method in HANDWRITTEN, method
+    sources = {"megatron": ("megatron", "data-parallel"), "data-parallel": ("data-parallel",)}.get(method)
     tables, started = LayerTables(setup, options, sources=sources), time.perf_counter()
     depth = options.degrees[1] if options.degrees is not None else 0
     settings = _settings(method, graphs, setup, tables, options, ungrouped=depth > MAX_LAYERS, progress=progress)
     tabled = time.perf_counter()
     found = best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees, keep=KEEP,
-                             methods=(method,), zero=options.zero).get(method, [])  # fmt: skip
-    return _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress,
-                   method=method, schedule=options.schedule)  # fmt: skip
+                             methods=(method,), zero=options.zero, max_stages=options.max_stages,
+                             allow_lossy=options.allow_lossy).get(method, [])  # fmt: skip
+    result = _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress,
+                     method=method, schedule=options.schedule)  # fmt: skip
+    if result.best is None:
+        smallest = least_memory(settings, setup, remat=options.remat, degrees=options.degrees, method=method,
+                                zero=options.zero, max_stages=options.max_stages)  # fmt: skip
+        result = replace(result, least_memory_bytes=None if smallest is None else smallest.memory_bytes)
+    return result
+
+
+def pure_data_parallel(
+    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions
+) -> PricedPipeline | None:
+    """The one-microbatch data-parallel plan (:func:`planner.baselines.data_parallel.data_parallel`: each replica
+    runs every operator on its rows) under DDP, or FSDP at ``--zero N``, and the fastest gradient sync the options
+    offer; None when the options ask for recomputation, microbatches or a schedule, or when it does not fit."""
+    plain_options = options.remat in ("auto", "off", "off-or-full") and options.microbatches in (None, 1)
+    if not plain_options or options.schedule != "auto" or options.degrees is not None:
+        return None
+    level = 0 if str(options.zero) == "auto" else int(options.zero)
+    try:
+        stages, estimate = data_parallel(full_graph, setup, batch_size=graphs.batch_size)
+        stages, estimate = with_zero(stages, estimate, full_graph, setup, level=level)
+        check_fits(estimate, setup, what="data parallel")
+    except AutoplanError:
+        return None
+    plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
+    return reprice_data_parallel(plain, full_graph, setup, allow_lossy=options.allow_lossy, forced=options.grad_sync,
+                                 zero=runs_as_fsdp(stages))  # fmt: skip
+
+
+def data_parallel_plan(
+    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions,
+    progress: Progress | None = None,
+) -> HandwrittenResult:  # fmt: skip
+    """``--method data-parallel``: the best plan of the grid point ``(1, 1, D)`` (microbatches, recomputation, ZeRO
+    levels: :func:`handwritten_plan`) or the one-microbatch plan (:func:`pure_data_parallel`) when it is faster —
+    the candidate ``auto`` holds for the method, by the same functions."""
+    grid = handwritten_plan("data-parallel", graphs, full_graph, setup, options=options, progress=progress)
+    pure = pure_data_parallel(graphs, full_graph, setup, options=options)
+    if pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s):
+        return replace(grid, best=pure, graph=full_graph)
+    return grid
 
 
 def megatron_at_scale(
@@ -117,7 +166,8 @@ def megatron_at_scale(
                              counts=counts)  # fmt: skip
         scored = time.perf_counter()
         mine = best_handwritten(settings, setup, remat=options.remat, degrees=point, keep=KEEP,
-                                methods=("megatron",), zero=options.zero).get("megatron", [])  # fmt: skip
+                                methods=("megatron",), zero=options.zero, max_stages=options.max_stages,
+                                allow_lossy=options.allow_lossy).get("megatron", [])  # fmt: skip
         found = sorted(found + mine, key=lambda candidate: candidate.step_time_s)[:KEEP]
         leaders += mine  # each point's kept candidates are priced too, as run alone: the scores only approximate
         scoring_s += time.perf_counter() - scored

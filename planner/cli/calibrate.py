@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from cost_models.calibration import CalibrationResult
+from cost_models.cluster import Cluster
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,3 +79,54 @@ def calibrate_machine(
                                     cost_model=cost_model, attempts=probe_attempts)  # fmt: skip
     progress("fit runtime: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in runtime.values.items()))
     return replace(result, runtime=runtime)
+
+
+CALIBRATED_BY_DEFAULT = ("local-cpu",)  # presets of this machine: planned calibrated unless --no-calibrate
+CALIBRATE_ENV = "AUTOPLAN_CALIBRATE"  # "0": never calibrate by default (the test suite sets it)
+
+
+def planning_cluster(name: str, *, num_nodes: int | None, devices_per_node: int | None, calibrate: bool,
+                     say: Callable[[str], None]) -> Cluster:  # fmt: skip
+    """The cluster ``plan`` prices with: ``name`` as :func:`cost_models.cluster.load_cluster` reads it, except that
+    this machine's preset (``local-cpu``) is replaced by this machine's cached calibration for that many processes
+    — measured once by ``plan calibrate --quick`` when none is cached, saying so in one line — and any cluster by
+    its cached entry when ``plan tune`` wrote one; unless ``calibrate`` is False (``--no-calibrate``) or
+    ``$AUTOPLAN_CALIBRATE`` is ``0``."""
+    import os
+
+    from cost_models.calibration_store import calibration_path, load_calibrated, save_calibrated
+    from cost_models.cluster import load_cluster
+
+    cluster = load_cluster(name, num_nodes=num_nodes, devices_per_node=devices_per_node)
+    if not calibrate or os.environ.get(CALIBRATE_ENV, "1") == "0":
+        return cluster
+    cached = load_calibrated(cluster.name, processes=cluster.num_devices)  # plan tune's corrections, any cluster
+    if cached is not None:
+        return replace(cached, name=cluster.name).with_shape(num_nodes=cluster.num_nodes,
+                                                             devices_per_node=cluster.devices_per_node)  # fmt: skip
+    if name not in CALIBRATED_BY_DEFAULT or cluster.num_nodes != 1:
+        return cluster
+    processes = cluster.devices_per_node
+    if cached is None:
+        path = calibration_path(name, processes=processes)
+        say(f"calibrating this machine for {processes} processes, once (about a minute; cached in {path}; "
+            "--no-calibrate plans with the rough preset figures)")  # fmt: skip
+        even = processes >= 2 and processes % 2 == 0  # the runtime probes need pairs of processes
+        result = calibrate_machine(num_processes=processes, quick=True, progress=lambda message: None,
+                                   probe_steps=3 if even else 0)  # fmt: skip
+        save_calibrated(result.to_json(), name, processes=processes)
+        cached = load_calibrated(name, processes=processes)
+        assert cached is not None, "internal error (please report): a saved calibration does not load back"
+    return replace(cached, name=name).with_shape(num_nodes=1, devices_per_node=processes)
+
+
+def cluster_of(options: argparse.Namespace) -> Cluster:
+    """The cluster of ``--cluster``, ``--nodes``, ``--devices-per-node``, calibrated where it is this machine
+    (:func:`planner.cli.calibrate.planning_cluster`); the calibration run says so on stderr."""
+    def say(message: str) -> None:
+        sys.stderr.write(f"plan: {message}\n")
+        sys.stderr.flush()
+
+    return planning_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node,
+                            calibrate=not options.no_calibrate, say=say)  # fmt: skip
+

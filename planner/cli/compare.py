@@ -1,8 +1,8 @@
-"""``plan compare MODEL_FILE --cluster ... --batch-size B``: every method, judged by one simulator.
+"""``plan compare MODEL_FILE --cluster ... --batch-size B``: every method by the one estimate each prints.
 
-Prints one row per method (simulated step time, how many times the best it is, the method's
-estimate, peak memory per device, whether it fits, the plan's pipeline bubble, search seconds
-and notes); ``--json`` prints the rows as a JSON list;
+Prints one row per method (the plan's estimated step time — what ``plan`` prints for it and what auto chose by —,
+how many times the best it is, memory per device, whether it fits, the plan's pipeline bubble, the simulator's
+replay of the plan as a check, search seconds and notes); ``--json`` prints the rows as a JSON list;
 ``--figure out.png`` draws them as a bar chart. The logic is :mod:`planner.compare`.
 """
 
@@ -27,9 +27,10 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Plan the model with every method (autoplan's search, the hand-written Megatron, uniform-pipeline and "
             "data-parallel plans, and the device-placement baselines hash, critical-path, multi-objective, m-etf and "
-            "rl), replay every plan in one discrete-event simulator, and print one row per method: simulated step "
-            "time, how many times the best it is, peak memory per device, whether it fits, the plan's pipeline bubble "
-            "(as `plan` prints it) and search seconds."
+            "rl) and print one row per method: its plan's estimated step time (the number `plan` prints for that plan "
+            "and the one auto chooses by), how many times the best it is, memory per device, whether it fits, the "
+            "plan's pipeline bubble, the step of the plan replayed in the discrete-event simulator (a check of the "
+            "estimate; rows that differ by more than 10%% say why) and search seconds."
         ),
     )
     add_model_options(parser)
@@ -44,8 +45,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_compare(argv: Sequence[str]) -> int:
-    from cost_models.cluster import load_cluster
     from planner.api import prepare_model_file
+    from planner.cli.calibrate import cluster_of
     from planner.cli.options import search_kwargs
     from planner.compare import best_step_s, compare, parse_methods
     from planner.ir.model_file import parse_model_args
@@ -58,7 +59,7 @@ def run_compare(argv: Sequence[str]) -> int:
         raise AutoplanError(f"--figure must name a .png file, got {figure}")
     if figure is not None and not figure.parent.is_dir():
         raise AutoplanError(f"--figure: directory {figure.parent} does not exist")
-    cluster = load_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node)
+    cluster = cluster_of(options)
     prepared = prepare_model_file(options.model_file, cluster, batch_size=options.batch_size,
                                   model_args=parse_model_args(options.model_arg), **search_kwargs(options))  # fmt: skip
     rows = compare(prepared, methods, progress=_progress_line)
@@ -92,16 +93,7 @@ def _print_table(rows, best: float | None, *, title: str) -> None:
     if sys.stderr.isatty():
         sys.stderr.write(f"\r{' ' * 60}\r")
     table = Table(title=title)
-    columns = (
-        "method",
-        "simulated step s",
-        "× best",
-        "estimate s",
-        "GiB / device",
-        "fits",
-        "pipeline bubble",
-        "search s",
-    )
+    columns = ("method", "step s", "× best", "GiB / device", "fits", "pipeline bubble", "simulated s", "search s")
     for column in columns:
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in rows:
@@ -110,10 +102,10 @@ def _print_table(rows, best: float | None, *, title: str) -> None:
             row.method,
             f"{row.step_time_s:.4g}" if ran else "-",
             f"{row.step_time_s / best:.2f}" if ran and best else "-",
-            f"{row.estimate_s:.4g}" if row.estimate_s is not None else "-",
             f"{row.memory_per_device_bytes / GIB:.2f}" if ran else "-",
             "yes" if row.fits else "no",
             f"{row.bubble_fraction:.0%}" if row.bubble_fraction is not None else "-",
+            f"{row.simulated_step_time_s:.4g}" if row.simulated_step_time_s is not None else "-",
             f"{row.search_time_s:.1f}",
         )
     console = Console(width=160)
@@ -124,7 +116,7 @@ def _print_table(rows, best: float | None, *, title: str) -> None:
 
 
 def draw_comparison(rows, path: Path, *, title: str) -> None:
-    """A horizontal bar per method: simulated step time; plans that do not fit are hatched and grey."""
+    """A horizontal bar per method: its estimated step time; plans that do not fit are hatched and grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,7 +135,7 @@ def draw_comparison(rows, path: Path, *, title: str) -> None:
                 + ("" if row.fits else " (does not fit)"), va="center", fontsize=8)  # fmt: skip
     missing = [row.method for row in rows if row.step_time_s is None]
     ax.invert_yaxis()
-    ax.set_xlabel("simulated step time (s)" + (f"; no plan: {', '.join(missing)}" if missing else ""))
+    ax.set_xlabel("estimated step time (s)" + (f"; no plan: {', '.join(missing)}" if missing else ""))
     ax.set_title(title, fontsize=10)
     ax.set_xlim(0, max(times, default=1) * 1.25)
     fig.tight_layout()

@@ -1,7 +1,7 @@
 """The ``plan`` command.
 
 ``plan MODEL_FILE --cluster NAME|FILE --batch-size B ...`` plans a model; subcommands
-``profile``, ``calibrate``, ``compare``, ``run``, ``compile`` and ``show`` stand beside it.
+``profile``, ``calibrate``, ``compare``, ``tune``, ``run``, ``compile`` and ``show`` stand beside it.
 Every user error is one line on stderr and exit code 2; no output file is written unless the
 whole command succeeded.
 """
@@ -29,7 +29,7 @@ from planner.cli.options import (
 from planner.errors import AutoplanError, InternalError
 from planner.plan import Plan
 
-SUBCOMMANDS = ("profile", "calibrate", "compare", "run", "compile", "show")
+SUBCOMMANDS = ("profile", "calibrate", "compare", "tune", "run", "compile", "show")
 _DESCRIPTION = """\
 Find how to train a PyTorch model on a cluster: pipeline stages, per-operator sharding and
 data parallelism, with an estimate of step time and memory per device.
@@ -37,7 +37,8 @@ data parallelism, with an estimate of step time and memory per device.
   plan MODEL_FILE --cluster NAME|FILE --batch-size B [options]   plan a model (this form)
   plan profile MODEL_FILE --batch-size B [options]               per-node FLOPs, time, memory
   plan calibrate [--out FILE]                                    measure this machine
-  plan compare MODEL_FILE --cluster NAME|FILE --batch-size B     every method, judged by one simulator
+  plan compare MODEL_FILE --cluster NAME|FILE --batch-size B     every method by the estimate it prints
+  plan tune MODEL_FILE --cluster NAME|FILE --batch-size B        run the best candidates here, keep the fastest
   plan run PLAN.json [--steps N] [--check-parity]                 train with the plan on this machine
   plan compile PLAN.json --out DIR                                write DIR/train.py for torchrun
   plan show PLAN.json [--figure OUT.png] [--json]                 summary, simulated step, figure
@@ -100,6 +101,10 @@ def _run_subcommand(name: str, args: list[str]) -> int:
         from planner.cli.compare import run_compare
 
         return run_compare(args)
+    if name == "tune":
+        from planner.cli.tune import run_tune
+
+        return run_tune(args)
     if name in ("run", "compile"):
         from planner.cli.run import run_compile, run_run
 
@@ -124,13 +129,13 @@ def _run_plan(options: argparse.Namespace) -> int:
         TimeRemainingColumn,
     )
 
-    from cost_models.cluster import load_cluster
     from planner.api import plan_model_file
+    from planner.cli.calibrate import cluster_of
     from planner.ir.model_file import parse_model_args
     from planner.plan import save_plan
     from planner.plan.report import plan_summary
 
-    cluster = load_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node)
+    cluster = cluster_of(options)
     model_args = parse_model_args(options.model_arg)
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())  # fmt: skip

@@ -48,6 +48,12 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, required: bool) -> N
     )
     parser.add_argument("--nodes", type=int, metavar="N", help="number of nodes (overrides the cluster's)")
     parser.add_argument("--devices-per-node", type=int, metavar="M", help="devices per node (overrides the cluster's)")
+    parser.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="plan local-cpu with the preset's rough figures instead of this machine's calibration (by default "
+        "measured once by `plan calibrate --quick` and cached per machine and process count)",
+    )
 
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:

@@ -1,19 +1,15 @@
 """Step time, memory and throughput of a plan under one cost model, in seconds and bytes.
 
-A single-stage plan over ``d`` data-parallel devices (:func:`data_parallel_estimate`)::
+The pure data-parallel plan over ``d`` devices is priced as DDP runs it, by the same function as every other
+one-stage data-parallel plan (:func:`planner.inter.data_parallel_step.ddp_step`); what it holds per device is
+:func:`data_parallel_memory_bytes`::
 
-    step_time_s  = compute_s + grad_sync_s + bucket_copy_s + optimizer_s + step_overhead_s
-    compute_s    = Σ_v  t_v(fwd + bwd) scaled by 1/d for batch-carrying nodes   (compute.py);
-                   with measured times, Σ_v t_v of the graph at the batch of one replica
-    grad_sync_s  = the part of DDP's bucketed gradient all-reduce (one all-reduce per bucket, packed as DDP
-                   packs them, over d devices and the slowest link) not hidden behind the backward pass
-                   (:mod:`planner.costing.overlap`); the hidden part is reported as grad_sync_overlapped_s
-    bucket_copy_s = 4 · gradient bytes / memory bandwidth: DDP copies gradients into its buckets and
-                   back (``DDP_BUCKET_COPIES``; the executor runs pure data parallelism with DDP)
-    optimizer_s  = num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth
-    step_overhead_s = the device's calibrated host work once per step (every plan pays it)
     memory_bytes = model state (memory.py, by optimizer) + saved activations / d
                    + the largest operator output / d (working memory of the biggest kernel)
+
+The pieces of DDP's price that live here: :data:`DDP_BUCKET_COPIES` (DDP copies gradients into
+its buckets and back: ``4 · gradient bytes / memory bandwidth``) and :func:`optimizer_step_s`
+(``num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth``).
 
 A parameter read in several pipeline stages (a tied embedding) has its gradient summed over every
 rank after the backward pass (:func:`executors.stages.sync_shared_grads`), priced by
@@ -32,11 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cost_models.cluster import Link
-from cost_models.communication import all_reduce_s, ddp_all_reduce_s
+from cost_models.communication import all_reduce_s
 from cost_models.memory import model_state_bytes, optimizer_bytes, saved_activation_bytes
 from cost_models.units import GIB
-from planner.costing.overlap import ddp_segments, exposed_sync_s
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
@@ -65,22 +59,6 @@ def compute_s(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> flo
     return total
 
 
-def ddp_grad_sync_s(graph: OpGraph, setup: CostSetup, *, num_devices: int, link: Link) -> float:
-    """DDP's gradient all-reduce of every parameter, one per bucket (parameters reversed, as DDP packs them)."""
-    grad_bytes = optimizer_bytes(setup.optimizer).grads
-    sizes = [p.meta.numel * grad_bytes for p in reversed(graph.params)]
-    return ddp_all_reduce_s(sizes, num_devices=num_devices, link=link)
-
-
-def backward_s(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> dict[str, float]:
-    """Each node's backward seconds, batch-carrying nodes scaled by ``1/num_batch_shards`` (as :func:`compute_s`)."""
-    batched = batched_values(graph)
-    return {
-        node.name: setup.compute.node_time(node).scaled(1 / num_batch_shards if node.name in batched else 1.0).bwd_s
-        for node in graph.nodes
-    }
-
-
 def optimizer_step_s(num_params: float, setup: CostSetup) -> float:
     """A memory-bound elementwise update: read and write weights and state, read gradients."""
     per_param = optimizer_bytes(setup.optimizer)
@@ -99,48 +77,11 @@ def activation_bytes(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int)
     return (saved + largest) / num_batch_shards
 
 
-def data_parallel_estimate(
-    graph: OpGraph, setup: CostSetup, *, devices: tuple[int, ...], replica_graph: OpGraph | None = None
-) -> Estimate:
-    """``replica_graph``: the graph at one replica's batch, priced as it is instead of ``graph``'s
-    batch-carrying nodes scaled by ``1/d`` (for compute models whose times depend on shapes)."""
-    num_devices = len(devices)
-    per_param = optimizer_bytes(setup.optimizer)
-    if replica_graph is not None:
-        compute = compute_s(replica_graph, setup, num_batch_shards=1)
-    else:
-        compute = compute_s(graph, setup, num_batch_shards=num_devices)
-    link = setup.cluster.link_between(devices)
-    whole_sync = ddp_grad_sync_s(graph, setup, num_devices=num_devices, link=link)
-    grad_sync = 0.0
-    if num_devices > 1:  # DDP overlaps its buckets with the backward pass (planner.costing.overlap)
-        priced = replica_graph if replica_graph is not None else graph
-        backward = backward_s(priced, setup, num_batch_shards=1 if replica_graph is not None else num_devices)
-        grad_sync = exposed_sync_s(ddp_segments(priced, backward, optimizer=setup.optimizer,
-                                                num_devices=num_devices, link=link))  # fmt: skip
-    optimizer = optimizer_step_s(graph.num_params, setup)
-    device = setup.cluster.device
-    grad_bytes = sum(p.meta.numel * per_param.grads for p in graph.params)
-    copies = DDP_BUCKET_COPIES if num_devices > 1 else 0  # one device runs without DDP
-    bucket_copy = copies * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
-    step = compute + grad_sync + bucket_copy + optimizer + device.step_overhead_s
-    memory = model_state_bytes(graph.num_params, optimizer=setup.optimizer) + activation_bytes(
+def data_parallel_memory_bytes(graph: OpGraph, setup: CostSetup, *, num_devices: int) -> float:
+    """Bytes per device of the pure data-parallel plan: the whole model state (by optimizer) and ``1/d`` of the
+    activations (:func:`activation_bytes`)."""
+    return model_state_bytes(graph.num_params, optimizer=setup.optimizer) + activation_bytes(
         graph, setup, num_batch_shards=num_devices
-    )
-    return Estimate(
-        step_time_s=step,
-        per_stage_time_s=(step,),
-        memory_per_device_bytes=int(memory),
-        bubble_fraction=0.0,
-        tflops_per_device=model_tflops_per_device(graph, step_time_s=step, num_devices=num_devices),
-        mfu=mfu(graph, setup, step_time_s=step, num_devices=num_devices),
-        breakdown_s={
-            "compute_s": compute,
-            "grad_sync_s": grad_sync,
-            "grad_sync_overlapped_s": whole_sync - grad_sync,
-            "bucket_copy_s": bucket_copy,
-            "optimizer_s": optimizer,
-        },
     )
 
 

@@ -120,7 +120,7 @@ def node_cost(
     if zero and (ddp or zero >= 2):  # FSDP's reduce-scatters replace the all-reduce
         grad_sync_s = 0.0
     step_s = grad_sync_s + zero_step_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
-    if ddp:  # DDP copies each gradient into its bucket and back
+    if ddp and math.prod(mesh.mesh_shape) > 1:  # DDP copies each gradient into its bucket and back (one device: no DDP)
         device = setup.cluster.device
         grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
         step_s += DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)

@@ -20,6 +20,7 @@ the fastest that fits wins (:func:`planner.inter.grad_sync_choice.choose_grad_sy
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from planner.costing.compression import EXACT, refusal, stage_sync
@@ -31,15 +32,25 @@ from planner.costing.zero import fsdp_price
 from planner.inter.grad_sync_choice import choose_grad_sync, offered
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph
-from planner.plan import GradSync, Stage
+from planner.plan import Estimate, GradSync, Stage
 
 
 @dataclass(frozen=True, kw_only=True)
 class DdpStep:
+    """A one-stage data-parallel step as DDP or FSDP runs it: ``step_s`` and its parts (``breakdown_s``, adding up
+    to it), the sync the backward pass hides (``hidden_s``) and what the sync adds per device."""
+
     step_s: float
     exposed_sync_s: float  # DDP's bucketed all-reduce the backward pass does not hide (local SGD's average too)
     whole_sync_s: float  # all of it
+    breakdown_s: Mapping[str, float]
+    hidden_s: Mapping[str, float]
     state_bytes: float = 0.0  # what the gradient sync adds per device (PowerSGD's error feedback)
+
+
+def _parts(**parts: float) -> tuple[float, dict[str, float]]:
+    """The step as the exact sum of its parts (one rounding), and the parts."""
+    return math.fsum(parts.values()), dict(parts)
 
 
 def ddp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, grad_sync: GradSync = EXACT) -> DdpStep:
@@ -52,9 +63,17 @@ def ddp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, grad_syn
     backward = math.fsum(w.bwd_s + w.recompute_s for w in work.values())  # the recomputed forward first
     sync = stage_sync(stage, graph, {name: w.bwd_s for name, w in work.items()}, setup, grad_sync=grad_sync, ddp=True)
     waited = after_backward_s(sync.segments, backward_s=backward) + sync.amortised_s
-    step = math.fsum(w.step_s - w.grad_sync_s for w in work.values())
-    return DdpStep(step_s=m * (forward + backward) + step + waited + setup.cluster.device.step_overhead_s,
-                   exposed_sync_s=waited, whole_sync_s=sync.comm_s, state_bytes=sync.state_bytes)  # fmt: skip
+    recompute = m * math.fsum(w.recompute_s for w in work.values())
+    step, parts = _parts(
+        compute_s=m * (forward + backward) - recompute,
+        recompute_s=recompute,
+        grad_sync_s=waited,
+        optimizer_and_bucket_copies_s=math.fsum(w.step_s - w.grad_sync_s for w in work.values()),
+        host_overhead_s=setup.cluster.device.step_overhead_s,
+    )
+    hidden = {"grad_sync_overlapped_s": max(0.0, sync.comm_s - waited)}
+    return DdpStep(step_s=step, exposed_sync_s=waited, whole_sync_s=sync.comm_s, breakdown_s=parts, hidden_s=hidden,
+                   state_bytes=sync.state_bytes)
 
 
 def fsdp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int) -> DdpStep:
@@ -63,43 +82,63 @@ def fsdp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int) -> DdpS
     backward (:func:`planner.costing.zero.fsdp_price`), the optimizer on the shards and the copies."""
     work = stage_node_work(stage, graph, setup, ddp=True)
     price = fsdp_price(stage, graph, setup, work=work, num_microbatches=m)
-    compute = math.fsum(w.fwd_s + w.bwd_s + w.recompute_s for w in work.values())
     waits = m * (price.forward_wait_s + price.backward_wait_s) + price.tail_s
-    step = math.fsum(w.step_s - w.zero_step_s for w in work.values())
-    return DdpStep(step_s=m * compute + waits + step + setup.cluster.device.step_overhead_s, exposed_sync_s=waits,
-                   whole_sync_s=price.comm_s)  # fmt: skip
+    step, parts = _parts(
+        compute_s=m * math.fsum(w.fwd_s + w.bwd_s for w in work.values()),
+        recompute_s=m * math.fsum(w.recompute_s for w in work.values()),
+        zero_sync_s=waits,
+        optimizer_s=math.fsum(w.step_s - w.zero_step_s for w in work.values()),
+        host_overhead_s=setup.cluster.device.step_overhead_s,
+    )
+    hidden = {"zero_sync_overlapped_s": max(0.0, price.comm_s - waits)}
+    return DdpStep(step_s=step, exposed_sync_s=waits, whole_sync_s=price.comm_s, breakdown_s=parts, hidden_s=hidden)
+
+
+def ddp_estimate(graph: OpGraph, setup: CostSetup, step: DdpStep, *, memory_bytes: float,
+                 savings: Mapping[str, float] | None = None) -> Estimate:
+    """The estimate of a one-stage data-parallel plan priced by :func:`ddp_step` or :func:`fsdp_step`
+    (``graph``: the whole batch's, for the model FLOPs), holding ``memory_bytes`` per device."""
+    devices = setup.cluster.num_devices
+    return Estimate(
+        step_time_s=step.step_s,
+        per_stage_time_s=(step.step_s,),
+        memory_per_device_bytes=int(memory_bytes),
+        bubble_fraction=0.0,
+        tflops_per_device=model_tflops_per_device(graph, step_time_s=step.step_s, num_devices=devices),
+        mfu=mfu(graph, setup, step_time_s=step.step_s, num_devices=devices),
+        breakdown_s=step.breakdown_s,
+        hidden_s=step.hidden_s,
+        savings=dict(savings or {}),
+    )
 
 
 def reprice_data_parallel(candidate: PricedPipeline, graph: OpGraph, setup: CostSetup, *, allow_lossy: bool,
                           forced: GradSync | None, zero: bool) -> PricedPipeline | None:  # fmt: skip
-    """The pure data-parallel plan (one stage, one microbatch, ``graph`` the whole batch's) under the gradient
-    syncs offered (:func:`planner.inter.grad_sync_choice.offered`): the candidate's step with its own sync's
-    DDP price (:func:`ddp_step`) replaced by each choice's; None when none can run."""
+    """The pure data-parallel plan (one stage, one microbatch, ``graph`` the whole batch's, priced by
+    :func:`ddp_step`) under the gradient syncs offered (:func:`planner.inter.grad_sync_choice.offered`): each
+    choice priced by :func:`ddp_step` under it; the fastest that fits; None when none can run."""
     choices = offered(allow_lossy=allow_lossy, forced=forced)
     ddp = runs_as_ddp(candidate.stages, zero=zero)
     own = candidate.grad_sync
-    base = ddp_step(candidate.stages[0], graph, setup, m=1, grad_sync=own) if ddp else None
+    own_state = ddp_step(candidate.stages[0], graph, setup, m=1, grad_sync=own).state_bytes if ddp else 0.0
+    priced: dict[GradSync, DdpStep] = {}
 
     def price(grad_sync: GradSync) -> tuple[float, float] | None:
         if grad_sync == own:
             return candidate.estimate.step_time_s, 0.0
-        if base is None or refusal(grad_sync, candidate.stages, zero=zero, cluster=setup.cluster, ddp=ddp):
+        if not ddp or refusal(grad_sync, candidate.stages, zero=zero, cluster=setup.cluster, ddp=ddp):
             return None
-        variant = ddp_step(candidate.stages[0], graph, setup, m=1, grad_sync=grad_sync)
-        step_s = candidate.estimate.step_time_s - base.step_s + variant.step_s
-        assert step_s > 0, f"internal error (please report): {grad_sync.label} priced at {step_s} s"
-        return step_s, variant.state_bytes - base.state_bytes
+        priced[grad_sync] = variant = ddp_step(candidate.stages[0], graph, setup, m=1, grad_sync=grad_sync)
+        assert variant.step_s > 0, f"internal error (please report): {grad_sync.label} priced at {variant.step_s} s"
+        return variant.step_s, variant.state_bytes - own_state
 
     choice = choose_grad_sync(choices, price=price, memory_bytes=candidate.estimate.memory_per_device_bytes,
                               budget_bytes=setup.memory_budget_bytes)  # fmt: skip
     if choice is None or choice.grad_sync == own:
         return None if choice is None else candidate
-    devices = setup.cluster.num_devices
-    estimate = replace(candidate.estimate, step_time_s=choice.step_s,
-                       memory_per_device_bytes=int(candidate.estimate.memory_per_device_bytes + choice.state_bytes),
-                       tflops_per_device=model_tflops_per_device(graph, step_time_s=choice.step_s, num_devices=devices),
-                       mfu=mfu(graph, setup, step_time_s=choice.step_s, num_devices=devices),
-                       breakdown_s={**candidate.estimate.breakdown_s, "grad_sync_saved_s": choice.saved_s})  # fmt: skip
+    estimate = ddp_estimate(graph, setup, priced[choice.grad_sync],
+                            memory_bytes=candidate.estimate.memory_per_device_bytes + choice.state_bytes,
+                            savings={**candidate.estimate.savings, "grad_sync_saved_s": choice.saved_s})  # fmt: skip
     notes = tuple(note for note in candidate.notes if not note.startswith("gradient sync "))
     return replace(candidate, estimate=estimate, grad_sync=choice.grad_sync,
                    notes=(*notes, choice.note()) if choice.grad_sync.lossy else notes)  # fmt: skip

@@ -126,7 +126,7 @@ def price_stages(
                          period=longest, ddp=ddp if ddp is not None else fsdp)  # fmt: skip
     if choice.grad_sync.lossy:
         estimate = replace(estimate, memory_per_device_bytes=int(estimate.memory_per_device_bytes + choice.state_bytes),
-                           breakdown_s={**estimate.breakdown_s, "grad_sync_saved_s": choice.saved_s})  # fmt: skip
+                           savings={**estimate.savings, "grad_sync_saved_s": choice.saved_s})  # fmt: skip
     return PricedPipeline(
         stages=stages,
         estimate=estimate,
@@ -167,39 +167,51 @@ def _period(times: list[float], resources: list[float], *, m: int, schedule: str
     return period
 
 
+def _nonnegative(value: float, *, scale: float, what: str) -> float:
+    """``value`` with float rounding below zero taken off; an internal error when it is truly negative."""
+    assert value >= -1e-9 * max(scale, 1e-12), f"internal error (please report): {what} is {value!r} s"
+    return max(0.0, value)
+
+
+def _pipeline_breakdown(setup: CostSetup, priced: list[PricedStage], times: list[float], *, step: float, m: int,
+                        period: float, tied_s: float) -> dict[str, float]:  # fmt: skip
+    """The parts of ``T = Σ t_s + (m − 1)·P + U + w + o`` (module docstring), each non-negative: one stage and one
+    microbatch as its operators' compute, collectives, resharding and recomputation; otherwise the steady state
+    ``m·P`` and the fill and drain ``Σ t_s − P``. ``U`` is what the step has past the pipeline phase."""
+    overhead = setup.cluster.device.step_overhead_s
+    phase = math.fsum(times) + (m - 1) * period
+    after = _nonnegative(step - phase - tied_s - overhead, scale=step, what="the sync after the pipeline phase")
+    if len(times) == 1 and m == 1:
+        rows = priced[0].stage.explanation
+        work = {"compute_s": math.fsum(r["compute_s"] for r in rows), "comm_s": math.fsum(r["comm_s"] for r in rows),
+                "reshard_s": math.fsum(r["reshard_s"] for r in rows)}  # fmt: skip
+        recompute = _nonnegative(times[0] - math.fsum(work.values()), scale=step, what="recomputation")
+        parts = {**work, "recompute_s": recompute}
+    else:
+        fill = _nonnegative(math.fsum(times) - period, scale=step, what="the fill and drain")
+        parts = {"steady_s": m * period, "fill_and_drain_s": fill}
+    return {**parts, "grad_sync_and_optimizer_s": after, **({"tied_grad_sync_s": tied_s} if tied_s else {}),
+            "host_overhead_s": overhead}  # fmt: skip
+
+
 def _estimate(graph: OpGraph, setup: CostSetup, priced: list[PricedStage], stages: tuple[Stage, ...],
               times: list[float], *, step: float, m: int, period: float, tied_s: float = 0.0,
               ddp: DdpStep | None = None) -> Estimate:  # fmt: skip
-    num_devices, count = setup.cluster.num_devices, len(times)
-    longest = period
-    if count == 1 and m == 1:
-        rows = stages[0].explanation
-        breakdown = {
-            "compute_s": sum(r["compute_s"] for r in rows), "comm_s": sum(r["comm_s"] for r in rows),
-            "grad_sync_and_optimizer_s": sum(r["step_s"] for r in rows),
-            "reshard_s": sum(r["reshard_s"] for r in rows),
-            "recompute_s": times[0] + priced[0].step_s - priced[0].objective_s,
-        }  # fmt: skip
-        if ddp is not None:  # the plan runs as DDP: its sync is DDP's buckets, mostly behind the backward
-            compute, recompute = breakdown["compute_s"], breakdown["recompute_s"]
-            rest = step - ddp.exposed_sync_s - compute - recompute - setup.cluster.device.step_overhead_s
-            breakdown = {"compute_s": compute, "recompute_s": recompute, "grad_sync_s": ddp.exposed_sync_s,
-                         "grad_sync_overlapped_s": ddp.whole_sync_s - ddp.exposed_sync_s,
-                         "optimizer_and_bucket_copies_s": rest}  # fmt: skip
+    num_devices = setup.cluster.num_devices
+    if ddp is not None:  # the plan runs as DDP or FSDP: its own parts
+        breakdown, hidden = dict(ddp.breakdown_s), dict(ddp.hidden_s)
     else:
-        sync = max(stage.step_s for stage in priced)
-        breakdown = {"steady_s": m * longest, "fill_and_drain_s": math.fsum(times) - longest,
-                     "grad_sync_and_optimizer_s": sync}  # fmt: skip
-        if tied_s:
-            breakdown["tied_grad_sync_s"] = tied_s
+        breakdown = _pipeline_breakdown(setup, priced, times, step=step, m=m, period=period, tied_s=tied_s)
+        hidden = {}
     return Estimate(
         step_time_s=step,
         per_stage_time_s=tuple(times),
         memory_per_device_bytes=int(max(stage.memory_bytes for stage in priced)),
-        bubble_fraction=bubble_fraction([m * t for t in times], pipeline_span_s=math.fsum(times) + (m - 1) * longest),
+        bubble_fraction=bubble_fraction([m * t for t in times], pipeline_span_s=math.fsum(times) + (m - 1) * period),
         tflops_per_device=model_tflops_per_device(graph, step_time_s=step, num_devices=num_devices),
         mfu=mfu(graph, setup, step_time_s=step, num_devices=num_devices),
         breakdown_s=breakdown,
+        hidden_s=hidden,
     )
 
 

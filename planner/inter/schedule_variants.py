@@ -108,7 +108,8 @@ def variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, s
                           refine=candidate.refine, exact=False, shapes=shapes, index=k) for k, spec in enumerate(virtual)]  # fmt: skip
     stages = plan_stages(priced, full_graph)
     zero = tables.options.zero
-    result = simulate_lowered(lower_stages(stages, graph, setup, num_microbatches=m, schedule=schedule, zero=zero))
+    lowered = lower_stages(stages, graph, setup, num_microbatches=m, schedule=schedule, zero=zero)
+    result = simulate_lowered(lowered)
     if result.max_memory_bytes > setup.memory_budget_bytes * (1 + 1e-9):
         return None
     boundary = boundary_table(graph, layers, setup)
@@ -122,10 +123,18 @@ def variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, s
         bubble_fraction=result.bubble_fraction,
         tflops_per_device=model_tflops_per_device(full_graph, step_time_s=step, num_devices=devices),
         mfu=mfu(full_graph, setup, step_time_s=step, num_devices=devices),
-        breakdown_s={"replayed_step_s": step, "work_per_microbatch_s": math.fsum(times),
-                     "grad_sync_and_optimizer_s": max(stage.step_s for stage in priced)},
+        breakdown_s=replay_breakdown(step, phase_s=simulate_lowered(lowered, include_step=False).step_time_s,
+                                     overhead_s=cluster.device.step_overhead_s),
     )  # fmt: skip
     return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=m, schedule=schedule)
+
+
+def replay_breakdown(step_s: float, *, phase_s: float, overhead_s: float) -> dict[str, float]:
+    """A replayed step in non-negative parts adding up to it: the pipeline phase (the replay without the end-of-step
+    tasks), then the gradient syncs and optimizer updates past it, and the host's per-step overhead."""
+    after = max(0.0, step_s - phase_s)
+    host = min(overhead_s, after)
+    return {"pipeline_s": step_s - after, "grad_sync_and_optimizer_s": after - host, "host_overhead_s": host}
 
 
 def _cut(candidate: Candidate, tables: LayerTables, template: StageSpec, *, parts: int) -> tuple[StageSpec, ...]:
@@ -152,7 +161,12 @@ def best_variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTabl
 
 # the schedules beyond 1F1B each method may use under --schedule auto: Megatron-LM's own interleaved 1F1B for its
 # hand-written plans; every one for auto's "rescheduled" candidate (the fastest pipelines of every method)
-METHOD_SCHEDULES = {"megatron": ("interleaved",), "uniform-pipeline": (), "rescheduled": MULTI_STAGE_SCHEDULES}
+METHOD_SCHEDULES = {
+    "megatron": ("interleaved",),
+    "uniform-pipeline": (),
+    "data-parallel": (),
+    "rescheduled": MULTI_STAGE_SCHEDULES,
+}
 Pipelines = list[tuple[PricedPipeline, Candidate]]  # a candidate's 1F1B/GPipe price and what it was made from
 
 
@@ -186,11 +200,11 @@ def best_rescheduled(pipelines: Pipelines, *, full_graph: OpGraph, tables: Layer
 
 def _with_saving(chosen: PricedPipeline, other: PricedPipeline) -> Estimate:
     """The variant's estimate with what it saved against its candidate, per step and per device
-    (``breakdown_s``: ``schedule_saved_s``, ``schedule_saved_bytes``; read by :mod:`planner.plan.choices`)."""
+    (``savings``: ``schedule_saved_s``, ``schedule_saved_bytes``; read by :mod:`planner.plan.choices`)."""
     a, b = chosen.estimate, other.estimate
     saved = {"schedule_saved_s": b.step_time_s - a.step_time_s,
              "schedule_saved_bytes": float(b.memory_per_device_bytes - a.memory_per_device_bytes)}  # fmt: skip
-    return replace(a, breakdown_s={**a.breakdown_s, **saved})
+    return replace(a, savings={**a.savings, **saved})
 
 
 def with_variant(best: PricedPipeline | None, found: tuple[PricedPipeline, Candidate] | None, *, mode: str,

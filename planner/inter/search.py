@@ -83,6 +83,20 @@ class PipelineOptions:
     grad_sync: GradSync | None = None  # --grad-sync: every candidate runs this one (None: exact, or the choice)
     space: str = "full"  # SEARCH_SPACES: "alpa" searches only what Alpa's does (planner.api.search_space)
 
+    def asked_choices(self) -> str:
+        """The choices the user fixed, in words (``--degrees 2,1,4, ZeRO-3, selective recomputation``); empty if none."""
+        remat = {"off": "no recomputation", "on": "full recomputation", "full": "full recomputation",
+                 "attention": "selective recomputation"}.get(self.remat)  # fmt: skip
+        choices = [
+            *([f"--degrees {','.join(map(str, self.degrees))}"] if self.degrees else []),
+            *([f"ZeRO-{self.zero}"] if str(self.zero) not in ("auto", "0") else []),
+            *([remat] if remat else []),
+            *([f"{self.microbatches} microbatches"] if self.microbatches else []),
+            *([f"schedule {self.schedule}"] if self.schedule != "auto" else []),
+            *([f"at most {self.max_stages} stages"] if self.max_stages else []),
+        ]
+        return ", ".join(choices)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Layering:
@@ -204,7 +218,8 @@ def allowed_slots(remat: str, zero: str | int = "auto") -> np.ndarray:
         raise AutoplanError(f"--zero must be one of {', '.join(ZERO_MODES)}, got {zero!r}")
     kinds = {"auto": ("none", "attention", "full"), "on": ("full",), "off": ("none",),
              "off-or-full": ("none", "full")}.get(remat, (remat,))  # fmt: skip
-    levels = ZERO_LEVELS if zero == "auto" else {int(zero), min(int(zero), 1)}  # sharded stages run level 1 at most
+    # --zero N: every stage at level N, so at 2 and 3 only data-parallel layouts (FSDP) remain (method_options)
+    levels = ZERO_LEVELS if zero == "auto" else {int(zero)}
     return np.array([slot_remat in kinds and slot_zero in levels for _, slot_remat, slot_zero in SLOTS])
 
 

@@ -67,7 +67,8 @@ def _batch_everywhere(stage: StageProblem, axes: range) -> Preference:
 
     def prefers(node: OpNode, strategy: NodeStrategy, chosen: dict[str, NodeStrategy]) -> bool:
         wanted = shard(0) if node.name in batched else REPLICATE
-        return all(strategy.output.placements[axis] == wanted for axis in axes)
+        replicated = all(spec.placements[axis] == REPLICATE for _, spec in strategy.params for axis in axes)
+        return replicated and all(strategy.output.placements[axis] == wanted for axis in axes)
 
     return prefers
 

@@ -79,10 +79,8 @@ def single_stage_plan(
         tflops_per_device=model_tflops_per_device(graph, step_time_s=step, num_devices=len(devices)),
         mfu=mfu(graph, setup, step_time_s=step, num_devices=len(devices)),
         breakdown_s={
-            "compute_s": sum(r.compute_s for r in rows),
-            "comm_s": sum(r.comm_s for r in rows),
-            "grad_sync_and_optimizer_s": sum(r.step_s for r in rows),
-            "reshard_s": sum(r.reshard_s for r in rows),
+            "stage_work_s": result.objective_s * options.num_microbatches,
+            "host_overhead_s": setup.cluster.device.step_overhead_s,
         },
     )
     return (stage,), estimate, result

@@ -8,9 +8,9 @@ the choice is the cheaper):
 * recomputation and ZeRO — ``Stage.memory_saving`` (:meth:`planner.inter.stage_shapes.StageTemplate.memory_saving`);
   a comparison with an identical alternative (ZeRO on a one-device stage, no saving either way) is left out;
 * sequence parallelism — ``Stage.sequence_parallel_saving`` (:mod:`planner.inter.sp_saving`);
-* the schedule, for the whole plan — ``estimate.breakdown_s["schedule_saved_s"]`` and ``["schedule_saved_bytes"]``
+* the schedule, for the whole plan — ``estimate.savings["schedule_saved_s"]`` and ``["schedule_saved_bytes"]``
   against the GPipe or 1F1B pipeline the variant was cut from (:mod:`planner.inter.schedule_variants`);
-* a lossy gradient sync, for the whole plan — ``estimate.breakdown_s["grad_sync_saved_s"]`` against exact sync
+* a lossy gradient sync, for the whole plan — ``estimate.savings["grad_sync_saved_s"]`` against exact sync
   (bytes not recorded). Exact sync is bucketed and overlapped with each stage's last backward.
 
 :func:`plan_choices` reads them off a plan; ``plan --explain`` and ``plan show`` print them
@@ -103,7 +103,7 @@ def schedule_label(plan: Plan) -> str:
 
 
 def _schedule_saving(plan: Plan) -> ChoiceSaving | None:
-    breakdown = plan.estimate.breakdown_s
+    breakdown = plan.estimate.savings
     if "schedule_saved_s" not in breakdown:
         return None
     ranks = len({stage.devices for stage in plan.stages})
@@ -115,10 +115,10 @@ def _schedule_saving(plan: Plan) -> ChoiceSaving | None:
 
 
 def _grad_sync_saving(plan: Plan) -> ChoiceSaving | None:
-    if not plan.grad_sync.lossy or "grad_sync_saved_s" not in plan.estimate.breakdown_s:
+    if not plan.grad_sync.lossy or "grad_sync_saved_s" not in plan.estimate.savings:
         return None
     return ChoiceSaving(kind="gradient sync", choice=plan.grad_sync.label, next_best="exact",
-                        saved_s=float(plan.estimate.breakdown_s["grad_sync_saved_s"]), saved_bytes=None)  # fmt: skip
+                        saved_s=float(plan.estimate.savings["grad_sync_saved_s"]), saved_bytes=None)  # fmt: skip
 
 
 def _stage_row(plan: Plan, stage: Stage) -> StageChoices:

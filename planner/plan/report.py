@@ -12,13 +12,13 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from cost_models.cluster import Cluster, reserved_bytes
+from cost_models.cluster import PRESET_NAMES, Cluster, reserved_bytes
 from cost_models.units import GIB
 from planner.plan.choices import memory_saving_of
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 from planner.plan.shape import count_of, plan_shape, stage_degrees
 from planner.plan.stage import Stage
-from planner.plan.value import Plan
+from planner.plan.value import Estimate, Plan
 
 COMPARED_NOTE = "compared under the same cost model: "  # planner.api's note on the auto-family candidates
 CHOSEN_MARK = "; chosen: "
@@ -45,6 +45,25 @@ CANDIDATES: dict[str, tuple[str, str]] = {
         "into input and weight gradients (zero bubble), priced by replaying the schedule",
     ),
 }
+
+
+def figures_text(cluster: Cluster) -> str:
+    """Where the cluster's numbers come from: measured here (and corrected by ``plan tune``), or not."""
+    calibration = cluster.calibration
+    if calibration:
+        corrections = calibration.get("corrections")
+        tuned = f"; corrected by plan tune: {_corrections_text(corrections)}" if corrections else ""
+        when = f" on {calibration['date']}" if calibration.get("date") else ""
+        return f"calibrated: measured on this machine by {calibration.get('by', 'plan calibrate')}{when}{tuned}"
+    if cluster.device.is_cpu():
+        return "uncalibrated rough figures: run plan calibrate, or plan tune"
+    if cluster.name in PRESET_NAMES:
+        return "data-sheet figures, not measured: plan tune measures and corrects them"
+    return "figures from the cluster file, not measured here"
+
+
+def _corrections_text(corrections: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key} ×{float(value):.3g}" for key, value in corrections.items())
 
 
 def device_range(devices: tuple[int, ...]) -> str:
@@ -79,13 +98,8 @@ def memory_saving_text(saving: Mapping[str, Any]) -> str:
 
 def _estimate_lines(plan: Plan) -> list[str]:
     estimate, cluster = plan.estimate, plan.cluster
-    breakdown = ", ".join(
-        f"{key.removesuffix('_s').replace('_', ' ')} {value:.3g} s"
-        for key, value in estimate.breakdown_s.items()
-        if key.endswith("_s")  # schedule_saved_bytes: planner.plan.choices
-    )
     return [
-        f"estimate: step {estimate.step_time_s:.4g} s ({breakdown})",
+        f"estimate: step {estimate.step_time_s:.4g} s{breakdown_text(estimate)}",
         f"          {estimate.memory_per_device_bytes / GIB:.2f} GiB per device of a {plan.memory_budget_bytes / GIB:.1f} "
         f"GiB budget, {estimate.tflops_per_device:.3g} TFLOP/s per device ({estimate.mfu:.0%} of peak), "
         f"{bubble_text(plan)}",
@@ -93,6 +107,18 @@ def _estimate_lines(plan: Plan) -> list[str]:
         f"reserved for {_reserve_reason(cluster)}"
         + (f", × memory fraction {plan.memory_fraction:g}" if plan.memory_fraction != 1.0 else ""),
     ]
+
+
+def _seconds_words(key: str) -> str:
+    return key.removesuffix("_s").replace("_", " ")
+
+
+def breakdown_text(estimate: Estimate) -> str:
+    """`` = compute 0.011 s + grad sync 0.015 s + ... (hidden behind it: grad sync overlapped 0.002 s)``: the step's
+    non-zero parts, which add up to it, and the work that runs behind them."""
+    parts = " + ".join(f"{_seconds_words(key)} {value:.3g} s" for key, value in estimate.breakdown_s.items() if value)
+    hidden = ", ".join(f"{_seconds_words(key)} {value:.3g} s" for key, value in estimate.hidden_s.items() if value)
+    return (f" = {parts}" if parts else "") + (f" (hidden behind it: {hidden})" if hidden else "")
 
 
 def _reserve_reason(cluster: Cluster) -> str:
@@ -134,8 +160,9 @@ def chosen_in_words(plan: Plan, note: str) -> str | None:
     estimates = f"estimated steps of the candidates: {_candidate_estimates(compared)}"
     if plan.method == "auto":
         return (
-            f"why this plan: auto chose the {label} candidate — {what} — the fastest in the simulator among the "
-            f"candidates estimated near the best; {estimates}"
+            f"why this plan: auto chose the {label} candidate — {what} — the least estimated step of the "
+            f"candidates (the data-parallel, Megatron and uniform-pipeline ones are those methods' own plans); "
+            f"{estimates}"
         )
     return f"why this plan: --method {plan.method} takes the {label} candidate — {what}; {estimates}"
 
@@ -182,7 +209,7 @@ def plan_summary(plan: Plan, *, plan_path: str | None = None, simulated_line: st
         f"autoplan {plan.method} plan for {model.file or 'model'}{f' ({args})' if args else ''}: "
         f"{model.num_params / 1e6:,.1f}M parameters",
         f"cluster {cluster.name}: {count_of(cluster.num_nodes, 'node')} × {cluster.devices_per_node} "
-        f"{cluster.device.name}",
+        f"{cluster.device.name} ({figures_text(cluster)})",
         f"{_batch_text(plan)}, optimizer {plan.optimizer}"
         + (f", gradient sync {plan.grad_sync.label} (lossy: see its note)" if plan.grad_sync.lossy else ""),
         *(_stage_line(stage) for stage in plan.stages),

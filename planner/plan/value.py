@@ -10,7 +10,7 @@ JSON layout (``format_version`` 2)::
                strategies: {node: {split, input_specs, output_spec, compute_shards,
                                    collectives: [{kind, axis, phase, operand}]}}}],
      estimate: {step_time_s, per_stage_time_s, memory_per_device_bytes, bubble_fraction,
-                tflops_per_device, mfu, breakdown_s}, search: {time_s, capture_s, ...}, notes}
+                tflops_per_device, mfu, breakdown_s (parts adding up to the step), hidden_s, savings}, search: {time_s, capture_s, ...}, notes}
 
 The plan is the program: every node's :class:`NodeSharding` is the strategy the search chose, and
 the simulator, ``plan show``, ``plan run`` and the executors read it as it is — the spec each
@@ -30,6 +30,7 @@ directory, and returns the plan with that path made absolute.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,8 +52,19 @@ class PlanError(AutoplanError):
     """A plan that breaks a rule: the message names the offending values."""
 
 
+BREAKDOWN_TOLERANCE = 1e-9  # relative: float rounding between a step and the sum of its parts
+
+
 @dataclass(frozen=True, kw_only=True)
 class Estimate:
+    """What a plan is expected to cost per step.
+
+    ``breakdown_s``: the parts of the step, each non-negative, adding up to ``step_time_s`` (:meth:`breakdown_error`
+    says where they do not). ``hidden_s``: work that runs behind the step's parts and is not added to them (the
+    gradient all-reduce the backward pass hides). ``savings``: what a choice saved against the option it replaced
+    (``schedule_saved_s``, ``schedule_saved_bytes``, ``grad_sync_saved_s``; read by :mod:`planner.plan.choices`).
+    """
+
     step_time_s: float
     per_stage_time_s: tuple[float, ...]
     memory_per_device_bytes: int
@@ -60,6 +72,18 @@ class Estimate:
     tflops_per_device: float
     mfu: float = 0.0
     breakdown_s: Mapping[str, float] = field(default_factory=dict)
+    hidden_s: Mapping[str, float] = field(default_factory=dict)
+    savings: Mapping[str, float] = field(default_factory=dict)
+
+    def breakdown_error(self) -> str | None:
+        """Why the breakdown is not the step cut into non-negative parts; None when it is."""
+        negative = {key: value for key, value in self.breakdown_s.items() if value < 0}
+        if negative:
+            return f"negative parts {negative}"
+        total = math.fsum(self.breakdown_s.values())
+        if not math.isclose(total, self.step_time_s, rel_tol=BREAKDOWN_TOLERANCE, abs_tol=1e-15):
+            return f"parts add up to {total!r} s, the step is {self.step_time_s!r} s"
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +94,8 @@ class Estimate:
             "tflops_per_device": self.tflops_per_device,
             "mfu": self.mfu,
             "breakdown_s": dict(self.breakdown_s),
+            "hidden_s": dict(self.hidden_s),
+            "savings": dict(self.savings),
         }
 
     @classmethod
@@ -82,6 +108,8 @@ class Estimate:
             tflops_per_device=float(data["tflops_per_device"]),
             mfu=float(data.get("mfu", 0.0)),
             breakdown_s=dict(data.get("breakdown_s", {})),
+            hidden_s=dict(data.get("hidden_s", {})),
+            savings=dict(data.get("savings", {})),
         )
 
 

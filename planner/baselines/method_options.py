@@ -1,0 +1,75 @@
+"""Which planner options each method honours, and the one-line refusal of the others.
+
+Every method plans with every option it is given or refuses it before any work (:func:`check_method_options`):
+
+* ``--degrees T,P,D`` is Megatron's configuration: ``megatron`` evaluates it, ``auto`` holds it as its Megatron
+  candidate; the other methods refuse it.
+* ``--zero 2`` and ``--zero 3`` shard gradients (and parameters) under FSDP, which runs on data-parallel plans
+  only (:mod:`planner.costing.zero`): ``megatron`` and ``uniform-pipeline`` refuse them (their stages shard the
+  optimizer state at most, ``--zero 1``); ``auto`` then keeps only data-parallel plans.
+* ``--schedule`` orders a pipeline's microbatches: ``data-parallel`` plans have one stage and refuse it.
+* the operator placements (``hash``, ``critical-path``, ...) run every operator whole on one device under the
+  dataflow schedule, with neither recomputation nor sharded state: they refuse recomputation, a ZeRO level and
+  ``--schedule``.
+"""
+
+from __future__ import annotations
+
+from cost_models.units import GIB
+from planner.baselines.placement.methods import PLACEMENT_METHODS
+from planner.costing.setup import CostSetup
+from planner.errors import AutoplanError
+from planner.inter.search import PipelineOptions
+
+SHARDED_STATE_METHODS = ("megatron", "uniform-pipeline")
+
+
+def method_option_refusal(method: str, options: PipelineOptions) -> str | None:
+    """Why ``method`` cannot plan with ``options``, in one line; None when it honours them all."""
+    if options.degrees is not None and method not in ("megatron", "auto"):
+        return f"--degrees sets Megatron's (tensor, pipeline, data) degrees: use it with --method megatron, not {method}"
+    zero = str(options.zero)
+    if method in SHARDED_STATE_METHODS and zero in ("2", "3"):
+        return (
+            f"--zero {zero} shards gradients{' and parameters' if zero == '3' else ''} under FSDP, which runs on "
+            f"data-parallel plans only; {method} stages shard the optimizer state at most: use --zero 1, or "
+            "--method data-parallel or auto"
+        )
+    if method == "data-parallel" and options.schedule != "auto":
+        return (
+            f"--schedule {options.schedule} orders a pipeline's microbatches; a data-parallel plan has one stage (its "
+            "microbatches accumulate gradients): drop --schedule"
+        )
+    if method in PLACEMENT_METHODS:
+        asked = [
+            *([f"--remat {options.remat}"] if options.remat not in ("auto", "off", "off-or-full") else []),
+            *([f"--zero {zero}"] if zero not in ("auto", "0") else []),
+            *([f"--schedule {options.schedule}"] if options.schedule != "auto" else []),
+        ]
+        if asked:
+            return (
+                f"{', '.join(asked)}: the {method} placement runs every operator whole on one device under the "
+                "dataflow schedule, without recomputation or sharded state: drop it or use another --method"
+            )
+    return None
+
+
+def check_method_options(method: str, options: PipelineOptions) -> None:
+    """Raise the refusal of :func:`method_option_refusal`, if any."""
+    refusal = method_option_refusal(method, options)
+    if refusal is not None:
+        raise AutoplanError(refusal)
+
+
+def does_not_fit_message(method: str, options: PipelineOptions, setup: CostSetup, needed_bytes: float | None) -> str:
+    """One line: what the smallest plan of ``method`` with the choices asked for needs, against the budget."""
+    choices = options.asked_choices()
+    plan_words = f"{method} plan" + (f" with {choices}" if choices else "")
+    forced = options.grad_sync
+    if forced is not None and needed_bytes is not None and needed_bytes <= setup.memory_budget_bytes:
+        return (f"the {method} plan cannot run --grad-sync {forced.label}: it needs replicas on several devices "
+                "(across nodes for local SGD), without --zero")  # fmt: skip
+    if needed_bytes is None:
+        return f"no {plan_words} can be made for this model and cluster"
+    return (f"does not fit: the smallest {plan_words} needs {needed_bytes / GIB:.1f} GiB per device, the budget is "
+            f"{setup.describe_budget()}: add devices, lower the batch, or allow more (--zero, --remat)")  # fmt: skip
