@@ -153,6 +153,8 @@ def check(args: argparse.Namespace) -> int:
         print("gpu_check.py: error: no CUDA device here: run on the GPU machine, or pass --dry-run", file=sys.stderr)
         return 2
     gpu_name = torch.cuda.get_device_name(0) if cuda else args.price_as
+    if not cuda:
+        torch.set_num_threads(1)  # the dry run's own loops run as a rank of the program does: one thread
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
