@@ -180,3 +180,15 @@ def test_a_failed_setup_still_renders_a_page_that_says_so() -> None:
     }
     page = render(result)
     assert "Setup failed: ImportError: cannot import name 'x'" in page and "NVIDIA H200" in page
+
+
+def test_rows_that_failed_or_ran_out_of_time_are_on_the_page(dry_run: dict) -> None:
+    result = json.loads(json.dumps(dry_run))
+    operators = result["sections"]["operators"]["rows"]
+    operators.append({"model": "llama-8b", "op": "attention", "kind": "attention", "shape": "B2", "error": "OOM"})
+    operators.append({"model": "llama-8b", "op": "lm_head", "kind": "linear", "shape": "8192", "skipped": "time"})
+    result["sections"]["steps"]["rows"][0]["program"] = {"error": "RuntimeError: planning gpt-tiny failed"}
+    page = render(result)
+    assert "| llama-8b | attention | B2 | — | — | — | OOM | — |" in page and "| time |" in page
+    assert "| gpt-tiny | 4 | program | RuntimeError: planning gpt-tiny failed |" in page
+    assert "| gpt-tiny | 4 | eager | one device" in page
