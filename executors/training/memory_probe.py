@@ -11,11 +11,18 @@ CPU tensors have no allocator statistics, so a run measures what the estimate mo
 Their sum is what :meth:`executors.training.parallel_model.ParallelModel.memory_bytes` reports. It leaves out
 what the estimate leaves out too: transient outputs not saved for backward, the interpreter, torch's
 libraries, communication buffers.
+
+On a CUDA device the caching allocator also keeps its own high-water marks (:func:`allocator_peak`):
+``torch.cuda.max_memory_allocated`` (every live tensor at its worst moment, transients included) and
+``torch.cuda.max_memory_reserved`` (what the allocator took from the driver, fragmentation included),
+since the process started. CPU tensors have no such statistics: there it is None and the figure above
+stands alone.
 """
 
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,6 +48,24 @@ def model_state_bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimiz
         if found is not None:
             seen.setdefault(*found)
     return sum(seen.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocatorPeak:
+    """The CUDA caching allocator's high-water marks of one device, in bytes."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+
+
+def allocator_peak(device: str) -> AllocatorPeak | None:
+    """``max_memory_allocated`` and ``max_memory_reserved`` of ``device`` ("cuda:0"); None for "cpu"."""
+    if not device.startswith("cuda"):
+        return None
+    return AllocatorPeak(
+        allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
+        reserved_bytes=int(torch.cuda.max_memory_reserved(device)),
+    )
 
 
 class ActivationMeter:

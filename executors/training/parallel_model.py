@@ -10,6 +10,7 @@ executor the plan needs (:func:`executors.runner.make_runner`) and returns a :cl
 * :meth:`ParallelModel.clip_grad_norm_` — the global gradient norm, each parameter counted once
   however many ranks hold a copy or a shard of it, and every copy scaled by
   ``min(1, max_norm / (norm + 1e-6))`` (``torch.nn.utils.clip_grad_norm_``'s rule);
+* :meth:`ParallelModel.allocator_peak` — on CUDA, the allocator's peak allocated and reserved bytes (largest rank);
 * :meth:`ParallelModel.named_parameters` — what this rank holds, by the model's parameter names
   (DTensors where the plan shards or replicates over a mesh);
 * :meth:`ParallelModel.after_optimizer_step` — called after every ``optimizer.step()`` (local SGD averages
@@ -35,7 +36,7 @@ from executors.precision import Precision
 from executors.runner import Runner, make_runner
 from executors.session import Workload, load_workload
 from executors.training.feed import RankInfo, assemble, check_batch, data_feeders, rank_info, synthetic_batches
-from executors.training.memory_probe import ActivationMeter, model_state_bytes
+from executors.training.memory_probe import ActivationMeter, AllocatorPeak, allocator_peak, model_state_bytes
 from executors.training.train_log import Throughput, throughput_unit
 from planner.ir.model_file import ModelFile
 from planner.plan import Plan
@@ -99,6 +100,18 @@ class ParallelModel:
         largest = torch.tensor(float(local), dtype=torch.float64, device=self.workload.device)
         dist.all_reduce(largest, op=dist.ReduceOp.MAX)
         return int(largest)
+
+    def allocator_peak(self) -> AllocatorPeak | None:
+        """The CUDA allocator's peak allocated and reserved bytes, the largest over the ranks (a collective on
+        CUDA); None on CPU, where tensors keep no allocator statistics (:func:`memory_bytes` stands in)."""
+        local = allocator_peak(self.workload.device)
+        if local is None:
+            return None
+        largest = torch.tensor(
+            [local.allocated_bytes, local.reserved_bytes], dtype=torch.float64, device=self.workload.device
+        )
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return AllocatorPeak(allocated_bytes=int(largest[0]), reserved_bytes=int(largest[1]))
 
     def _train_step(self, batch: Sequence[Any] | None) -> float:
         info = self._info

@@ -145,9 +145,10 @@ def main(args):
         step_time_s = timer.stop()
         failed = failed or (verdict is not None and not verdict.ok)
         memory = model.memory_bytes(optimizer) if args.measure_memory else None
+        peak = model.allocator_peak()  # CUDA: max_memory_allocated and _reserved, largest rank (None on CPU)
         if session.rank == 0:
             log.log(step=step, last=step + 1 == end, loss=loss, step_time_s=step_time_s, lr=lr, grad_norm=grad_norm,
-                    memory_bytes=memory, parity=verdict.describe() if verdict else None)
+                    memory_bytes=memory, parity=verdict.describe() if verdict else None, allocator_peak=peak)
         done = step + 1
         if args.checkpoint_dir and ((args.checkpoint_every and done % args.checkpoint_every == 0) or done == end):
             runtime.save_checkpoint(args.checkpoint_dir, model=model, optimizer=optimizer, step=done,

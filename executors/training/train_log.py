@@ -7,6 +7,10 @@ the plan's estimate carries both its own MFU and its step time, so the measured 
 ``estimate.mfu × estimate.step_time_s / measured step`` (the same FLOPs, the measured time). On a
 machine unlike the plan's cluster (a CPU run of a GPU plan) the MFU is against the plan's devices,
 so it reads as "how far this machine is from the plan", not as this machine's utilisation.
+
+On CUDA the line also gives the caching allocator's peak allocated and reserved bytes since the start
+(``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``, the largest rank's) beside the plan's
+memory per device; ``--measure-memory`` adds the model state + saved activations figure on any device.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from cost_models.units import MIB
+from executors.training.memory_probe import AllocatorPeak
 from planner.ir.graph import TensorMeta
 from planner.plan import Plan
 
@@ -48,7 +53,8 @@ class StepLogger:
         )
 
     def line(self, *, step: int, loss: float, step_time_s: float, lr: float, grad_norm: float | None = None,
-             memory_bytes: int | None = None, parity: str | None = None) -> str:  # fmt: skip
+             memory_bytes: int | None = None, parity: str | None = None,
+             allocator_peak: AllocatorPeak | None = None) -> str:  # fmt: skip
         estimate = self.plan.estimate
         mfu = estimate.mfu * estimate.step_time_s / step_time_s if step_time_s > 0 else 0.0
         rate = self.throughput.per_step / step_time_s if step_time_s > 0 else 0.0
@@ -56,6 +62,11 @@ class StepLogger:
         if memory_bytes is not None:
             planned = estimate.memory_per_device_bytes
             norm += f"  memory {memory_bytes / MIB:.1f} MiB (plan {planned / MIB:.1f} MiB)"
+        if allocator_peak is not None:
+            norm += (
+                f"  CUDA peak {allocator_peak.allocated_bytes / MIB:.1f} MiB allocated, "
+                f"{allocator_peak.reserved_bytes / MIB:.1f} MiB reserved (plan {estimate.memory_per_device_bytes / MIB:.1f} MiB)"
+            )
         return (
             f"step {step + 1}  loss {loss:.6f}  {_ms(step_time_s)} (plan {_ms(estimate.step_time_s)})  "
             f"{rate:,.0f} {self.throughput.unit}/s  MFU {mfu:.1%}  lr {lr:.3g}{norm}"
