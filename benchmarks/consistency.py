@@ -10,7 +10,9 @@ violations of these rules (an empty list when none is broken):
   fails where auto has no such candidate); the summary's "why this plan" line prints those same figures, and
   ``plan compare`` rows carry the plan's own estimate;
 * **auto is never slower** than a method whose plan it holds (true by construction: it takes the least estimate);
-* **the JSON reads the same numbers**: a plan round-trips through JSON to an equal plan.
+* **the JSON reads the same numbers**: a plan round-trips through JSON to an equal plan;
+* **each stage's trade-off line has the right sign** (:func:`tradeoff_problems`): the plan replayed with the stage
+  on the recomputation and ZeRO level its line names as the next best (when that fits) is not faster.
 
 :func:`check_options` plans with each method under each forced option (``--remat``, ``--zero``,
 ``--microbatches``, ``--schedule``) and checks that the plan honours it — every stage's recomputation, ZeRO
@@ -30,6 +32,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +84,39 @@ def _plan_problems(method: str, plan: Plan) -> list[str]:
     return problems
 
 
+def tradeoff_problems(method: str, plan: Plan, prepared: Prepared) -> list[str]:
+    """A stage's recomputation/ZeRO line must have the sign of the change it names: the plan replayed with that
+    stage on its next-best pair (when that fits) is slower by about what the line says it saved, never faster
+    by more than 1% of the step."""
+    from planner.costing.lowering import lower_plan, simulate_lowered
+    from planner.ir.graph import subgraph
+    from planner.ir.layers import graph_layers
+    from planner.ir.recompute import remat_runs
+
+    graph = prepared.graphs.at(plan.batch_size // plan.num_microbatches)
+    base = simulate_lowered(lower_plan(plan, graph, prepared.setup)).step_time_s
+    problems = []
+    for stage in plan.stages:
+        saving = stage.memory_saving
+        if not saving or "next_best_remat" not in saving or "does not fit" in str(saving["next_best"]):
+            continue
+        kind, level = str(saving["next_best_remat"]), int(saving["next_best_zero"])
+        part = subgraph(graph, list(stage.nodes))
+        layers = [tuple(name for name in layer if name in set(stage.nodes)) for layer in graph_layers(graph)]
+        runs = remat_runs(kind, part, list(stage.nodes), layers=[layer for layer in layers if layer])
+        other = replace(
+            stage, remat=kind if runs else "none", remat_regions=tuple((r[0], r[-1]) for r in runs), zero=level
+        )
+        changed = replace(plan, stages=tuple(other if s.index == stage.index else s for s in plan.stages))
+        replayed = simulate_lowered(lower_plan(changed, graph, prepared.setup)).step_time_s - base
+        if replayed < -0.01 * base and float(saving["saved_s"]) >= 0:
+            problems.append(
+                f"{method}: stage {stage.index} says {saving['choice']} saves {saving['saved_s']:.3g} s "
+                f"against {saving['next_best']}, which replays {-replayed:.3g} s faster"
+            )
+    return problems
+
+
 def check_case(prepared: Prepared, methods: Sequence[str] = METHODS) -> list[str]:
     """Violations of the one-number rules (module docstring) on one prepared model."""
     from planner.api import _auto
@@ -90,6 +126,8 @@ def check_case(prepared: Prepared, methods: Sequence[str] = METHODS) -> list[str
     for method, plan in plans.items():
         if isinstance(plan, Plan):
             problems += _plan_problems(method, plan)
+            if plan.schedule != "dataflow":
+                problems += tradeoff_problems(method, plan, prepared)
     auto = plans.get("auto")
     if not isinstance(auto, Plan):
         return problems
@@ -109,9 +147,12 @@ def check_case(prepared: Prepared, methods: Sequence[str] = METHODS) -> list[str
             problems.append(f"{family}: auto holds a candidate but the method alone fails: {alone}")
         if held is None or not isinstance(alone, Plan):
             continue
-        if held.estimate != alone.estimate or held.stages != alone.stages:
-            problems.append(f"{family}: auto's candidate ({held.estimate.step_time_s!r} s) is not the method's plan "
-                            f"({alone.estimate.step_time_s!r} s)")  # fmt: skip
+        without_sp = [replace(stage, sequence_parallel_saving={}) for stage in alone.stages]  # added to the plan
+        if held.estimate != alone.estimate or list(held.stages) != without_sp:
+            problems.append(
+                f"{family}: auto's candidate ({held.estimate.step_time_s!r} s) is not the method's plan "
+                f"({alone.estimate.step_time_s!r} s)"
+            )
         if f"{alone.estimate.step_time_s:.4g} s" not in summary:
             problems.append(f"{family}: 'why this plan' does not print its estimate {alone.estimate.step_time_s:.4g} s")
         if auto.estimate.step_time_s > alone.estimate.step_time_s:
@@ -133,19 +174,23 @@ def _honoured(plan: Plan, forced: Mapping[str, object]) -> str | None:
             return f"stages {wrong} run ZeRO levels {[plan.stages[i].zero for i in wrong]}"
     if "microbatches" in forced and plan.num_microbatches != forced["microbatches"]:
         return f"{plan.num_microbatches} microbatches"
-    if "schedule" in forced:
+    if "schedule" in forced:  # a pipeline's order: a plan of one stage and one microbatch has none to follow
         asked = forced["schedule"]
-        same = plan.schedule == asked or (asked == "1f1b" and plan.schedule == "gpipe"
-                                          and plan.num_microbatches < plan.num_pipeline_ranks)  # fmt: skip
+        same = (
+            plan.schedule == asked
+            or (asked == "1f1b" and plan.schedule == "gpipe" and plan.num_microbatches < plan.num_pipeline_ranks)
+            or (asked in ("gpipe", "1f1b") and plan.schedule == "none")
+        )
         if not same:
             return f"schedule {plan.schedule}"
     return None
 
 
 def check_options(
-    prepared_with: Callable[[Mapping[str, object]], Prepared], methods: Sequence[str] = METHODS,
+    prepared_with: Callable[[Mapping[str, object]], Prepared],
+    methods: Sequence[str] = METHODS,
     forced_options: Sequence[Mapping[str, object]] = FORCED_OPTIONS,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """Each method under each forced option honours it or refuses it in one line (module docstring);
     ``prepared_with(options)``: the model prepared with those planner options."""
     problems = []
@@ -175,8 +220,9 @@ def _quality_case(name: str, **options: object) -> Prepared:
     cluster_key, gpus = at.split("x")
     example, args, batch = MODELS[model]
     cluster = load_cluster(CLUSTERS[cluster_key], num_nodes=max(1, int(gpus) // DEVICES_PER_NODE))
-    return prepare_model_file(ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args,
-                              rl_iterations=5, **options)  # fmt: skip
+    return prepare_model_file(
+        ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args, rl_iterations=5, **options
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -193,8 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         problems = check_case(_quality_case(name))
         if not args.no_options:
-            problems += check_options(lambda forced, name=name: _quality_case(name, **forced),
-                                      methods=("auto", *FAMILIES))  # fmt: skip
+            problems += check_options(
+                lambda forced, name=name: _quality_case(name, **forced), methods=("auto", *FAMILIES)
+            )
         seconds = time.perf_counter() - started
         rows.append((name, len(problems), "; ".join(problems) or "-", f"{seconds:.0f}"))
         print(f"{name}: {len(problems)} problem(s) in {seconds:.0f} s" + "".join(f"\n  {p}" for p in problems))
@@ -205,9 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = "| case | problems | what | seconds |\n|---|---:|---|---:|\n" + "\n".join(
             f"| {name} | {count} | {what} | {seconds} |" for name, count, what, seconds in rows
         )
-        save_table("consistency", title="One number per quantity: every method against every command",
-                   command=command, description=f"{__doc__.split(chr(10) * 2)[1]}\n\n**{len(rows) - failed} of "
-                   f"{len(rows)} cases consistent.**", table=table)  # fmt: skip
+        save_table(
+            "consistency",
+            title="One number per quantity: every method against every command",
+            command=command,
+            description=f"{__doc__.split(chr(10) * 2)[1]}\n\n**{len(rows) - failed} of {len(rows)} cases consistent.**",
+            table=table,
+        )
     return 1 if failed else 0
 
 

@@ -126,7 +126,9 @@ class Cluster:
                 "microbatch_overhead_s": self.device.microbatch_overhead_s,
                 "step_overhead_s": self.device.step_overhead_s,
                 "shared_slowdown": self.device.shared_slowdown,
-                **({} if self.device.memory_correction == 1.0 else {"memory_correction": self.device.memory_correction}),
+                **(
+                    {} if self.device.memory_correction == 1.0 else {"memory_correction": self.device.memory_correction}
+                ),
                 "mixed_precision": self.device.mixed_precision,
                 **self._reserve_json(),
                 **({} if self.device.kernels is None else {"kernels": self.device.kernels.to_json()}),

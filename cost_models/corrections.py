@@ -46,8 +46,7 @@ class Corrections:
     memory: float = 1.0
 
     def to_json(self) -> dict[str, float]:
-        return {"compute": self.compute, "communication": self.communication, "host": self.host,
-                "memory": self.memory}  # fmt: skip
+        return {"compute": self.compute, "communication": self.communication, "host": self.host, "memory": self.memory}
 
     @classmethod
     def from_json(cls, data: Mapping[str, float]) -> Corrections:
@@ -66,13 +65,19 @@ def scale_component(cluster: Cluster, component: str, factor: float) -> Cluster:
     """``cluster`` with one component's costs multiplied by ``factor`` (module docstring)."""
     device = cluster.device
     if component == "compute":
-        device = replace(device, peak_flops={k: v / factor for k, v in device.peak_flops.items()},
-                         memory_bandwidth=device.memory_bandwidth / factor,
-                         shared_slowdown=device.shared_slowdown * factor)  # fmt: skip
+        device = replace(
+            device,
+            peak_flops={k: v / factor for k, v in device.peak_flops.items()},
+            memory_bandwidth=device.memory_bandwidth / factor,
+            shared_slowdown=device.shared_slowdown * factor,
+        )
         return replace(cluster, device=device)
     if component == "communication":
-        return replace(cluster, intra_node=_scaled_link(cluster.intra_node, factor),
-                       inter_node=_scaled_link(cluster.inter_node, factor))  # fmt: skip
+        return replace(
+            cluster,
+            intra_node=_scaled_link(cluster.intra_node, factor),
+            inter_node=_scaled_link(cluster.inter_node, factor),
+        )
     if component == "host":
         return replace(cluster, device=replace(device, **{f: getattr(device, f) * factor for f in HOST_FIELDS}))
     if component == "memory":
@@ -108,8 +113,11 @@ def fit_corrections(rows: Sequence[CorrectionRow], *, prior_weight: float = PRIO
     target = np.array([(row.measured_s - row.estimate_s) / row.measured_s for row in rows])
     change = _ridge(matrix, target, weight=prior_weight)
     factors = {c: float(np.clip(1.0 + g, FACTOR_MIN, FACTOR_MAX)) for c, g in zip(TIME_COMPONENTS, change, strict=True)}
-    memory = [row.measured_memory_bytes / row.estimated_memory_bytes for row in rows
-              if row.estimated_memory_bytes > 0 and row.measured_memory_bytes > 0]  # fmt: skip
+    memory = [
+        row.measured_memory_bytes / row.estimated_memory_bytes
+        for row in rows
+        if row.estimated_memory_bytes > 0 and row.measured_memory_bytes > 0
+    ]
     factors["memory"] = float(np.clip(max(memory), FACTOR_MIN, FACTOR_MAX)) if memory else 1.0
     return Corrections(**factors)
 

@@ -55,6 +55,7 @@ class ShardedStageModule(nn.Module):
         self._wire_dtype = wire_dtype  # the dtype a sent value travels in (bf16 under mixed precision)
 
     def forward(self, *values: Any) -> Any:
+        values = tuple(_ContiguousGrad.apply(v) if _needs_grad(v) else v for v in values)
         outputs = self.inner(*(self.sharding.enter(v) for v in values))
         whole = tuple(self.sharding.leave(v) for v in outputs)
         if self._loss is None:  # sent to the next stage: point-to-point sends need contiguous tensors
@@ -65,6 +66,24 @@ class ShardedStageModule(nn.Module):
 
     def _to_wire(self, value: torch.Tensor) -> torch.Tensor:
         return value if self._wire_dtype is None else value.to(self._wire_dtype(value.dtype))
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """The identity, whose backward makes the gradient contiguous: a stage's input gradient is sent to the stage
+    before point to point, which needs a contiguous tensor (a transposed convolution's or a ``cat``'s gradient may
+    not be)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: torch.Tensor) -> torch.Tensor:
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def _needs_grad(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad and value.is_floating_point()
 
 
 def _own_tensor(value: torch.Tensor) -> torch.Tensor:

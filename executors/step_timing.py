@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,35 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from executors.training.machine_load import cpu_ticks, machine_shares, own_cpu_ticks
 from planner.errors import AutoplanError
 
 WARMUP_STEPS = 3
-
-
-def cpu_ticks() -> tuple[int, int, int]:
-    """(stolen, busy, total) CPU ticks of all cores since boot, from /proc/stat (zeros off Linux)."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0, 0
-    steal = fields[7] if len(fields) > 7 else 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    total = sum(fields[:8])
-    return steal, total - idle - steal, total
-
-
-def own_cpu_ticks() -> float:
-    """CPU ticks this process used so far, all threads (gloo's included)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return (usage.ru_utime + usage.ru_stime) * os.sysconf("SC_CLK_TCK")
-
-
-def machine_shares(before: tuple[int, int, int], after: tuple[int, int, int], *, ours_ticks: float) -> dict[str, float]:
-    """``steal`` and ``foreign`` shares of all CPU ticks between two :func:`cpu_ticks` readings, given
-    the ticks our own processes used meanwhile."""
-    total = max(after[2] - before[2], 1)
-    busy = after[1] - before[1]
-    return {"steal": (after[0] - before[0]) / total, "foreign": max(0.0, (busy - ours_ticks) / total)}
 
 
 MACHINE: dict[str, dict[str, float]] = {}  # plan path -> machine_shares of its timed steps (filled by time_plans)

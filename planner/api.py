@@ -117,6 +117,8 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
     compared = ", ".join(f"{method} {p.estimate.step_time_s:.4g} s" for method, p in sorted(result.priced.items()))
     notes = (f"compared under the same cost model: {compared}; chosen: {result.chosen_by}",)
     return result.best, stats, notes
+
+
 def _capture_graphs(
     model: torch.nn.Module, example_inputs: Sequence[Any], *, batch_size: int, smallest: int, tracer: str, jobs: int
 ) -> MicrobatchGraphs:

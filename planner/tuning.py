@@ -73,8 +73,10 @@ class TuneResult:
 
 def candidate_names(result: AutoResult, *, count: int = DEFAULT_CANDIDATES) -> list[str]:
     """Auto's candidates to run, in order (module docstring); distinct by stages, microbatches and schedule."""
-    others = sorted((name for name in result.priced if name not in FAMILIES and name != result.chosen_by),
-                    key=lambda name: result.priced[name].estimate.step_time_s)  # fmt: skip
+    others = sorted(
+        (name for name in result.priced if name not in FAMILIES and name != result.chosen_by),
+        key=lambda name: result.priced[name].estimate.step_time_s,
+    )
     order = [result.chosen_by, *(name for name in FAMILIES if name in result.priced), *others]
     names: list[str] = []
     seen: set[tuple] = set()
@@ -133,11 +135,15 @@ def learn(rows: Sequence[TuneRow], graph_at, setup: CostSetup) -> Corrections:
             continue
         plan = row.plan
         graph = graph_at(plan.batch_size // plan.num_microbatches)
-        fitted.append(CorrectionRow(
-            estimate_s=plan.estimate.step_time_s, components_s=component_seconds(plan, graph, setup),
-            measured_s=float(measured.step_time_s), estimated_memory_bytes=plan.estimate.memory_per_device_bytes,
-            measured_memory_bytes=max(measured.peak_memory_bytes, default=0.0),
-        ))  # fmt: skip
+        fitted.append(
+            CorrectionRow(
+                estimate_s=plan.estimate.step_time_s,
+                components_s=component_seconds(plan, graph, setup),
+                measured_s=float(measured.step_time_s),
+                estimated_memory_bytes=plan.estimate.memory_per_device_bytes,
+                measured_memory_bytes=max(measured.peak_memory_bytes, default=0.0),
+            )
+        )
     return fit_corrections(fitted)
 
 
@@ -151,9 +157,15 @@ def tuned_plan(rows: Sequence[TuneRow], chosen: int) -> Plan:
         "auto's pick itself"
         if chosen == 0
         else f"auto's pick ({auto.name}) measured "
-        + (f"{auto.measurement.step_time_s * 1e3:.1f} ms" if auto.measurement.ran else f"nothing ({auto.measurement.error})")
+        + (
+            f"{auto.measurement.step_time_s * 1e3:.1f} ms"
+            if auto.measurement.ran
+            else f"nothing ({auto.measurement.error})"
+        )
     )
-    note = (f"plan tune kept this candidate ({row.name}): measured {measured * 1e3:.1f} ms a step against its estimate "
-            f"{row.estimate_s * 1e3:.1f} ms, the fastest of {sum(r.measurement.ran for r in rows)} measured candidates; "
-            f"{versus}")  # fmt: skip
+    note = (
+        f"plan tune kept this candidate ({row.name}): measured {measured * 1e3:.1f} ms a step against its estimate "
+        f"{row.estimate_s * 1e3:.1f} ms, the fastest of {sum(r.measurement.ran for r in rows)} measured candidates; "
+        f"{versus}"
+    )
     return replace(row.plan, notes=(*row.plan.notes, note))

@@ -33,8 +33,14 @@ CASES = {
 @functools.cache
 def _prepared(case: str, options: tuple[tuple[str, object], ...] = ()):
     example, args, batch, cluster, nodes, per_node = CASES[case]
-    return prepare_model_file(EXAMPLES / f"{example}.py", load_cluster(cluster, num_nodes=nodes, devices_per_node=per_node),
-                              batch_size=batch, model_args=args, rl_iterations=3, **dict(options))  # fmt: skip
+    return prepare_model_file(
+        EXAMPLES / f"{example}.py",
+        load_cluster(cluster, num_nodes=nodes, devices_per_node=per_node),
+        batch_size=batch,
+        model_args=args,
+        rl_iterations=3,
+        **dict(options),
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))

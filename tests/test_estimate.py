@@ -82,8 +82,9 @@ def test_data_parallel_estimate_hand_worked() -> None:
     # 4 x (256x256 + 256) bf16 gradients, 0.5 MiB in all: one DDP bucket, ready when the backward ends, so one
     # all-reduce with its whole latency after it
     assert ddp_buckets([p.meta.numel * 4 for p in reversed(graph.params)]) == [graph.num_params * 4]
-    expected_sync = all_reduce_s(graph.num_params * optimizer_bytes("adam-mixed").grads, num_devices=8,
-                                 link=cluster.intra_node)
+    expected_sync = all_reduce_s(
+        graph.num_params * optimizer_bytes("adam-mixed").grads, num_devices=8, link=cluster.intra_node
+    )
     breakdown = estimate.breakdown_s
     assert breakdown["grad_sync_s"] == pytest.approx(expected_sync)
     assert breakdown["compute_s"] == pytest.approx(compute_s(graph, setup, num_batch_shards=8))

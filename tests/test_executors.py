@@ -41,7 +41,8 @@ MODELS = {
 ZOO_MODELS = {"transformer_lm": ("zoo/nn_transformer_lm.py", {"seq": 64}, 8), "swin": ("zoo/hf_swin.py", {}, 8),
               "llama": ("zoo/hf_llama.py", {"layers": 4}, 8), "bert": ("zoo/hf_bert.py", {}, 8),
               "gpt_unfused": ("gpt.py", {"attention": "unfused"}, 8),
-              "gpt2_eager": ("zoo/hf_gpt2.py", {"attention": "eager"}, 8)}  # fmt: skip
+              "gpt2_eager": ("zoo/hf_gpt2.py", {"attention": "eager"}, 8),
+              "unet": ("zoo/nn_unet.py", {"width": 8, "depth": 2, "image_size": 16}, 8)}  # fmt: skip
 # (model, method, planner options) per world size; the key names the plan kind
 TP = {"degrees": (2, 1, 1)}
 GPIPE = {"degrees": (1, 2, 1), "schedule": "gpipe", "microbatches": 2}
@@ -59,6 +60,8 @@ CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
         # several stages per rank (torch's ScheduleInterleaved1F1B), and backward split into I and W
         "gpt-interleaved": ("gpt", "auto", {"schedule": "interleaved"}),
         "llama-zero-bubble": ("llama", "auto", {"schedule": "zero-bubble"}),
+        # a stage input's gradient that is not contiguous (a transposed convolution's, a cat's) is sent back
+        "unet-zero-bubble": ("unet", "uniform-pipeline", {"schedule": "zero-bubble", "microbatches": 4}),
     },
     4: {
         **{f"{m}-tp2d": (m, "megatron", {"degrees": (2, 1, 2)}) for m in MODELS},

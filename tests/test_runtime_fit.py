@@ -176,14 +176,12 @@ def test_simulator_prices_pure_data_parallel_as_ddp() -> None:
     simulated, steps = [], []
     for cluster in (base, more):
         prepared = prepare_model_file(EXAMPLES / "mlp.py", cluster, batch_size=8, model_args=MLP_ARGS)
-        plan = plan_prepared(prepared, "data-parallel")
+        plan = plan_prepared(replace(prepared, options=replace(prepared.options, zero="0")), "data-parallel")
         steps.append(plan.estimate)
         simulated.append(simulate_plan(plan, prepared.graphs.at(8), prepared.setup).step_time_s)
     assert simulated[1] == pytest.approx(simulated[0])
     device = base.device
-    copies = steps[0].breakdown_s["bucket_copy_s"]
     grad_bytes = 4 * prepared.graph.num_params  # fp32 gradients on local-cpu
-    assert copies == pytest.approx(
-        DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
-    )
+    copies = DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
+    assert steps[0].breakdown_s["optimizer_and_bucket_copies_s"] >= copies
     assert simulated[0] >= copies

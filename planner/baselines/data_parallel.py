@@ -47,7 +47,7 @@ from planner.sharding.strategies import NodeStrategy, StrategyContext, replicate
 def data_parallel_stage(graph: OpGraph, setup: CostSetup, *, batch_size: int, devices: tuple[int, ...]) -> Stage:
     """The one stage of the data-parallel plan of ``graph`` (at ``batch_size``) over ``devices``."""
     num_devices = len(devices)
-    _check_batch(batch_size, num_devices)
+    check_batch(batch_size, num_devices)
     mesh = StageMesh(cluster=setup.cluster, devices=devices, mesh_shape=(num_devices,),
                      activation_itemsize=setup.activation_itemsize)  # fmt: skip
     chosen = batch_strategies(graph, setup, mesh)
@@ -61,7 +61,7 @@ def data_parallel_stage(graph: OpGraph, setup: CostSetup, *, batch_size: int, de
     )
 
 
-def _check_batch(batch_size: int, num_devices: int) -> None:
+def check_batch(batch_size: int, num_devices: int) -> None:
     if batch_size % num_devices:
         larger = -(-batch_size // num_devices) * num_devices
         raise AutoplanError(

@@ -167,6 +167,8 @@ def megatron_grid(
     num_layers = len(setting.layers.layers)
     found = []
     for (t, p, d), shape in grid_points(setup, num_layers=num_layers, degrees=degrees):
+        if setting.rows % d:  # the replicas cannot share the microbatch's rows evenly
+            continue
         submesh = _submesh_of(setup, t * d)
         source = "data-parallel" if t == 1 else "megatron"
         method = "data-parallel" if (t, p) == (1, 1) and degrees is None else "megatron"
@@ -193,12 +195,17 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
                     setting.num_microbatches if setting.schedule == "gpipe" else min(p - s, setting.num_microbatches)
                 )
                 memory = arrays.state_bytes[a, b, j] + arrays.activation_bytes[a, b, j] * in_flight
-                fitting = np.where(memory <= setup.memory_budget_bytes, arrays.time_s[a, b, j], np.inf)
+                times = arrays.time_s[a, b, j]
+                fitting = np.where(memory <= setup.memory_budget_bytes, times, np.inf)
                 # the fastest option that fits; when none does, the smallest (what the does-not-fit figure reports)
-                column = int(np.argmin(fitting)) if np.isfinite(fitting).any() else int(np.argmin(memory))
+                smallest = np.where(np.isfinite(times), memory, np.inf)
+                column = int(np.argmin(fitting if np.isfinite(fitting).any() else smallest))
+                if column >= len(setting.spans.labels[j]):  # no option at all for these layers
+                    break
                 shape, slot = setting.spans.labels[j][column]
                 specs.append(StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot))
-            found.append(_candidate("uniform-pipeline", (0, p, 0), specs, setting, setup))
+            if len(specs) == len(spans):
+                found.append(_candidate("uniform-pipeline", (0, p, 0), specs, setting, setup))
     return found
 
 

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, replace
 
 from cost_models.memory import model_state_bytes, zero_shards
-from planner.baselines.data_parallel import data_parallel, with_zero
+from planner.baselines.data_parallel import check_batch, data_parallel, with_zero
 from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_points, least_memory
 from planner.costing.estimate import check_fits
 from planner.costing.setup import CostSetup
@@ -140,6 +140,7 @@ def data_parallel_plan(
     """``--method data-parallel``: the best plan of the grid point ``(1, 1, D)`` (microbatches, recomputation, ZeRO
     levels: :func:`handwritten_plan`) or the one-microbatch plan (:func:`pure_data_parallel`) when it is faster —
     the candidate ``auto`` holds for the method, by the same functions."""
+    check_batch(graphs.batch_size, setup.cluster.num_devices)
     grid = handwritten_plan("data-parallel", graphs, full_graph, setup, options=options, progress=progress)
     pure = pure_data_parallel(graphs, full_graph, setup, options=options)
     if pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s):
@@ -208,7 +209,8 @@ def _settings(
             continue
         spans = option_arrays(graph, layers, tables, m, choices=choices, progress=progress)
         settings.append(PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers,
-                                       stage_plan=None, spans=spans, boundary_s=boundary))  # fmt: skip
+                                       stage_plan=None, spans=spans, boundary_s=boundary,
+                                       rows=graphs.batch_size // m))  # fmt: skip
     return settings
 
 

@@ -27,7 +27,9 @@ SHARDED_STATE_METHODS = ("megatron", "uniform-pipeline")
 def method_option_refusal(method: str, options: PipelineOptions) -> str | None:
     """Why ``method`` cannot plan with ``options``, in one line; None when it honours them all."""
     if options.degrees is not None and method not in ("megatron", "auto"):
-        return f"--degrees sets Megatron's (tensor, pipeline, data) degrees: use it with --method megatron, not {method}"
+        return (
+            f"--degrees sets Megatron's (tensor, pipeline, data) degrees: use it with --method megatron, not {method}"
+        )
     zero = str(options.zero)
     if method in SHARDED_STATE_METHODS and zero in ("2", "3"):
         return (
@@ -67,9 +69,13 @@ def does_not_fit_message(method: str, options: PipelineOptions, setup: CostSetup
     plan_words = f"{method} plan" + (f" with {choices}" if choices else "")
     forced = options.grad_sync
     if forced is not None and needed_bytes is not None and needed_bytes <= setup.memory_budget_bytes:
-        return (f"the {method} plan cannot run --grad-sync {forced.label}: it needs replicas on several devices "
-                "(across nodes for local SGD), without --zero")  # fmt: skip
+        return (
+            f"the {method} plan cannot run --grad-sync {forced.label}: it needs replicas on several devices "
+            "(across nodes for local SGD), without --zero"
+        )
     if needed_bytes is None:
         return f"no {plan_words} can be made for this model and cluster"
-    return (f"does not fit: the smallest {plan_words} needs {needed_bytes / GIB:.1f} GiB per device, the budget is "
-            f"{setup.describe_budget()}: add devices, lower the batch, or allow more (--zero, --remat)")  # fmt: skip
+    return (
+        f"does not fit: the smallest {plan_words} needs {needed_bytes / GIB:.1f} GiB per device, the budget is "
+        f"{setup.describe_budget()}: add devices, lower the batch, or allow more (--zero, --remat)"
+    )

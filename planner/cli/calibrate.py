@@ -123,10 +123,10 @@ def planning_cluster(name: str, *, num_nodes: int | None, devices_per_node: int 
 def cluster_of(options: argparse.Namespace) -> Cluster:
     """The cluster of ``--cluster``, ``--nodes``, ``--devices-per-node``, calibrated where it is this machine
     (:func:`planner.cli.calibrate.planning_cluster`); the calibration run says so on stderr."""
+
     def say(message: str) -> None:
         sys.stderr.write(f"plan: {message}\n")
         sys.stderr.flush()
 
     return planning_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node,
                             calibrate=not options.no_calibrate, say=say)  # fmt: skip
-

@@ -49,7 +49,7 @@ def run_compare(argv: Sequence[str]) -> int:
     from planner.cli.calibrate import cluster_of
     from planner.cli.options import search_kwargs
     from planner.compare import best_step_s, compare, parse_methods
-    from planner.ir.model_file import parse_model_args
+    from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan.shape import count_of
 
     options = _parser().parse_args(list(argv))
@@ -59,6 +59,7 @@ def run_compare(argv: Sequence[str]) -> int:
         raise AutoplanError(f"--figure must name a .png file, got {figure}")
     if figure is not None and not figure.parent.is_dir():
         raise AutoplanError(f"--figure: directory {figure.parent} does not exist")
+    load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
     cluster = cluster_of(options)
     prepared = prepare_model_file(options.model_file, cluster, batch_size=options.batch_size,
                                   model_args=parse_model_args(options.model_arg), **search_kwargs(options))  # fmt: skip

@@ -131,10 +131,11 @@ def _run_plan(options: argparse.Namespace) -> int:
 
     from planner.api import plan_model_file
     from planner.cli.calibrate import cluster_of
-    from planner.ir.model_file import parse_model_args
+    from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan import save_plan
     from planner.plan.report import plan_summary
 
+    load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
     cluster = cluster_of(options)
     model_args = parse_model_args(options.model_arg)
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),

@@ -2,7 +2,7 @@
 
 The decisions are :mod:`planner.tuning`'s (which candidates, which to keep, what to learn); this module runs them:
 :func:`measure_locally` starts one torchrun job per candidate on this machine
-(:mod:`executors.measure_plan`: the training program's own step, ``--warmup`` steps then ``--steps`` timed,
+(:mod:`executors.training.measure_plan`: the training program's own step, ``--warmup`` steps then ``--steps`` timed,
 each rank's peak memory), reports each as it finishes, skips one that fails or runs out of memory, and on
 Ctrl-C stops the running job and writes nothing. At the end it writes the kept plan to ``--out``, the table of
 every candidate's estimate against what it measured beside it (``OUT.tune.md`` and ``OUT.tune.json``), and —
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--candidates", type=int, default=4, metavar="K", help="candidates to run (default 4)")
     parser.add_argument("--steps", type=int, default=10, metavar="N", help="timed steps per candidate (default 10)")
     parser.add_argument("--warmup", type=int, default=3, metavar="W", help="untimed steps first (default 3)")
-    parser.add_argument("--out", default="plan.json", help="the kept plan (default plan.json); the table goes beside it")
+    parser.add_argument(
+        "--out", default="plan.json", help="the kept plan (default plan.json); the table goes beside it"
+    )
     parser.add_argument("--no-learn", action="store_true", help="do not write corrections into the calibration")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: the plan's (gloo on CPU)")
     parser.add_argument("--timeout-s", type=float, default=600.0, metavar="S", help="seconds one candidate may take")
@@ -57,8 +60,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check(options: argparse.Namespace) -> None:
-    for flag, value, least in (("--candidates", options.candidates, 1), ("--steps", options.steps, 1),
-                               ("--warmup", options.warmup, 0)):  # fmt: skip
+    for flag, value, least in (
+        ("--candidates", options.candidates, 1),
+        ("--steps", options.steps, 1),
+        ("--warmup", options.warmup, 0),
+    ):
         if value < least:
             raise AutoplanError(f"{flag} must be at least {least}, got {value}")
     if options.timeout_s <= 0:
@@ -68,9 +74,10 @@ def _check(options: argparse.Namespace) -> None:
         raise AutoplanError(f"--out: directory {out.parent} does not exist")
 
 
-def measure_locally(plan_path: Path, *, steps: int, warmup: int, backend: str | None = None,
-                    timeout_s: float = 600.0) -> tuple[dict | None, str | None]:  # fmt: skip
-    """Run :mod:`executors.measure_plan` on the plan at ``plan_path`` with one process per device of the plan:
+def measure_locally(
+    plan_path: Path, *, steps: int, warmup: int, backend: str | None = None, timeout_s: float = 600.0
+) -> tuple[dict | None, str | None]:
+    """Run :mod:`executors.training.measure_plan` on the plan at ``plan_path`` with one process per device of the plan:
     ``(measurement, None)``, or ``(None, why it failed)``. Ctrl-C stops the job and is raised again."""
     from executors.step_timing import root_cause
     from executors.training.launch import check_host, free_port
@@ -81,12 +88,26 @@ def measure_locally(plan_path: Path, *, steps: int, warmup: int, backend: str | 
     chosen = backend or backend_for(plan.cluster)
     check_host(plan, backend=chosen)
     out = plan_path.with_suffix(".measured.json")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.num_devices),
-               "--master-port", str(free_port()), "-m", "executors.measure_plan", str(out), str(plan_path),
-               str(steps), str(warmup), chosen]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(plan.num_devices),
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "executors.training.measure_plan",
+        str(out),
+        str(plan_path),
+        str(steps),
+        str(warmup),
+        chosen,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                           start_new_session=True)  # fmt: skip
+    job = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         _, stderr = job.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -101,7 +122,9 @@ def measure_locally(plan_path: Path, *, steps: int, warmup: int, backend: str | 
 
 
 def _failure(stderr: str, root_cause) -> str:
-    text = root_cause(stderr)
+    """The failing rank's one line (what the program's runtime prints), else the job's first error line."""
+    named = [line for line in stderr.splitlines() if re.match(r"rank \d+( failed)?: ", line)]
+    text = named[0] if named else root_cause(stderr)
     if "out of memory" in stderr.lower() or "MemoryError" in stderr:
         return f"out of memory: {text}"
     return text
@@ -127,16 +150,22 @@ def run_tune(argv: Sequence[str]) -> int:
     from planner.cli.calibrate import cluster_of
     from planner.cli.options import search_kwargs
     from planner.cli.tune_report import learn_into_calibration, print_rows, write_table
-    from planner.ir.model_file import parse_model_args
+    from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan import save_plan
     from planner.plan.shape import plan_shape
     from planner.tuning import Measurement
 
     options = _parser().parse_args(list(argv))
     _check(options)
+    load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
     cluster = cluster_of(options)
-    prepared = prepare_model_file(options.model_file, cluster, batch_size=options.batch_size,
-                                  model_args=parse_model_args(options.model_arg), **search_kwargs(options))  # fmt: skip
+    prepared = prepare_model_file(
+        options.model_file,
+        cluster,
+        batch_size=options.batch_size,
+        model_args=parse_model_args(options.model_arg),
+        **search_kwargs(options),
+    )
     done: list[str] = []
 
     with tempfile.TemporaryDirectory(prefix="autoplan-tune-") as directory:
@@ -145,21 +174,29 @@ def run_tune(argv: Sequence[str]) -> int:
             index = len(done) + 1
             path = Path(directory) / f"{index}-{name}.json"
             save_plan(plan, path)
-            say(f"[{index}/{options.candidates}] {name}: {plan_shape(plan)}; estimate "
+            say(
+                f"[{index}/{options.candidates}] {name}: {plan_shape(plan)}; estimate "
                 f"{plan.estimate.step_time_s * 1e3:.1f} ms, {plan.estimate.memory_per_device_bytes / GIB:.2f} GiB; "
-                f"running {options.warmup} + {options.steps} steps ...")  # fmt: skip
-            result, error = measure_locally(path, steps=options.steps, warmup=options.warmup,
-                                            backend=options.backend, timeout_s=options.timeout_s)  # fmt: skip
+                f"running {options.warmup} + {options.steps} steps ..."
+            )
+            result, error = measure_locally(
+                path, steps=options.steps, warmup=options.warmup, backend=options.backend, timeout_s=options.timeout_s
+            )
             done.append(name)
             if result is None:
                 say(f"      {name} failed, skipped: {error}")
                 return Measurement(step_time_s=None, error=error)
             peaks = tuple(float(p) for p in result["peak_bytes"])
-            say(f"      measured {result['median_s'] * 1e3:.1f} ms a step "
+            say(
+                f"      measured {result['median_s'] * 1e3:.1f} ms a step "
                 f"({result['median_s'] / plan.estimate.step_time_s:.2f}× the estimate), peak "
-                f"{max(peaks) / GIB:.3f} GiB on the fullest rank")  # fmt: skip
-            return Measurement(step_time_s=float(result["median_s"]), peak_memory_bytes=peaks,
-                               disturbance=float(result.get("steal", 0.0)) + float(result.get("foreign", 0.0)))  # fmt: skip
+                f"{max(peaks) / GIB:.3f} GiB on the fullest rank"
+            )
+            return Measurement(
+                step_time_s=float(result["median_s"]),
+                peak_memory_bytes=peaks,
+                disturbance=float(result.get("steal", 0.0)) + float(result.get("foreign", 0.0)),
+            )
 
         try:
             result = tune_prepared(prepared, measure=measure, candidates=options.candidates)

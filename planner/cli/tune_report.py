@@ -59,8 +59,17 @@ def _cells(row: TuneRow, *, kept: bool) -> list[str]:
     ]
 
 
-HEADER = ("candidate", "plan", "estimate ms", "measured ms", "measured ÷ estimate", "estimated MiB", "measured peak MiB",
-          "peak ÷ estimate", "fits")  # fmt: skip
+HEADER = (
+    "candidate",
+    "plan",
+    "estimate ms",
+    "measured ms",
+    "measured ÷ estimate",
+    "estimated MiB",
+    "measured peak MiB",
+    "peak ÷ estimate",
+    "fits",
+)
 
 
 def write_table(result: TuneResult, out: Path, *, command: str) -> Path:
@@ -81,8 +90,12 @@ def write_table(result: TuneResult, out: Path, *, command: str) -> Path:
     ]
     markdown = out.with_suffix(".tune.md")
     markdown.write_text("\n".join(lines) + "\n")
-    data = {"command": command, "rows": [_row_json(row, kept=i == result.chosen) for i, row in enumerate(result.rows)],
-            "kept": result.rows[result.chosen].name, "corrections": result.corrections.to_json()}  # fmt: skip
+    data = {
+        "command": command,
+        "rows": [_row_json(row, kept=i == result.chosen) for i, row in enumerate(result.rows)],
+        "kept": result.rows[result.chosen].name,
+        "corrections": result.corrections.to_json(),
+    }
     out.with_suffix(".tune.json").write_text(json.dumps(data, indent=2) + "\n")
     return markdown
 
@@ -103,8 +116,11 @@ def print_rows(result: TuneResult) -> None:
         console.print(f"kept auto's pick ({auto.name}): it measured fastest", highlight=False)
     else:
         versus = f"{auto.measurement.step_time_s * 1e3:.1f} ms" if auto.measurement.ran else "nothing"
-        console.print(f"kept {kept.name}: {kept.measurement.step_time_s * 1e3:.1f} ms a step; auto's pick "
-                      f"({auto.name}) measured {versus}", highlight=False)  # fmt: skip
+        console.print(
+            f"kept {kept.name}: {kept.measurement.step_time_s * 1e3:.1f} ms a step; auto's pick "
+            f"({auto.name}) measured {versus}",
+            highlight=False,
+        )
 
 
 def corrected_cluster(cluster: Cluster, corrections: Corrections) -> Cluster:
@@ -113,8 +129,11 @@ def corrected_cluster(cluster: Cluster, corrections: Corrections) -> Cluster:
 
     earlier = Corrections.from_json((cluster.calibration or {}).get("corrections", {}))
     total = Corrections(**{key: getattr(earlier, key) * value for key, value in corrections.to_json().items()})
-    summary = {**(cluster.calibration or {"by": "plan tune"}), "corrections": total.to_json(),
-               "tuned_on": datetime.date.today().isoformat()}  # fmt: skip
+    summary = {
+        **(cluster.calibration or {"by": "plan tune"}),
+        "corrections": total.to_json(),
+        "tuned_on": datetime.date.today().isoformat(),
+    }
     return replace(apply_corrections(cluster, corrections), calibration=summary)
 
 
@@ -122,7 +141,7 @@ def learn_into_calibration(result: TuneResult, cluster: Cluster) -> str:
     """Write the corrected cluster into this machine's cached calibration; the line that says so."""
     corrected = corrected_cluster(cluster, result.corrections)
     path = save_calibrated(corrected.to_json(), cluster.name, processes=cluster.num_devices)
-    return (f"learned: {result.corrections.describe()}; written to {path}: the next plan on {cluster.name} with "
-            f"{cluster.num_devices} devices starts from them")  # fmt: skip
-
-
+    return (
+        f"learned: {result.corrections.describe()}; written to {path}: the next plan on {cluster.name} with "
+        f"{cluster.num_devices} devices starts from them"
+    )

@@ -72,8 +72,14 @@ def ddp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, grad_syn
         host_overhead_s=setup.cluster.device.step_overhead_s,
     )
     hidden = {"grad_sync_overlapped_s": max(0.0, sync.comm_s - waited)}
-    return DdpStep(step_s=step, exposed_sync_s=waited, whole_sync_s=sync.comm_s, breakdown_s=parts, hidden_s=hidden,
-                   state_bytes=sync.state_bytes)
+    return DdpStep(
+        step_s=step,
+        exposed_sync_s=waited,
+        whole_sync_s=sync.comm_s,
+        breakdown_s=parts,
+        hidden_s=hidden,
+        state_bytes=sync.state_bytes,
+    )
 
 
 def fsdp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int) -> DdpStep:
@@ -94,8 +100,9 @@ def fsdp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int) -> DdpS
     return DdpStep(step_s=step, exposed_sync_s=waits, whole_sync_s=price.comm_s, breakdown_s=parts, hidden_s=hidden)
 
 
-def ddp_estimate(graph: OpGraph, setup: CostSetup, step: DdpStep, *, memory_bytes: float,
-                 savings: Mapping[str, float] | None = None) -> Estimate:
+def ddp_estimate(
+    graph: OpGraph, setup: CostSetup, step: DdpStep, *, memory_bytes: float, savings: Mapping[str, float] | None = None
+) -> Estimate:
     """The estimate of a one-stage data-parallel plan priced by :func:`ddp_step` or :func:`fsdp_step`
     (``graph``: the whole batch's, for the model FLOPs), holding ``memory_bytes`` per device."""
     devices = setup.cluster.num_devices

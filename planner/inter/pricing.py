@@ -42,6 +42,7 @@ from planner.costing.estimate import mfu, model_tflops_per_device, shared_param_
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import runs_as_fsdp
+from planner.inter.data_parallel_levels import best_level
 from planner.inter.data_parallel_step import DdpStep, ddp_step, fsdp_step
 from planner.inter.device_blocks import assign_devices
 from planner.inter.grad_sync_choice import after_s, choose_grad_sync, offered
@@ -88,6 +89,8 @@ def price_stages(
         drains.append(stage.backward_s + overhead / 2 + (after - link if s < count - 1 else 0.0))
     total, longest = math.fsum(times), _period(times, periods, m=m, schedule=schedule)
     stages = plan_stages(priced, full_graph)
+    if count == 1 and data_parallel_layout(stages[0]):  # DDP or FSDP: each ZeRO level priced as it runs
+        stages, priced = _at_best_level(stages[0], priced[0], graph, setup, m=m, zero=tables.options.zero)
     tied_s = shared_param_sync_s(stages, graph, setup) if count > 1 else 0.0
     options = tables.options
     is_ddp = count == 1 and runs_as_ddp(stages)
@@ -135,6 +138,25 @@ def price_stages(
         grad_sync=choice.grad_sync,
         notes=(choice.note(),) if choice.grad_sync.lossy else (),
     )
+
+
+def data_parallel_layout(stage: Stage) -> bool:
+    """Several devices, every parameter replicated: a one-stage plan the executor runs with DDP or FSDP."""
+    return len(stage.devices) > 1 and all(set(spec) == {"R"} for spec in stage.param_placements.values())
+
+
+def _at_best_level(stage: Stage, priced: PricedStage, graph: OpGraph, setup: CostSetup, *, m: int,
+                   zero: str | int) -> tuple[tuple[Stage, ...], list[PricedStage]]:  # fmt: skip
+    """The one-stage data-parallel candidate at its fastest fitting ZeRO level, each priced as DDP or FSDP runs it
+    (:mod:`planner.inter.data_parallel_levels`), its stage line that exact comparison."""
+
+    def step_at(level: int) -> float:
+        at = replace(stage, zero=level)
+        return (ddp_step(at, graph, setup, m=m) if level == 0 else fsdp_step(at, graph, setup, m=m)).step_s
+
+    chosen, line = best_level(stage, graph, setup, memory_bytes=priced.memory_bytes, zero=zero, step_at=step_at)
+    best = replace(stage, zero=chosen.level, memory_saving=line or stage.memory_saving)
+    return (best,), [replace(priced, stage=best, memory_bytes=chosen.memory_bytes)]
 
 
 def _sync_after_s(steps: list[float], drains: list[float]) -> float:

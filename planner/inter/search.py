@@ -89,7 +89,7 @@ class PipelineOptions:
                  "attention": "selective recomputation"}.get(self.remat)  # fmt: skip
         choices = [
             *([f"--degrees {','.join(map(str, self.degrees))}"] if self.degrees else []),
-            *([f"ZeRO-{self.zero}"] if str(self.zero) not in ("auto", "0") else []),
+            *([f"ZeRO-{self.zero}" if str(self.zero) != "0" else "no ZeRO"] if str(self.zero) != "auto" else []),
             *([remat] if remat else []),
             *([f"{self.microbatches} microbatches"] if self.microbatches else []),
             *([f"schedule {self.schedule}"] if self.schedule != "auto" else []),
@@ -320,6 +320,7 @@ class PipelineChoice:
     spans: SpanOptions
     boundary_s: Callable[..., float]  # boundary_table of graph and layers
     failure: str = ""
+    rows: int = 0  # the microbatch's rows (batch / m): a data-parallel degree must divide them (0: not checked)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -364,7 +365,7 @@ def search_pipeline(
     solved = fork_map(solve, inputs, jobs=options.jobs, on_done=report, min_items=2)
     choices = [
         PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers, stage_plan=plan,
-                       spans=spans, boundary_s=boundary, failure=failure)
+                       spans=spans, boundary_s=boundary, failure=failure, rows=graphs.batch_size // m)
         for (m, graph, layers, spans, boundary), (plan, failure) in zip(inputs, solved, strict=True)
     ]  # fmt: skip
     return PipelineSearch(choices=choices, dp_s=time.perf_counter() - started)

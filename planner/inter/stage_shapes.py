@@ -132,7 +132,8 @@ class StageTemplate:
         kind, level, seconds, memory = min(others, key=lambda other: (other[3] > budget, other[2]))
         return {"choice": memory_choice_label(remat, zero),
                 "next_best": memory_choice_label(kind, level) + (" (does not fit)" if memory > budget else ""),
-                "saved_s": seconds - chosen_s, "saved_bytes": memory - chosen_bytes}  # fmt: skip
+                "saved_s": seconds - chosen_s, "saved_bytes": memory - chosen_bytes,
+                "next_best_remat": kind, "next_best_zero": level}  # fmt: skip
 
     def stage(self, choice: tuple[int, ...], *, remat: str, explain: Callable[[Stage], tuple], zero: int = 0
               ) -> Stage:  # fmt: skip

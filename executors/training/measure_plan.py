@@ -12,10 +12,10 @@ start of one more step plus the most that step's allocations held at once, from 
 (:func:`executors.training.memory_peak.step_peak_bytes`; what ``benchmarks/fidelity.py`` measures).
 
 What else ran meanwhile: the share of all CPU time the VM's host stole and other processes took while the timed
-steps ran (:func:`executors.step_timing.machine_shares`), so a caller can keep the least disturbed of several
+steps ran (:func:`executors.training.machine_load.machine_shares`), so a caller can keep the least disturbed of several
 runs.
 
-    python -m torch.distributed.run --nproc-per-node N -m executors.measure_plan OUT PLAN STEPS WARMUP [BACKEND]
+    python -m torch.distributed.run --nproc-per-node N -m executors.training.measure_plan OUT PLAN STEPS WARMUP [BACKEND]
 
 Rank 0 writes ``OUT``: ``{"step_times_s": [...], "median_s": ..., "peak_bytes": [per rank], "steal": ...,
 "foreign": ..., "wall_s": ...}``.
@@ -39,8 +39,8 @@ def measure(plan_path: str, *, steps: int, warmup: int, backend: str | None) -> 
     import torch
     import torch.distributed as dist
 
-    from executors.step_timing import cpu_ticks, machine_shares, own_cpu_ticks
     from executors.training import runtime
+    from executors.training.machine_load import cpu_ticks, machine_shares, own_cpu_ticks
     from executors.training.memory_peak import step_peak_bytes
     from executors.training.memory_probe import model_state_bytes
 
@@ -87,8 +87,13 @@ def measure(plan_path: str, *, steps: int, warmup: int, backend: str | None) -> 
     dist.all_gather_object(peaks, peak)
     if dist.get_rank() != 0:
         return None
-    return {"step_times_s": times, "median_s": statistics.median(times), "peak_bytes": [int(p or 0) for p in peaks],
-            "wall_s": wall_s, **shares}  # fmt: skip
+    return {
+        "step_times_s": times,
+        "median_s": statistics.median(times),
+        "peak_bytes": [int(p or 0) for p in peaks],
+        "wall_s": wall_s,
+        **shares,
+    }
 
 
 def main(argv: Sequence[str]) -> None:

@@ -1,0 +1,84 @@
+"""A one-stage data-parallel candidate at each ZeRO level, priced exactly as it runs, and the fastest that fits.
+
+The layer tables rank ZeRO levels by the stage problem's additive costs, as a sharded stage pays them (the
+gradient all-reduce, then the gather of the updated parameters). A one-stage plan whose parameters are all
+replicated does not run so: at level 0 it runs DDP (:func:`planner.inter.data_parallel_step.ddp_step`: bucket
+copies, the full optimizer step, buckets overlapped with the backward) and at a level ``z ≥ 1`` FSDP
+(:func:`planner.inter.data_parallel_step.fsdp_step`: reduce-scatters instead of the all-reduce, the optimizer
+on ``1/d`` of the state). :func:`best_level` prices the candidate's stage at every level the options allow by
+those functions and keeps the fastest that fits; its memory at level ``z`` is the candidate's with the model
+state re-sharded (:func:`state_bytes`: :func:`cost_models.memory.model_state_bytes` over
+:func:`cost_models.memory.zero_shards`, plus the parameters FSDP holds gathered at level 3,
+:func:`planner.costing.zero.gathered_param_bytes`). The stage's recomputation-and-ZeRO line
+(``Stage.memory_saving``) is then that exact comparison: the kept level against the fastest other level that
+fits (else the fastest other), at the same recomputation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from cost_models.memory import model_state_bytes, zero_shards
+from planner.costing.setup import CostSetup
+from planner.costing.zero import gathered_param_bytes
+from planner.ir.graph import OpGraph
+from planner.plan import ZERO_LEVELS, Stage
+from planner.plan.stage import memory_choice_label
+
+
+@dataclass(frozen=True, kw_only=True)
+class LevelPrice:
+    level: int
+    step_s: float
+    memory_bytes: float
+
+
+def state_bytes(stage: Stage, graph: OpGraph, setup: CostSetup, *, level: int) -> float:
+    """What one device holds of the model state at ZeRO ``level`` (and the parameters gathered at level 3)."""
+    weights, grads, state = zero_shards(level, len(stage.devices))
+    held = model_state_bytes(
+        graph.num_params, optimizer=setup.optimizer, weight_shards=weights, grad_shards=grads, state_shards=state
+    )
+    return held + gathered_param_bytes(replace(stage, zero=level), graph, setup)
+
+
+def allowed_levels(zero: str | int) -> tuple[int, ...]:
+    return tuple(ZERO_LEVELS) if str(zero) == "auto" else (int(zero),)
+
+
+def best_level(
+    stage: Stage,
+    graph: OpGraph,
+    setup: CostSetup,
+    *,
+    memory_bytes: float,
+    zero: str | int,
+    step_at: Callable[[int], float],
+) -> tuple[LevelPrice, dict[str, object]]:
+    """The fastest level (``step_at(level)``: the exact step there) whose memory fits, else the smallest; and the
+    stage's line comparing it with the next best level (module docstring). ``memory_bytes``: at ``stage.zero``."""
+    base = memory_bytes - state_bytes(stage, graph, setup, level=stage.zero)
+    prices = [
+        LevelPrice(
+            level=level, step_s=step_at(level), memory_bytes=base + state_bytes(stage, graph, setup, level=level)
+        )
+        for level in allowed_levels(zero)
+    ]
+    budget = setup.memory_budget_bytes
+    chosen = min(prices, key=lambda price: (price.memory_bytes > budget, price.step_s))
+    others = [price for price in prices if price.level != chosen.level]
+    if not others:
+        return chosen, {}
+    other = min(others, key=lambda price: (price.memory_bytes > budget, price.step_s))
+    remat = str(stage.remat)
+    line = {
+        "choice": memory_choice_label(remat, chosen.level),
+        "next_best": memory_choice_label(remat, other.level)
+        + (" (does not fit)" if other.memory_bytes > budget else ""),
+        "saved_s": other.step_s - chosen.step_s,
+        "saved_bytes": other.memory_bytes - chosen.memory_bytes,
+        "next_best_remat": remat,
+        "next_best_zero": other.level,
+    }
+    return chosen, line
