@@ -210,6 +210,13 @@ def check_options(
     return problems
 
 
+def with_options(prepared: Prepared, forced: Mapping[str, object]) -> Prepared:
+    """``prepared`` with planner options forced, its capture shared (no search run yet)."""
+    options = replace(prepared.options, **forced)
+    microbatches = forced.get("microbatches", prepared.microbatches)
+    return replace(prepared, options=options, microbatches=microbatches, auto=None)
+
+
 def _quality_case(name: str, **options: object) -> Prepared:
     from quality import CLUSTERS, DEVICES_PER_NODE, MODELS
 
@@ -237,11 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for name in args.cases.split(","):
         started = time.perf_counter()
-        problems = check_case(_quality_case(name))
+        base = _quality_case(name)
+        problems = check_case(base)
         if not args.no_options:
-            problems += check_options(
-                lambda forced, name=name: _quality_case(name, **forced), methods=("auto", *FAMILIES)
-            )
+            problems += check_options(lambda forced, base=base: with_options(base, forced), methods=("auto", *FAMILIES))
         seconds = time.perf_counter() - started
         rows.append((name, len(problems), "; ".join(problems) or "-", f"{seconds:.0f}"))
         print(f"{name}: {len(problems)} problem(s) in {seconds:.0f} s" + "".join(f"\n  {p}" for p in problems))

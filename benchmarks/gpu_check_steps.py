@@ -11,7 +11,7 @@ tiny), two measurements, each beside its own prediction:
   ``--measure-memory`` figure (model state + peak saved activations);
 * *eager* — the same model, batch and precision in a plain loop in this process (bf16 autocast, fp32
   AdamW, the whole batch at once, no executor): the median step against the closed-form one-device
-  estimate (:func:`planner.costing.estimate.data_parallel_estimate`, which needs no solver), the CUDA
+  estimate (:func:`planner.baselines.data_parallel.data_parallel` on one device, which needs no solver), the CUDA
   peak and the model state + saved activations against its memory. It separates what the cost model
   misses from what our executor adds, and it still measures when planning cannot run (no solver).
 
@@ -33,7 +33,7 @@ from gpu_check_program import ROOT, Context, Done, ModelRun, launch, parse_steps
 
 from executors.precision import Precision, make_optimizer
 from executors.training.memory_probe import ActivationMeter, model_state_bytes
-from planner.costing.estimate import data_parallel_estimate
+from planner.baselines.data_parallel import data_parallel
 from planner.costing.setup import CostSetup, make_compute_model
 from planner.ir.capture import capture
 from planner.ir.model_file import build_kwargs, instantiate, instantiate_inputs, instantiate_targets, load_model_file
@@ -145,7 +145,7 @@ def eager_step(case: StepCase, ctx: Context, *, deadline: float) -> dict[str, An
     graph = capture(meta_model, meta_inputs)
     compute = make_compute_model(graph, ctx.cluster, cost_model="roofline")
     setup = CostSetup(cluster=ctx.cluster, compute=compute, optimizer=OPTIMIZER)
-    estimate = data_parallel_estimate(graph, setup, devices=(0,))
+    estimate = data_parallel(graph, setup, batch_size=run.batch_size)[1]  # one device: no solver is imported
     if ctx.cuda:
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)

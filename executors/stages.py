@@ -180,8 +180,8 @@ class ZeroOptimizerShards:
         self.compute = dict(params)  # what the stage's module computes with
         self.shards: dict[str, nn.Parameter] = {}
         for name, param in params.items():
-            if name in axes and isinstance(param, DTensor) and param.requires_grad:
-                placements = zero_placements(param, axes[name])
+            placements = zero_placements(param, axes[name]) if name in axes and isinstance(param, DTensor) else None
+            if placements is not None and param.requires_grad:
                 whole = param.full_tensor().detach().clone()
                 local = distribute_tensor(whole, param.device_mesh, placements, src_data_rank=None)
                 self.shards[name] = nn.Parameter(local, requires_grad=True)
@@ -213,12 +213,15 @@ class ZeroOptimizerShards:
         self.stale = False
 
 
-def zero_placements(param: DTensor, axes: Sequence[int]) -> tuple[Placement, ...]:
-    """``param``'s placements with each axis of ``axes`` sharding the largest dim no other axis shards."""
+def zero_placements(param: DTensor, axes: Sequence[int]) -> tuple[Placement, ...] | None:
+    """``param``'s placements with each axis of ``axes`` sharding the largest dim no other axis shards; None when
+    every dim is taken (a bias split by the tensor axis): the shard would split a split dim again, which DTensor
+    redistributes by all-gathering, so such a parameter is optimized whole (it is small)."""
     taken = {placement.dim for placement in param.placements if isinstance(placement, Shard)}
     free = [dim for dim in sorted(range(param.ndim), key=lambda d: -param.shape[d]) if dim not in taken]
-    dim = free[0] if free else 0
-    return tuple(Shard(dim) if axis in axes else placement for axis, placement in enumerate(param.placements))
+    if not free:
+        return None
+    return tuple(Shard(free[0]) if axis in axes else placement for axis, placement in enumerate(param.placements))
 
 
 def sync_shared_grads(parts: Sequence[StagePart], shared: Sequence[str], *, rank: int, device: str,

@@ -28,13 +28,14 @@ import time
 from dataclasses import dataclass
 
 from cost_models.units import GIB
-from planner.baselines.handwritten import HANDWRITTEN, best_handwritten
+from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, least_memory
 from planner.baselines.handwritten_plan import megatron_at_scale, pure_data_parallel
+from planner.baselines.method_options import gib_text
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.pricing import price_stages, specs_from_dp
 from planner.inter.schedule_variants import Candidate, Pipelines, best_rescheduled, method_schedules, with_variant
-from planner.inter.search import LayerTables, PipelineOptions, Progress, search_pipeline
+from planner.inter.search import LayerTables, PipelineChoice, PipelineOptions, Progress, search_pipeline
 from planner.inter.stage_dp import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph
@@ -91,6 +92,21 @@ def _add_schedule_variants(
     if mode in MULTI_STAGE_SCHEDULES:
         for method in [method for method, plan in priced.items() if plan.schedule != mode]:
             del priced[method]
+
+
+def _does_not_fit(settings: list[PipelineChoice], setup: CostSetup, options: PipelineOptions) -> str:
+    """Why no candidate fits, with what the smallest hand-written plan under the asked choices needs."""
+    failure = next((s.failure for s in reversed(settings) if s.failure), "")
+    asked = {"remat": options.remat, "degrees": options.degrees, "zero": options.zero, "max_stages": options.max_stages}
+    found = [least_memory(settings, setup, method=method, **asked) for method in HANDWRITTEN]
+    smallest = min((candidate.memory_bytes for candidate in found if candidate is not None), default=None)
+    choices = options.asked_choices()
+    text = f"does not fit in {setup.memory_budget_bytes / GIB:.1f} GiB per device with any pipeline, sharding or "
+    text += "recomputation" + (f" under {choices}" if choices else "")
+    if smallest is not None:
+        text += f": the smallest data-parallel, Megatron or uniform-pipeline plan needs {gib_text(smallest)} GiB"
+    text += f" ({failure})" if failure else ""
+    return text + ": add devices, lower the batch" + ("" if choices else ", or try --zero")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,11 +168,7 @@ def auto_plan(
         raise AutoplanError(f"no pipeline fits under --schedule {options.schedule} (it needs at least two stages of "
                             "equal size and, for interleaved, twice as many layers): try --schedule auto")  # fmt: skip
     if not priced:
-        failure = next((s.failure for s in reversed(settings) if s.failure), "")
-        gib, choices = setup.memory_budget_bytes / GIB, options.asked_choices()
-        raise AutoplanError(f"does not fit in {gib:.1f} GiB per device with any pipeline, sharding or recomputation"
-                            + (f" under {choices}" if choices else "") + (f" ({failure})" if failure else "")
-                            + ": add devices, lower the batch" + ("" if choices else ", or try --zero"))  # fmt: skip
+        raise AutoplanError(_does_not_fit(settings, setup, options))
     chosen_by = min(priced, key=lambda method: priced[method].estimate.step_time_s)  # the figure every command prints
     return AutoResult(
         best=priced[chosen_by], chosen_by=chosen_by, priced=priced, num_solves=tables.num_solves,

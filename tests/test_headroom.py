@@ -21,6 +21,7 @@ from cost_models.cluster import (
 )
 from cost_models.units import GIB
 from planner.api import plan_model_file
+from planner.baselines.method_options import gib_text
 from planner.costing.setup import plan_setup
 from planner.errors import AutoplanError
 from planner.plan import Plan, load_plan, save_plan
@@ -109,7 +110,7 @@ def test_a_plan_that_filled_the_whole_device_is_refused() -> None:
         plan_model_file(EXAMPLES / "mlp.py", _one_a100(None), batch_size=8, method="data-parallel",
                         model_args=BIG_MLP)  # fmt: skip
     assert str(error.value) == (
-        f"does not fit: the smallest data-parallel plan needs {need / GIB:.1f} GiB per device, the budget is 72.6 GiB "
+        f"does not fit: the smallest data-parallel plan needs {gib_text(need)} GiB per device, the budget is 72.6 GiB "
         "(80.0 GiB less 7.4 GiB reserved for CUDA context, NCCL buffers and allocator fragmentation): add devices, "
         "lower the batch, or allow more (--zero, --remat)"
     )

@@ -123,7 +123,7 @@ def test_summary_says_operators_for_graph_nodes_and_nodes_for_machines() -> None
     plan = local_plan("data-parallel")
     lines = plan_summary(plan).splitlines()
     assert lines[0] == plan_shape(plan)
-    assert "cluster local-cpu: 1 node × 4 cpu" in lines
+    assert "cluster local-cpu: 1 node × 4 cpu (uncalibrated rough figures: run plan calibrate, or plan tune)" in lines
     stage = next(line for line in lines if line.startswith("  stage 0:"))
     assert f"{len(plan.stages[0].nodes)} operators" in stage and "node" not in stage
     assert not any(re.search(r"\d+ nodes?\b", line) for line in lines if not line.startswith("cluster"))

@@ -22,8 +22,8 @@ def test_the_alpa_space_maps_auto_options_into_it_and_refuses_the_rest() -> None
 
 
 def test_the_alpa_space_plan_uses_none_of_the_new_choices_and_the_full_space_beats_it() -> None:
-    """GPT-1.3B on two DGX-A100 nodes: the full space interleaves a 2-stage pipeline (v = 4); Alpa's space runs
-    the same pipeline under 1F1B, slower by the bubble interleaving removes."""
+    """GPT-1.3B on two DGX-A100 nodes: Alpa's space runs a 1F1B pipeline; the full space is faster with a choice
+    Alpa's space does not have (since issue 32, data parallelism under FSDP, each ZeRO level priced as it runs)."""
     cluster = load_cluster("dgx-a100", num_nodes=2)
     plans = {space: plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=128, model_args={"size": "1.3b"},
                                     space=space) for space in ("full", "alpa")}  # fmt: skip
@@ -32,8 +32,11 @@ def test_the_alpa_space_plan_uses_none_of_the_new_choices_and_the_full_space_bea
     assert all(stage.remat in (Remat.NONE, Remat.FULL) and stage.zero == 0 for stage in alpa.stages)
     assert not any(stage.uses_sequence_parallelism for stage in alpa.stages)
     assert not alpa.grad_sync.lossy
-    assert plans["full"].estimate.step_time_s < alpa.estimate.step_time_s
-    assert plans["full"].schedule == "interleaved"
+    full = plans["full"]
+    assert full.estimate.step_time_s < alpa.estimate.step_time_s
+    outside = (full.schedule in ("interleaved", "zero-bubble") or any(stage.zero for stage in full.stages)
+               or any(stage.uses_sequence_parallelism or stage.remat == Remat.ATTENTION for stage in full.stages))  # fmt: skip
+    assert outside, full.stages
 
 
 def test_without_sequence_parallelism_megatron_stages_all_reduce() -> None:

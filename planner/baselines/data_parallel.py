@@ -20,7 +20,7 @@ specs follow the batch through the graph, so each is one that a sharding strateg
   is a local slice), so one unruled operator does not replicate the rest of the model; a value
   whose batch dim was reduced away (a mean over the batch) is not lost and is never re-split.
 
-The step is priced as DDP runs it (:func:`planner.inter.data_parallel_step.ddp_step`); the memory is
+The step is priced as DDP runs it (:func:`planner.costing.ddp.ddp_step`); the memory is
 :func:`planner.costing.estimate.data_parallel_memory_bytes`.
 """
 
@@ -30,13 +30,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from cost_models.memory import model_state_bytes, zero_shards
+from planner.costing.ddp import ddp_estimate, ddp_step, fsdp_step
 from planner.costing.estimate import batched_values, check_fits, data_parallel_memory_bytes
 from planner.costing.node_cost import strategy_context
 from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
 from planner.costing.zero import gathered_param_bytes
 from planner.errors import AutoplanError
-from planner.inter.data_parallel_step import ddp_estimate, ddp_step, fsdp_step
 from planner.ir.graph import OpGraph, OpNode
 from planner.plan import Estimate, Stage
 from planner.sharding.op_rules import enumerate_strategies
@@ -155,7 +155,7 @@ def _unsplit(spec: ShardingSpec) -> bool:
 
 def data_parallel(graph: OpGraph, setup: CostSetup, *, batch_size: int) -> tuple[tuple[Stage, ...], Estimate]:
     """The data-parallel plan over every device of the cluster, priced as DDP runs it
-    (:func:`planner.inter.data_parallel_step.ddp_step`, the price of every one-stage data-parallel plan), or a
+    (:func:`planner.costing.ddp.ddp_step`, the price of every one-stage data-parallel plan), or a
     clear error."""
     devices = tuple(range(setup.cluster.num_devices))
     stage = data_parallel_stage(graph, setup, batch_size=batch_size, devices=devices)
@@ -168,7 +168,7 @@ def data_parallel(graph: OpGraph, setup: CostSetup, *, batch_size: int) -> tuple
 def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int
               ) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
     """The data-parallel plan run under FSDP at ZeRO ``level`` (:mod:`planner.costing.zero`; ``graph`` the whole
-    batch's): priced as it runs (:func:`planner.inter.data_parallel_step.fsdp_step`), its model state sharded as the level
+    batch's): priced as it runs (:func:`planner.costing.ddp.fsdp_step`), its model state sharded as the level
     shards it, level 3 holding the groups it computes with unsharded."""
     (stage,) = stages
     if level == 0 or len(stage.devices) == 1:

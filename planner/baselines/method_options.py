@@ -76,6 +76,12 @@ def does_not_fit_message(method: str, options: PipelineOptions, setup: CostSetup
     if needed_bytes is None:
         return f"no {plan_words} can be made for this model and cluster"
     return (
-        f"does not fit: the smallest {plan_words} needs {needed_bytes / GIB:.1f} GiB per device, the budget is "
+        f"does not fit: the smallest {plan_words} needs {gib_text(needed_bytes)} GiB per device, the budget is "
         f"{setup.describe_budget()}: add devices, lower the batch, or allow more (--zero, --remat)"
     )
+
+
+def gib_text(num_bytes: float) -> str:
+    """``224.5`` GiB, or three significant figures below 1 GiB (``0.00723``)."""
+    gib = num_bytes / GIB
+    return f"{gib:.1f}" if gib >= 1 else f"{gib:.3g}"

@@ -1,7 +1,7 @@
 """Step time, memory and throughput of a plan under one cost model, in seconds and bytes.
 
 The pure data-parallel plan over ``d`` devices is priced as DDP runs it, by the same function as every other
-one-stage data-parallel plan (:func:`planner.inter.data_parallel_step.ddp_step`); what it holds per device is
+one-stage data-parallel plan (:func:`planner.costing.ddp.ddp_step`); what it holds per device is
 :func:`data_parallel_memory_bytes`::
 
     memory_bytes = model state (memory.py, by optimizer) + saved activations / d

@@ -16,7 +16,7 @@ backward only. With the backward pass walked in reverse graph order (:func:`grad
   waits for beyond the backward pass ``T_b`` is ``max(0, E_last − T_b)`` (:func:`exposed_sync_s`).
 
 The estimate (:func:`planner.costing.estimate.data_parallel_estimate`, and
-:func:`planner.inter.data_parallel_step.ddp_step` for a one-stage plan run as DDP) charges that exposed part;
+:func:`planner.costing.ddp.ddp_step` for a one-stage plan run as DDP) charges that exposed part;
 the simulator (:mod:`planner.costing.lowering`) splits the last backward at the same ready times and
 runs the buckets as tasks on a communication resource, so the two agree. A data-parallel plan at a ZeRO level
 runs FSDP instead, priced by :mod:`planner.costing.zero`.

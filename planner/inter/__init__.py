@@ -6,7 +6,8 @@
 * :mod:`~planner.inter.search` — microbatch counts, layer tables and the DP: the pipeline search;
 * :mod:`~planner.inter.stage_pricing` — a candidate's stages rebuilt and priced exactly as plan stages;
 * :mod:`~planner.inter.pricing` — a candidate pipeline's step, memory and bubble from its priced stages;
-* :mod:`~planner.inter.data_parallel_step` — one-stage plans priced as DDP or FSDP run them;
+* :mod:`~planner.inter.data_parallel_step` — the pure data-parallel plan under each gradient sync offered;
+* :mod:`~planner.inter.data_parallel_levels` — a one-stage data-parallel candidate at its fastest ZeRO level;
 * :mod:`~planner.inter.sp_saving` — what sequence parallelism saves on each stage of the chosen plan.
 
 May import: :mod:`planner.intra` and everything it may import.

@@ -2,9 +2,9 @@
 
 The layer tables rank ZeRO levels by the stage problem's additive costs, as a sharded stage pays them (the
 gradient all-reduce, then the gather of the updated parameters). A one-stage plan whose parameters are all
-replicated does not run so: at level 0 it runs DDP (:func:`planner.inter.data_parallel_step.ddp_step`: bucket
+replicated does not run so: at level 0 it runs DDP (:func:`planner.costing.ddp.ddp_step`: bucket
 copies, the full optimizer step, buckets overlapped with the backward) and at a level ``z ≥ 1`` FSDP
-(:func:`planner.inter.data_parallel_step.fsdp_step`: reduce-scatters instead of the all-reduce, the optimizer
+(:func:`planner.costing.ddp.fsdp_step`: reduce-scatters instead of the all-reduce, the optimizer
 on ``1/d`` of the state). :func:`best_level` prices the candidate's stage at every level the options allow by
 those functions and keeps the fastest that fits; its memory at level ``z`` is the candidate's with the model
 state re-sharded (:func:`state_bytes`: :func:`cost_models.memory.model_state_bytes` over
@@ -57,7 +57,8 @@ def best_level(
     step_at: Callable[[int], float],
 ) -> tuple[LevelPrice, dict[str, object]]:
     """The fastest level (``step_at(level)``: the exact step there) whose memory fits, else the smallest; and the
-    stage's line comparing it with the next best level (module docstring). ``memory_bytes``: at ``stage.zero``."""
+    stage's line comparing it with the next best level (module docstring); of equally fast levels the one holding
+    less. ``memory_bytes``: at ``stage.zero``."""
     base = memory_bytes - state_bytes(stage, graph, setup, level=stage.zero)
     prices = [
         LevelPrice(
@@ -66,7 +67,7 @@ def best_level(
         for level in allowed_levels(zero)
     ]
     budget = setup.memory_budget_bytes
-    chosen = min(prices, key=lambda price: (price.memory_bytes > budget, price.step_s))
+    chosen = min(prices, key=lambda price: (price.memory_bytes > budget, price.step_s, price.memory_bytes))
     others = [price for price in prices if price.level != chosen.level]
     if not others:
         return chosen, {}

@@ -15,7 +15,7 @@ step work after its last backward is, under a gradient sync ``g``,
   weight-gradient pass: no overlap, :func:`after_s`);
 * ``amortised_s(g)``: local SGD's parameter average, once every ``H`` steps.
 
-A one-stage DDP plan is ``m·compute + rest + A(g) + o`` (:func:`planner.inter.data_parallel_step.ddp_step`). The
+A one-stage DDP plan is ``m·compute + rest + A(g) + o`` (:func:`planner.costing.ddp.ddp_step`). The
 choices (:func:`offered`): ``exact``; with ``allow_lossy`` also :data:`LOSSY_CHOICES` where the plan can run
 them (:func:`planner.costing.compression.refusal`); a forced one (``--grad-sync``) alone. PowerSGD's
 error-feedback buffers must still fit in memory. :func:`choose_grad_sync` keeps the fastest (exact on a tie);

@@ -22,9 +22,9 @@ microbatches it may keep in flight, is longer (``o`` the device's calibrated
 (the end-of-step sync and overhead are outside it): ``1 − m·Σ t_s / (S·span)``, as the stage DP's
 (:class:`planner.inter.stage_dp.StagePlan`) and the simulator's.
 A one-stage plan whose parameters are all replicated runs as DDP (:func:`planner.costing.stage_work.runs_as_ddp`)
-and is priced as it runs (:func:`planner.inter.data_parallel_step.ddp_step`): no collectives, DDP's buckets
+and is priced as it runs (:func:`planner.costing.ddp.ddp_step`): no collectives, DDP's buckets
 overlapped with the last backward; at a ZeRO level it runs FSDP, priced so too
-(:func:`planner.inter.data_parallel_step.fsdp_step`, :func:`planner.costing.zero.fsdp_price`).
+(:func:`planner.costing.ddp.fsdp_step`, :func:`planner.costing.zero.fsdp_price`).
 Each stage's ``u_s`` charges its gradient buckets as they run, overlapped with its last backward, instead of
 the stage problem's additive shares, and the candidate runs the fastest gradient sync the options offer
 (exact; with ``--allow-lossy`` also compressed or local SGD): :mod:`planner.inter.grad_sync_choice`.
@@ -38,12 +38,12 @@ from dataclasses import replace
 
 from cost_models.simulator import bubble_fraction
 from planner.costing.compression import refusal
+from planner.costing.ddp import DdpStep, ddp_step, fsdp_step
 from planner.costing.estimate import mfu, model_tflops_per_device, shared_param_sync_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import runs_as_fsdp
 from planner.inter.data_parallel_levels import best_level
-from planner.inter.data_parallel_step import DdpStep, ddp_step, fsdp_step
 from planner.inter.device_blocks import assign_devices
 from planner.inter.grad_sync_choice import after_s, choose_grad_sync, offered
 from planner.inter.search import Layering, LayerTables, SpanOptions, boundary_table

@@ -113,6 +113,9 @@ class StageTemplate:
         the recomputed forward and FSDP's per-microbatch collectives ``m`` times, ZeRO's per-step terms once, memory
         with ``in_flight`` microbatches (kept activations, state at the level)."""
 
+        if remat != "none" and not self.runs(remat):  # nothing to recompute: the stage runs without it
+            remat = "none"
+
         def price(kind: str, level: int) -> tuple[float, float]:
             seconds = m * self.recompute_s(choice, kind)
             state = self.costs(choice)[2]
