@@ -36,12 +36,10 @@ from planner.inter.search import SEARCH_SPACES, PipelineOptions, Progress, allow
 from planner.inter.sp_saving import with_sequence_parallel_savings
 from planner.inter.stage_dp import is_large
 from planner.inter.stage_pricing import PricedPipeline
-from planner.ir.capture import capture
 from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file
 from planner.ir.op_kinds import BATCH_STATISTICS
-from planner.ir.parallel_capture import start_capture
-from planner.ir.rebatch import MicrobatchGraphs
+from planner.ir.rebatch import MicrobatchGraphs, capture_graphs
 from planner.plan import GradSync, ModelRef, Plan, PlanError, SearchStats, validate_plan
 from planner.tuning import (
     DEFAULT_CANDIDATES,
@@ -117,28 +115,6 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
     compared = ", ".join(f"{method} {p.estimate.step_time_s:.4g} s" for method, p in sorted(result.priced.items()))
     notes = (f"compared under the same cost model: {compared}; chosen: {result.chosen_by}",)
     return result.best, stats, notes
-
-
-def _capture_graphs(
-    model: torch.nn.Module, example_inputs: Sequence[Any], *, batch_size: int, smallest: int, tracer: str, jobs: int
-) -> MicrobatchGraphs:
-    """The graph at the batch and at the smallest microbatch; with ``jobs > 1`` the second export runs in a
-    forked child at the same time as the first (:mod:`planner.ir.parallel_capture`)."""
-
-    def capture_at(size: int) -> OpGraph:
-        return capture(model, slice_batch(example_inputs, batch_size, size), tracer=tracer)
-
-    if smallest != batch_size:
-        slice_batch(example_inputs, batch_size, smallest)  # a clear error before any export
-    pending = start_capture(capture_at, smallest, jobs=jobs) if smallest != batch_size else None
-    try:
-        graph = capture(model, example_inputs, tracer=tracer)
-        low = pending.result() if pending is not None else None
-    finally:
-        if pending is not None:
-            pending.close()
-    return MicrobatchGraphs(full=graph, batch_size=batch_size, smallest=smallest, capture_at=capture_at,
-                            smallest_graph=low)  # fmt: skip
 
 
 def _run_handwritten(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchStats, tuple[str, ...]]:
@@ -243,7 +219,7 @@ def prepare(
     started = time.perf_counter()
     # at scale the Megatron grid reaches one row per replica (megatron_at_scale): capture down to one row
     one_row = is_large(cluster) and degrees is None and microbatches is None
-    graphs = _capture_graphs(model, example_inputs, batch_size=batch_size, smallest=1 if one_row else batch_size // counts[-1],
+    graphs = capture_graphs(model, example_inputs, batch_size=batch_size, smallest=1 if one_row else batch_size // counts[-1],
                              tracer=tracer, jobs=jobs)  # fmt: skip
     graph = graphs.full
     captured = time.perf_counter()
@@ -406,17 +382,6 @@ def _notes(graphs: MicrobatchGraphs, *, ddp: bool) -> tuple[str, ...]:
         "backward (executors.grad_sync)"
     )
     return (f"model captured {graphs.num_captures} time(s), other microbatch sizes interpolated", sync)
-
-
-def slice_batch(example_inputs: Sequence[Any], batch_size: int, size: int) -> tuple[Any, ...]:
-    """The example inputs at batch ``size``: tensors whose dim 0 is the batch are cut to ``size`` rows."""
-    sliced = [
-        x[:size] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size else x for x in example_inputs
-    ]
-    if size != batch_size and not any(isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size
-                                      for x in example_inputs):  # fmt: skip
-        raise AutoplanError(f"no example input has the batch ({batch_size}) as dim 0: use --microbatches 1")
-    return tuple(sliced)
 
 
 def prepare_model_file(

@@ -17,12 +17,17 @@ size is captured directly. ``capture_at(b)`` must return the graph of the same m
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
+import torch
+
+from planner.errors import AutoplanError
+from planner.ir.capture import capture
 from planner.ir.graph import GraphValue, OpGraph, OpNode, TensorMeta
+from planner.ir.parallel_capture import start_capture
 
 
 class _NotAffine(Exception):
@@ -153,3 +158,36 @@ def _node(a: OpNode, b: OpNode, t: Fraction, metas: dict[tuple[TensorMeta, Tenso
 def _round_between(a: int, b: int, t: Fraction) -> int:
     """``round(a + (b − a)·t)`` (half to even, as ``round`` of a Fraction) without Fraction arithmetic."""
     return a if a == b else round(a + Fraction((b - a) * t.numerator, t.denominator))
+
+
+def capture_graphs(
+    model: torch.nn.Module, example_inputs: Sequence[Any], *, batch_size: int, smallest: int, tracer: str, jobs: int
+) -> MicrobatchGraphs:
+    """The graph at the batch and at the smallest microbatch; with ``jobs > 1`` the second export runs in a
+    forked child at the same time as the first (:mod:`planner.ir.parallel_capture`)."""
+
+    def capture_at(size: int) -> OpGraph:
+        return capture(model, slice_batch(example_inputs, batch_size, size), tracer=tracer)
+
+    if smallest != batch_size:
+        slice_batch(example_inputs, batch_size, smallest)  # a clear error before any export
+    pending = start_capture(capture_at, smallest, jobs=jobs) if smallest != batch_size else None
+    try:
+        graph = capture(model, example_inputs, tracer=tracer)
+        low = pending.result() if pending is not None else None
+    finally:
+        if pending is not None:
+            pending.close()
+    return MicrobatchGraphs(full=graph, batch_size=batch_size, smallest=smallest, capture_at=capture_at,
+                            smallest_graph=low)  # fmt: skip
+
+
+def slice_batch(example_inputs: Sequence[Any], batch_size: int, size: int) -> tuple[Any, ...]:
+    """The example inputs at batch ``size``: tensors whose dim 0 is the batch are cut to ``size`` rows."""
+    sliced = [
+        x[:size] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size else x for x in example_inputs
+    ]
+    if size != batch_size and not any(isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size
+                                      for x in example_inputs):  # fmt: skip
+        raise AutoplanError(f"no example input has the batch ({batch_size}) as dim 0: use --microbatches 1")
+    return tuple(sliced)
