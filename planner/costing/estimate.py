@@ -10,7 +10,8 @@ A single-stage plan over ``d`` data-parallel devices (:func:`data_parallel_estim
                    (:mod:`planner.costing.overlap`); the hidden part is reported as grad_sync_overlapped_s
     bucket_copy_s = 4 · gradient bytes / memory bandwidth: DDP copies gradients into its buckets and
                    back (``DDP_BUCKET_COPIES``; the executor runs pure data parallelism with DDP)
-    optimizer_s  = num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth
+    optimizer_s  = num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth; on the GPU presets the
+                   runtime's optimizer as its code runs it (:func:`optimizer_step_s`)
     step_overhead_s = the device's calibrated host work once per step (every plan pays it)
     memory_bytes = model state (memory.py, by optimizer) + saved activations / d
                    + the largest operator output / d (working memory of the biggest kernel)
@@ -81,12 +82,22 @@ def backward_s(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> di
     }
 
 
-def optimizer_step_s(num_params: float, setup: CostSetup) -> float:
-    """A memory-bound elementwise update: read and write weights and state, read gradients."""
-    per_param = optimizer_bytes(setup.optimizer)
+def optimizer_step_s(num_params: float, setup: CostSetup, *, tensors: int = 0) -> float:
+    """The optimizer step over ``num_params`` parameters held in ``tensors`` tensors, memory-bound. On a device with a
+    kernel model (the GPU presets), as the runtime's optimizer runs (:mod:`planner.costing.runtime_profiles`): its
+    bytes per parameter at the streaming bandwidth, and no faster than the host issues its calls (``tensors`` × its
+    calls per tensor × the device's host dispatch per call). Elsewhere (CPU devices, whose host overheads
+    ``plan calibrate`` fits with this term) an elementwise update: read and write weights and state, read gradients."""
     device = setup.cluster.device
-    moved = num_params * (2 * (per_param.weights + per_param.state) + per_param.grads)
-    return moved / (device.memory_bandwidth * device.memory_efficiency)
+    bandwidth = device.memory_bandwidth * device.memory_efficiency
+    cost = setup.runtime.optimizer_cost(setup.optimizer) if device.kernels is not None else None
+    if cost is None:
+        per_param = optimizer_bytes(setup.optimizer)
+        return num_params * (2 * (per_param.weights + per_param.state) + per_param.grads) / bandwidth
+    assert device.kernels is not None
+    return max(
+        num_params * cost.bytes_per_param / bandwidth, tensors * cost.calls_per_tensor * device.kernels.host_forward_s
+    )
 
 
 def activation_bytes(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> float:
@@ -116,9 +127,12 @@ def data_parallel_estimate(
     if num_devices > 1:  # DDP overlaps its buckets with the backward pass (planner.costing.overlap)
         priced = replica_graph if replica_graph is not None else graph
         backward = backward_s(priced, setup, num_batch_shards=1 if replica_graph is not None else num_devices)
-        grad_sync = exposed_sync_s(ddp_segments(priced, backward, optimizer=setup.optimizer,
-                                                num_devices=num_devices, link=link))  # fmt: skip
-    optimizer = optimizer_step_s(graph.num_params, setup)
+        grad_sync = exposed_sync_s(
+            ddp_segments(
+                priced, backward, optimizer=setup.optimizer, num_devices=num_devices, link=link, runtime=setup.runtime
+            )
+        )
+    optimizer = optimizer_step_s(graph.num_params, setup, tensors=len(graph.params))
     device = setup.cluster.device
     grad_bytes = sum(p.meta.numel * per_param.grads for p in graph.params)
     copies = DDP_BUCKET_COPIES if num_devices > 1 else 0  # one device runs without DDP
