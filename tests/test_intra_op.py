@@ -169,8 +169,11 @@ def test_megatron_splits_unfused_attention_by_heads() -> None:
     choice = megatron_choice(stage)
     variable = {node.name: stage.variable_of[stage.representative[node.name]] for node in graph.nodes}
     chosen = {name: stage.strategies[v][choice[v]] for name, v in variable.items()}
-    inside = [node.name for node in graph.nodes
-              if node.op_name in ("matmul", "mul", "masked_fill", "softmax", "dropout") and len(node.output.shape) == 4]  # fmt: skip
+    inside = [
+        node.name
+        for node in graph.nodes
+        if node.op_name in ("matmul", "mul", "masked_fill", "softmax", "dropout") and len(node.output.shape) == 4
+    ]
     assert len(inside) == 2 * 6  # per layer: the scale (on Q), Q·Kᵀ, the mask, softmax, dropout and ·V
     for name in inside:
         assert chosen[name].output.placements[1] == "S(1)", (name, chosen[name].output)  # heads, on the tensor axis

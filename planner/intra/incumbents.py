@@ -117,13 +117,18 @@ def megatron_choice(stage: StageProblem, *, sequence_parallel: bool | None = Non
         """Reads every activation that arrives split on the tensor axis as it arrives and stays split: inside
         attention written as separate operators (``Q·Kᵀ``, scale, mask, softmax, dropout, ``·V``) the heads
         stay split, as Megatron-LM splits its attention by heads (Shoeybi et al. 2019, §3)."""
-        arrived = [(position, chosen[name].output.placements[tensor_axis]) for position, name in enumerate(node.inputs)
-                   if graph.value_kind(name) == ValueKind.NODE and name in chosen]  # fmt: skip
+        arrived = [
+            (position, chosen[name].output.placements[tensor_axis])
+            for position, name in enumerate(node.inputs)
+            if graph.value_kind(name) == ValueKind.NODE and name in chosen
+        ]
         split = [(position, placement) for position, placement in arrived if placement.startswith("S(")]
         if not split or not strategy.output.placements[tensor_axis].startswith("S("):
             return False
-        return all(strategy.inputs[position] is not None and strategy.inputs[position].placements[tensor_axis] == placement
-                   for position, placement in split)  # fmt: skip
+        return all(
+            strategy.inputs[position] is not None and strategy.inputs[position].placements[tensor_axis] == placement
+            for position, placement in split
+        )
 
     plain = greedy_choice(stage, prefers)
     if sequence_parallel is False or not stage.sequence_parallel or stage.mesh.mesh_shape[tensor_axis] == 1:
