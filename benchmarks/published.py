@@ -69,9 +69,18 @@ A100_TFLOPS = {1.7: 137, 3.6: 138, 7.5: 142, 18.4: 135, 39.1: 138, 76.1: 140, 14
                1008.0: 163}  # fmt: skip
 # Per SC'21 row, by parameters (B): (microbatch size, --DDP-impl, layers per virtual pipeline stage or None), from
 # Megatron-LM v2.5 examples/sc21/run_table_1.sh (MBS, DDP, --num-layers-per-virtual-pipeline-stage)
-SC21_SCRIPT = {1.7: (16, "torch", None), 3.6: (16, "torch", None), 7.5: (16, "torch", None), 18.4: (8, "torch", None),
-               39.1: (4, "local", None), 76.1: (2, "local", 5), 145.6: (2, "local", 5), 310.1: (1, "local", 3),
-               529.6: (1, "local", 1), 1008.0: (1, "local", None)}  # fmt: skip
+SC21_SCRIPT = {
+    1.7: (16, "torch", None),
+    3.6: (16, "torch", None),
+    7.5: (16, "torch", None),
+    18.4: (8, "torch", None),
+    39.1: (4, "local", None),
+    76.1: (2, "local", 5),
+    145.6: (2, "local", 5),
+    310.1: (1, "local", 3),
+    529.6: (1, "local", 1),
+    1008.0: (1, "local", None),
+}
 RUNTIME_OF_DDP = {"torch": "megatron-lm-2021-torch-ddp", "local": "megatron-lm-2021"}
 A100_SEQ, V100_SEQ, VOCAB = 2048, 1024, 51200
 V100_BATCH_1GPU = 8  # unstated in the paper for this row: the per-GPU batch of its scaling runs (8 × 64 = 512)
@@ -247,7 +256,9 @@ def table(selected: list[Row], results: list[dict], compared: Compared, *, varia
 def _shape(run: dict, row: Row) -> str:
     """The plan's shape, and the interleaving the row ran where the estimate runs 1F1B."""
     shape = run.get("shape", run.get("error", ""))
-    return shape + (f" (ran interleaved, {row.virtual_stages} virtual stages per rank)" if row.virtual_stages > 1 else "")
+    return shape + (
+        f" (ran interleaved, {row.virtual_stages} virtual stages per rank)" if row.virtual_stages > 1 else ""
+    )
 
 
 def auto_table(selected: list[Row], results: list[dict], *, variant: str) -> str:
