@@ -74,10 +74,9 @@ def test_overlap_hides_sync_behind_a_long_backward() -> None:
 
 
 def test_a_searched_one_stage_ddp_plan_is_priced_as_the_simulator_runs_it() -> None:
-    # batch 4096: at 256 a replica's operators are so small that the host's dispatch bounds them, and auto pipelines
-    plan = plan_model_file(EXAMPLES / "resnet.py", load_cluster("p3.16xlarge"), batch_size=4096, method="auto")
+    plan = plan_model_file(EXAMPLES / "resnet.py", load_cluster("p3.16xlarge"), batch_size=256, method="auto")
     assert len(plan.stages) == 1 and all(set(spec) == {"R"} for spec in plan.stages[0].param_placements.values())
-    graph = captured("resnet", 4096 // plan.num_microbatches, "export")
+    graph = captured("resnet", 256 // plan.num_microbatches, "export")
     simulated = simulate_lowered(lower_plan(plan, graph, plan_setup(plan))).step_time_s
     assert simulated == pytest.approx(plan.estimate.step_time_s, rel=1e-6)
 

@@ -82,22 +82,19 @@ def backward_s(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> di
     }
 
 
-def optimizer_step_s(num_params: float, setup: CostSetup, *, tensors: int = 0) -> float:
-    """The optimizer step over ``num_params`` parameters held in ``tensors`` tensors, memory-bound. On a device with a
+def optimizer_step_s(num_params: float, setup: CostSetup) -> float:
+    """The optimizer step over ``num_params`` parameters, memory-bound. On a device with a
     kernel model (the GPU presets), as the runtime's optimizer runs (:mod:`planner.costing.runtime_profiles`): its
-    bytes per parameter at the streaming bandwidth, and no faster than the host issues its calls (``tensors`` × its
-    calls per tensor × the device's host dispatch per call). Elsewhere (CPU devices, whose host overheads
-    ``plan calibrate`` fits with this term) an elementwise update: read and write weights and state, read gradients."""
+    bytes per parameter at the streaming bandwidth. Elsewhere (CPU devices, whose host overheads ``plan calibrate``
+    fits with this term) an elementwise update: read and write weights and state, read gradients. The host calls
+    per parameter tensor are left out (:mod:`planner.costing.runtime_profiles` says why)."""
     device = setup.cluster.device
     bandwidth = device.memory_bandwidth * device.memory_efficiency
     cost = setup.runtime.optimizer_cost(setup.optimizer) if device.kernels is not None else None
     if cost is None:
         per_param = optimizer_bytes(setup.optimizer)
         return num_params * (2 * (per_param.weights + per_param.state) + per_param.grads) / bandwidth
-    assert device.kernels is not None
-    return max(
-        num_params * cost.bytes_per_param / bandwidth, tensors * cost.calls_per_tensor * device.kernels.host_forward_s
-    )
+    return num_params * cost.bytes_per_param / bandwidth
 
 
 def activation_bytes(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> float:
@@ -132,7 +129,7 @@ def data_parallel_estimate(
                 priced, backward, optimizer=setup.optimizer, num_devices=num_devices, link=link, runtime=setup.runtime
             )
         )
-    optimizer = optimizer_step_s(graph.num_params, setup, tensors=len(graph.params))
+    optimizer = optimizer_step_s(graph.num_params, setup)
     device = setup.cluster.device
     grad_bytes = sum(p.meta.numel * per_param.grads for p in graph.params)
     copies = DDP_BUCKET_COPIES if num_devices > 1 else 0  # one device runs without DDP

@@ -119,8 +119,7 @@ def node_cost(
     grad_sync_s = _ddp_share_s(node, strategy, setup, mesh) if ddp else strategy.grad_sync_s
     if zero and (ddp or zero >= 2):  # FSDP's reduce-scatters replace the all-reduce
         grad_sync_s = 0.0
-    step_s = grad_sync_s + zero_step_s + optimizer_step_s(local_params, setup, tensors=len(strategy.params))
-    step_s += dispatch_s * len(strategy.params)
+    step_s = grad_sync_s + zero_step_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
     if ddp:  # DDP copies each gradient into its bucket and back
         device = setup.cluster.device
         grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads

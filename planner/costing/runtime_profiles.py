@@ -14,9 +14,13 @@ refuse such a plan (:meth:`RuntimeProfile.refusal`). What a profile sets:
   at the backward's end; the estimate, the pricing and the simulator read those segments);
 * ``one_grad_buffer``: a stage's gradients live in one contiguous buffer, all-reduced as one message per process
   group instead of DDP's 25 MiB buckets (one latency instead of one per bucket);
-* ``optimizer``: per optimizer name, the bytes its step moves per parameter and the operator calls it issues
-  per parameter tensor, from its code (:func:`planner.costing.estimate.optimizer_step_s` on a GPU device, where
-  each call also pays the device's host dispatch).
+* ``optimizer``: per optimizer name, the bytes its step moves per parameter, from its code, at the device's
+  streaming bandwidth (:func:`planner.costing.estimate.optimizer_step_s`, on GPU devices). Not priced: the host
+  calls it issues per parameter tensor (8 for our AdamW below, 1 for Megatron's), which bound the step of a model
+  of many small tensors. The search scores candidates with the step amortised over the microbatches
+  (:func:`planner.baselines.handwritten.approximate_step_s`) before pricing the best exactly; a host-bound step
+  that large misranks them (auto came out slower than an exactly priced Megatron point of its own grid,
+  ``tests/test_inter_op.py``), so the term waits for a search that keeps the step apart.
 
 Profiles and their sources:
 
@@ -25,8 +29,8 @@ Profiles and their sources:
   The optimizer is ``torch.optim.AdamW(foreach=False)`` on fp32 parameters (``executors/precision.py``): per
   parameter tensor, torch 2.13's ``_single_tensor_adam`` runs ``exp_avg.lerp_`` (reads 8 B, writes 4),
   ``exp_avg_sq.mul_`` (4, 4), ``.addcmul_`` (8, 4), ``exp_avg_sq.sqrt()`` (4, 4), ``/ bias_correction2_sqrt``
-  (4, 4), ``.add_(eps)`` (4, 4) and ``param.addcdiv_`` (12, 4): 72 B per parameter in 7 kernels, plus the
-  host-side ``step += 1`` (8 calls); SGD runs torch's default multi-tensor (foreach) path: ``param.add_(grad)``
+  (4, 4), ``.add_(eps)`` (4, 4) and ``param.addcdiv_`` (12, 4): 72 B per parameter in 7 kernels (8 host calls
+  with ``step += 1``); SGD runs torch's default multi-tensor (foreach) path: ``param.add_(grad)``
   12 B, with momentum ``buf.mul_().add_(grad)`` and ``param.add_(buf)`` 32 B, a handful of launches per step.
 * ``megatron-lm-2019``: Megatron-LM as Shoeybi et al. (2019) ran it, commit ``ebbe40cd`` (2019-10-09) of
   github.com/NVIDIA/Megatron-LM: ``--DDP-impl local`` (the default, ``arguments.py``); ``pretrain_gpt2.py``
@@ -42,7 +46,7 @@ Profiles and their sources:
   tensor (reads 2 B, writes 4), ``_amp_foreach_non_finite_check_and_unscale_`` (4, 4), the global norm by
   ``multi_tensor_l2norm`` (4) and the clip by ``multi_tensor_scale`` (4, 4) (``clip_grads.py``), apex
   ``FusedAdam`` (reads parameter, gradient and both moments, 16 B, writes 12) and the fp32 parameters copied back
-  to fp16 by ``multi_tensor_copy`` (4, 2): 60 B per parameter, one call per tensor (the rest multi-tensor).
+  to fp16 by ``multi_tensor_copy`` (4, 2): 60 B per parameter (one host call per tensor, the rest multi-tensor).
 * ``megatron-lm-2021-torch-ddp``: the same with ``--DDP-impl torch``: torch DDP's buckets, overlapped with the
   backward. SC'21's own scripts (``examples/sc21/run_table_1.sh`` at ``v2.5``) use it for Table 1's rows without
   pipeline parallelism (1.7B–18.4B) and ``local`` for the pipelined ones.
@@ -63,10 +67,9 @@ OUR_RUNTIME = "autoplan"
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerCost:
-    """What one optimizer step moves and issues: bytes per parameter, operator calls per parameter tensor."""
+    """What one optimizer step moves: bytes per parameter (read and written, all its kernels)."""
 
     bytes_per_param: float
-    calls_per_tensor: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,14 +110,14 @@ class RuntimeProfile:
         )
 
 
-_TORCH_ADAMW = OptimizerCost(bytes_per_param=72.0, calls_per_tensor=8.0)
+_TORCH_ADAMW = OptimizerCost(bytes_per_param=72.0)
 _AUTOPLAN_OPTIMIZERS = {
     "adam-mixed": _TORCH_ADAMW,  # fp32 parameters under bf16 autocast: the same AdamW step as adam-fp32
     "adam-fp32": _TORCH_ADAMW,
-    "sgd": OptimizerCost(bytes_per_param=12.0, calls_per_tensor=0.0),
-    "sgd-momentum": OptimizerCost(bytes_per_param=32.0, calls_per_tensor=0.0),
+    "sgd": OptimizerCost(bytes_per_param=12.0),
+    "sgd-momentum": OptimizerCost(bytes_per_param=32.0),
 }
-_MEGATRON_OPTIMIZERS = {"adam-mixed": OptimizerCost(bytes_per_param=60.0, calls_per_tensor=1.0)}
+_MEGATRON_OPTIMIZERS = {"adam-mixed": OptimizerCost(bytes_per_param=60.0)}
 
 PROFILES: dict[str, RuntimeProfile] = {
     profile.name: profile

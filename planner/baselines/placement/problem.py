@@ -162,7 +162,7 @@ def placement_problem(
         own = [meta.numel for name, meta in zip(node.inputs, node.input_metas, strict=True)
                if graph.value_kind(name) == ValueKind.PARAM and name not in held]  # fmt: skip
         held.update(name for name in node.inputs if graph.value_kind(name) == ValueKind.PARAM)
-        step.append(optimizer_step_s(sum(own), setup, tensors=len(own)))
+        step.append(optimizer_step_s(sum(own), setup))
         state.append(float(sum(model_state_bytes(numel, optimizer=setup.optimizer) for numel in own)))
         activation.append(cost.activation_bytes)
     return PlacementProblem(
