@@ -3,23 +3,31 @@
 Every row of ``../shared/published-measurements.md``: the ten Megatron-LM SC'21 rows on DGX A100
 (Narayanan et al. 2021, Table 1: :data:`scale_cases.MEGATRON_ROWS`, GPT, seq 2048, vocab 51,200) and
 the two Megatron-LM 2019 rows on DGX-2H V100 (Shoeybi et al. 2019: GPT-2 shapes, seq 1024). Each row
-is planned as published — ``--method megatron --degrees t,p,d --remat on --space alpa`` (full recomputation;
-``--space alpa`` leaves out what Megatron-LM did not have in 2019–2021: sequence parallelism (2022), the
-distributed optimizer, and the interleaved schedule, which Table 1 does not state), its batch, its cluster — in a
-fresh process (:func:`scale_cases.run_case`), and reported as
+is planned as it ran — ``--method megatron --degrees t,p,d --remat on --space alpa --microbatches m --runtime R``
+(full recomputation; ``--space alpa`` leaves out what Megatron-LM did not have in 2019–2021: sequence parallelism
+(2022) and the distributed optimizer), its batch, its cluster, its microbatch size and its runtime profile
+(:mod:`planner.costing.runtime_profiles`) — in a fresh process (:func:`scale_cases.run_case`), and reported as
 
 * measured samples/s: ``TFLOP/s per GPU × GPUs / (F / B)`` with the paper's FLOPs per iteration
   ``F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` (recomputation counted, Megatron-LM 2021 Eq. 3);
 * our estimated samples/s: ``B / estimate.step_time_s`` and ``estimated ÷ measured``;
 * ``auto``'s plan for the same model, cluster and batch (shape, recomputation, estimate) beside it.
 
-Each row is estimated on ``examples/gpt.py`` as it is (``fused``: ``scaled_dot_product_attention``,
-priced as FlashAttention, no dropout; ``auto`` plans this one too), and the rows without tensor
-parallelism also on the layer the papers ran (``published``: attention as separate operators —
-``Q·Kᵀ``, causal mask, softmax, dropout, ``·V``; fused attention kernels came in 2022 — and dropout
-0.1). Only those rows: under ``t > 1`` Megatron's tensor-parallel choice
-(:func:`planner.intra.incumbents.megatron_choice`) leaves the separate attention operators replicated
-(not split by heads), which is not what Megatron-LM ran.
+Each row is estimated on the layer the papers ran (``published``, the headline: attention as separate
+operators — ``Q·Kᵀ``, causal mask, softmax, dropout, ``·V``, split by heads under tensor parallelism as
+Megatron-LM split it; fused attention kernels came in 2022 — and dropout 0.1) and, for comparison, on
+``examples/gpt.py`` as it is (``fused``: ``scaled_dot_product_attention`` priced as FlashAttention, no dropout;
+``auto`` plans this one, under our own runtime, which is what its plans would run on).
+
+The SC'21 rows run as SC'21's own scripts ran them (``examples/sc21/run_table_1.sh`` of Megatron-LM ``v2.5``,
+:data:`SC21_SCRIPT`): the microbatch size of each row (the microbatch count is ``batch / (microbatch · d)``) and
+its ``--DDP-impl`` (``torch``: runtime ``megatron-lm-2021-torch-ddp``, DDP's overlapped buckets, for the rows
+without pipelining; ``local``: ``megatron-lm-2021``, one all-reduce after the backward, for the pipelined
+ones). Four pipelined rows also ran the interleaved schedule (``--num-layers-per-virtual-pipeline-stage``:
+76.1B and 529.6B at 3 virtual stages per rank, 145.6B and 310.1B at 2); the estimate runs 1F1B for them (its
+interleaved schedule takes 2 or 4 virtual stages and is outside ``--space alpa``), so it charges them
+``(p − 1)/m`` of bubble where they had about ``1/v`` of that. The 2019 rows run ``megatron-lm-2019`` (local
+DDP) with one microbatch (the 2019 code had no gradient accumulation).
 
 Choices the papers leave open, stated in the output: the 2019 paper gives no batch for its
 single-GPU 1.2B baseline (we take 8, the per-GPU batch of its weak-scaling runs) and does not state
@@ -33,7 +41,8 @@ excluded it, measured samples/s would be 4/3 higher and the ratio × 0.75).
 
 ``--before OLD.json`` adds the ratios of an earlier run (``--json-out`` of the code before a change)
 as columns, ``--middle`` those of an intermediate one; ``--save`` writes
-``benchmarks/results/published-<date>.{md,png}``.
+``benchmarks/results/published-<date>.{md,png}``. The auto table gives each auto plan's MFU beside the best
+published for its GPU and model size (:mod:`planner.costing.mfu_bounds`), the plan's own sanity note.
 """
 
 from __future__ import annotations
@@ -58,11 +67,27 @@ from scale_cases import MEGATRON_ROWS, Case, run_case  # noqa: E402
 # TFLOP/s per GPU of each SC'21 row, by parameters (B): published-measurements.md, Table 1 of the paper
 A100_TFLOPS = {1.7: 137, 3.6: 138, 7.5: 142, 18.4: 135, 39.1: 138, 76.1: 140, 145.6: 148, 310.1: 155, 529.6: 163,
                1008.0: 163}  # fmt: skip
+# Per SC'21 row, by parameters (B): (microbatch size, --DDP-impl, layers per virtual pipeline stage or None), from
+# Megatron-LM v2.5 examples/sc21/run_table_1.sh (MBS, DDP, --num-layers-per-virtual-pipeline-stage)
+SC21_SCRIPT = {
+    1.7: (16, "torch", None),
+    3.6: (16, "torch", None),
+    7.5: (16, "torch", None),
+    18.4: (8, "torch", None),
+    39.1: (4, "local", None),
+    76.1: (2, "local", 5),
+    145.6: (2, "local", 5),
+    310.1: (1, "local", 3),
+    529.6: (1, "local", 1),
+    1008.0: (1, "local", None),
+}
+RUNTIME_OF_DDP = {"torch": "megatron-lm-2021-torch-ddp", "local": "megatron-lm-2021"}
 A100_SEQ, V100_SEQ, VOCAB = 2048, 1024, 51200
 V100_BATCH_1GPU = 8  # unstated in the paper for this row: the per-GPU batch of its scaling runs (8 × 64 = 512)
 BAND, MOONSHOT = 0.15, 0.10
 # examples/gpt.py model arguments of each version of the model (see the module docstring)
-VARIANTS = {"fused": {}, "published": {"attention": "unfused", "dropout": 0.1}}
+VARIANTS = {"published": {"attention": "unfused", "dropout": 0.1}, "fused": {}}
+AUTO_VARIANT = "fused"  # auto plans examples/gpt.py as it is, under our own runtime
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +104,9 @@ class Row:
     cluster: str
     tflops_per_gpu: float  # published
     source: str
+    micro_batch: int  # per data-parallel replica and microbatch (SC'21's script; the 2019 rows: their batch per GPU)
+    runtime: str  # planner.costing.runtime_profiles
+    virtual_stages: int = 1  # the interleaved schedule's stages per rank it ran (the estimate runs 1F1B)
     note: str = ""
 
     @property
@@ -100,22 +128,31 @@ class Row:
         return Case(name=f"{self.name}-{variant}", model="examples/gpt.py", args=args, cluster=self.cluster, nodes=nodes,
                     batch=self.batch, method=method, degrees=self.degrees if fixed else None,
                     remat="on" if fixed else "auto", devices_per_node=devices_per_node,
-                    space="alpa" if fixed else "full")  # fmt: skip
+                    space="alpa" if fixed else "full", microbatches=self.microbatches if fixed else None,
+                    runtime=self.runtime if fixed else "autoplan")  # fmt: skip
+
+    @property
+    def microbatches(self) -> int:
+        return self.batch // (self.micro_batch * self.degrees[2])
 
 
 def rows() -> list[Row]:
     found = []
     for params, heads, hidden, layers, t, p, gpus, batch in MEGATRON_ROWS:
+        micro_batch, ddp, per_virtual = SC21_SCRIPT[params]
         found.append(Row(name=f"gpt-{params:g}b", params_b=params, heads=heads, hidden=hidden, layers=layers,
                          degrees=(t, p, gpus // (t * p)), gpus=gpus, batch=batch, seq=A100_SEQ, cluster="dgx-a100",
-                         tflops_per_gpu=A100_TFLOPS[params], source="Megatron-LM SC'21, Table 1"))  # fmt: skip
+                         tflops_per_gpu=A100_TFLOPS[params], source="Megatron-LM SC'21, Table 1",
+                         micro_batch=micro_batch, runtime=RUNTIME_OF_DDP[ddp],
+                         virtual_stages=layers // p // per_virtual if per_virtual else 1))  # fmt: skip
     found.append(Row(name="gpt-1.2b-v100", params_b=1.2, heads=16, hidden=1536, layers=40, degrees=(1, 1, 1), gpus=1,
                      batch=V100_BATCH_1GPU, seq=V100_SEQ, cluster="dgx-2h", tflops_per_gpu=39.0,
-                     source="Megatron-LM 2019, single-GPU baseline",
-                     note=f"batch {V100_BATCH_1GPU} assumed (unstated)"))  # fmt: skip
+                     source="Megatron-LM 2019, single-GPU baseline", micro_batch=V100_BATCH_1GPU,
+                     runtime="megatron-lm-2019", note=f"batch {V100_BATCH_1GPU} assumed (unstated)"))  # fmt: skip
     found.append(Row(name="gpt-8.3b-v100", params_b=8.3, heads=32, hidden=3072, layers=72, degrees=(8, 1, 64),
                      gpus=512, batch=512, seq=V100_SEQ, cluster="dgx-2h", tflops_per_gpu=15.1e3 / 512,
-                     source="Megatron-LM 2019, 15.1 PFLOP/s on 512 GPUs"))  # fmt: skip
+                     source="Megatron-LM 2019, 15.1 PFLOP/s on 512 GPUs", micro_batch=8,
+                     runtime="megatron-lm-2019"))  # fmt: skip
     return found
 
 
@@ -127,7 +164,8 @@ def plan_summary(plan_json: dict) -> dict:
     plan = Plan.from_json(plan_json)
     estimate = plan_json["estimate"]
     return {"shape": plan_shape(plan), "step_s": estimate["step_time_s"], "mfu": estimate.get("mfu"),
-            "breakdown_s": estimate.get("breakdown_s", {})}  # fmt: skip
+            "breakdown_s": estimate.get("breakdown_s", {}), "runtime": plan.runtime,
+            "mfu_note": any(note.startswith("estimated MFU") for note in plan.notes)}  # fmt: skip
 
 
 def run_row(row: Row, *, method: str, variant: str, timeout_s: float, scratch: Path) -> dict:
@@ -145,12 +183,10 @@ def measure(selected: list[Row], *, variants: list[str], auto: bool, timeout_s: 
         for row in selected:
             entry: dict = {"row": row.name, "measured_samples_s": row.measured_samples_s, "runs": {}}
             for variant in variants:
-                if variant == "published" and row.degrees[0] > 1:
-                    continue  # see the module docstring
                 entry["runs"][variant] = run_row(row, method="megatron", variant=variant, timeout_s=timeout_s,
                                                  scratch=Path(scratch))  # fmt: skip
             if auto:
-                entry["auto"] = run_row(row, method="auto", variant=variants[0], timeout_s=timeout_s,
+                entry["auto"] = run_row(row, method="auto", variant=AUTO_VARIANT, timeout_s=timeout_s,
                                         scratch=Path(scratch))  # fmt: skip
             results.append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
@@ -197,10 +233,11 @@ def table(selected: list[Row], results: list[dict], compared: Compared, *, varia
     """One row per published run: measured, our estimate of ``variant`` now and under the compared code."""
     labels = list(compared.columns)
     head = (
-        "| row | GPUs | cluster | (t, p, d) | batch | measured TFLOP/s/GPU | measured samples/s | estimated samples/s "
+        "| row | GPUs | cluster | (t, p, d) | batch | runtime | measured TFLOP/s/GPU | measured samples/s | "
+        "estimated samples/s "
     )
-    head += "| **est ÷ measured** | " + "".join(f"{label} | " for label in labels) + "plan (microbatches chosen) |"
-    lines = [head, "|---|---:|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(labels) + "---|"]
+    head += "| **est ÷ measured** | " + "".join(f"{label} | " for label in labels) + "plan |"
+    lines = [head, "|---|---:|---|---|---:|---|---:|---:|---:|---:|" + "---:|" * len(labels) + "---|"]
     for row, entry in zip(selected, results, strict=True):
         if variant not in entry["runs"]:
             continue
@@ -210,26 +247,43 @@ def table(selected: list[Row], results: list[dict], compared: Compared, *, varia
         name = f"{row.name} ({row.note})" if row.note else row.name
         lines.append(
             f"| {name} | {row.gpus} | {row.cluster} | {','.join(map(str, row.degrees))} | {row.batch} | "
-            f"{row.tflops_per_gpu:.1f} | {measured:.1f} | {estimated} | {_marked(_ratio(run, measured))} | {earlier}"
-            f"{run.get('shape', run.get('error', ''))} |"
+            f"{run.get('runtime', row.runtime)} | {row.tflops_per_gpu:.1f} | {measured:.1f} | {estimated} | "
+            f"{_marked(_ratio(run, measured))} | {earlier}{_shape(run, row)} |"
         )
     return "\n".join(lines)
 
 
+def _shape(run: dict, row: Row) -> str:
+    """The plan's shape, and the interleaving the row ran where the estimate runs 1F1B."""
+    shape = run.get("shape", run.get("error", ""))
+    return shape + (
+        f" (ran interleaved, {row.virtual_stages} virtual stages per rank)" if row.virtual_stages > 1 else ""
+    )
+
+
 def auto_table(selected: list[Row], results: list[dict], *, variant: str) -> str:
-    """``auto``'s plan beside the published configuration, same model, cluster and batch."""
+    """``auto``'s plan (our runtime) beside the published configuration (``variant`` under its runtime), same
+    model, cluster and batch; auto's MFU beside the best published for its GPU and model size."""
+    from planner.costing.mfu_bounds import published_bound
+
     lines = [
         "| row | published configuration: estimated samples/s | auto's plan | auto's estimate, samples/s | "
-        "auto ÷ measured | auto ÷ published configuration (estimates) |",
-        "|---|---:|---|---:|---:|---:|",
+        "auto ÷ measured | auto ÷ published configuration (estimates) | auto's MFU | best published MFU "
+        "(planner.costing.mfu_bounds) | noted as above it |",
+        "|---|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for row, entry in zip(selected, results, strict=True):
         fixed, auto = entry["runs"].get(variant, {}), entry.get("auto") or {"error": "not run"}
         rate = auto.get("samples_s")
         gain = rate / fixed["samples_s"] if rate and fixed.get("samples_s") else None
+        bound = published_bound("A100" if row.cluster == "dgx-a100" else "V100", row.params_b * 1e9)
+        best = f"{bound.mfu:.1%} ({bound.source})" if bound else ""
+        mfu = _cell(auto.get("mfu"), ".1%")
+        noted = "" if "mfu_note" not in auto else ("yes" if auto["mfu_note"] else "no")
         lines.append(
             f"| {row.name} | {_cell(fixed.get('samples_s'), '.1f')} | {auto.get('shape', auto.get('error', ''))} | "
-            f"{_cell(rate, '.1f')} | {_cell(_ratio(auto, entry['measured_samples_s']))} | {_cell(gain)} |"
+            f"{_cell(rate, '.1f')} | {_cell(_ratio(auto, entry['measured_samples_s']))} | {_cell(gain)} | {mfu} | "
+            f"{best} | {noted} |"
         )
     return "\n".join(lines)
 
@@ -278,7 +332,7 @@ def draw(selected: list[Row], results: list[dict], compared: Compared, *, varian
                       for r, m, y in zip(selected, measured, now, strict=True)]  # fmt: skip
             series.append((f"{variant}, {label}", ratios, hollow, None))
     auto = [_ratio(e.get("auto"), m) for e, m in zip(results, measured, strict=True)]
-    series.append((f"auto's own plan ({variants[0]})", auto, "s", "none"))
+    series.append((f"auto's own plan ({AUTO_VARIANT}, our runtime)", auto, "s", "none"))
     for label, ratios, marker, face in series:
         points = [(x, y) for x, y in zip(xs, ratios, strict=True) if y is not None]
         if points:
@@ -334,7 +388,7 @@ def main() -> None:
     sections = [f"### `{variant}`: {VARIANT_TEXT[variant]}\n\n" + table(selected, results, compared, variant=variant)
                 for variant in variants]  # fmt: skip
     if not options.no_auto:
-        sections.append(f"### auto beside the published configuration (`{variants[0]}`)\n\n"
+        sections.append(f"### auto (`{AUTO_VARIANT}`, our runtime) beside the published configuration (`{variants[0]}`)\n\n"
                         + auto_table(selected, results, variant=variants[0]))  # fmt: skip
     text = "\n\n".join(sections)
     print(text)
@@ -350,37 +404,40 @@ def main() -> None:
 
 
 VARIANT_TEXT = {
-    "fused": "examples/gpt.py as it is (fused scaled_dot_product_attention priced as FlashAttention, no dropout)",
-    "published": "the layer the papers ran (attention as separate operators, dropout 0.1), rows without tensor "
-    "parallelism",
+    "fused": "examples/gpt.py as it is (fused scaled_dot_product_attention priced as FlashAttention, no dropout), "
+    "same runtime and microbatches",
+    "published": "the layer the papers ran (attention as separate operators split by heads, dropout 0.1), under "
+    "the row's runtime and microbatch size: the target",
 }
 
 
 def _description(options: argparse.Namespace, *, load_before: float) -> str:
     earlier = ""
     if options.before:
-        earlier += (f" Column *before*: the same rows on commit `{options.before_commit}` (the flat compute model: "
-                    "every matmul at 0.6 of peak, memory at 0.8 of the data sheet; the DGX-2H rows on a `dgx-2h` "
-                    "preset with the same figures).")  # fmt: skip
+        earlier += (f" Column *before*: the same rows on commit `{options.before_commit}`, which planned them with the "
+                    "planner's own microbatch count and our runtime, the t > 1 rows on the fused model only.")  # fmt: skip
     if options.middle:
-        earlier += (f" Column *{options.middle_label}*: that commit plus only this page's compute-model change "
-                    "(the other modelling changes in the working tree left out).")  # fmt: skip
+        earlier += f" Column *{options.middle_label}*: an intermediate run (see the command)."
     return (
         f"Code: {options.code_note or f'commit `{_commit()}` plus the working tree'}. "
         f"Load average (1 min) {load_before:.2f} at the start. "
         "Each plan runs in a fresh process (`plan ... --json --jobs 2`, roofline costs, adam-mixed). *Estimated*: "
-        "our estimate of the row's own configuration: `--method megatron --degrees t,p,d --remat on --space alpa`, its batch and "
-        "cluster (microbatch count chosen by the planner: the papers do not give it). *Measured samples/s* = "
-        "published TFLOP/s per GPU × GPUs ÷ (FLOPs per iteration ÷ batch), FLOPs per iteration "
-        "`96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))` (Megatron-LM 2021 Eq. 3, recomputation counted). The 2019 V100 rows: "
-        f"the single-GPU 1.2B baseline's batch is not given; we take {V100_BATCH_1GPU} (the per-GPU batch of the "
-        "paper's scaling runs); the 2019 paper's FLOP counting is not stated, we apply the same formula (if it "
-        "excluded the recomputation the measured rate is 4/3 higher and the ratio × 0.75). Ratios outside ±15% "
-        "are bold. Two versions of the model: `fused` is examples/gpt.py as it is; `published` is the layer the "
-        "papers ran (attention as separate operators: fused attention kernels came in 2022; dropout 0.1), shown for "
-        "the rows without tensor parallelism only: with t > 1 Megatron's tensor-parallel choice here leaves those "
-        "attention operators unsplit, which is not what Megatron-LM ran. "
-        f"*auto*: `--method auto` on the same model, cluster and batch, its own plan and estimate.{earlier}"
+        "our estimate of the row's own configuration as it ran: `--method megatron --degrees t,p,d --remat on "
+        "--space alpa --microbatches m --runtime R`, its batch and cluster; the microbatch size and `--DDP-impl` of "
+        "each SC'21 row from SC'21's own script (Megatron-LM v2.5 `examples/sc21/run_table_1.sh`: runtime "
+        "`megatron-lm-2021-torch-ddp` for `torch`, `megatron-lm-2021` for `local`); the 2019 rows under "
+        "`megatron-lm-2019`, one microbatch. The runtime profiles are `planner/costing/runtime_profiles.py`. Four "
+        "pipelined rows ran the interleaved schedule, which the estimate does not (it runs 1F1B): the plan column "
+        "says which. *Measured samples/s* = published TFLOP/s per GPU × GPUs ÷ (FLOPs per iteration ÷ batch), FLOPs "
+        "per iteration `96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))` (Megatron-LM 2021 Eq. 3, recomputation counted). The "
+        f"2019 V100 rows: the single-GPU 1.2B baseline's batch is not given; we take {V100_BATCH_1GPU} (the per-GPU "
+        "batch of the paper's scaling runs); the 2019 paper's FLOP counting is not stated, we apply the same formula "
+        "(if it excluded the recomputation the measured rate is 4/3 higher and the ratio × 0.75). Ratios outside "
+        "±15% are bold. Two versions of the model: `published` is the layer the papers ran (attention as separate "
+        "operators, split by heads under tensor parallelism: fused attention kernels came in 2022; dropout 0.1), the "
+        "target; `fused` is examples/gpt.py as it is, for comparison. *auto*: `--method auto` on the fused model, "
+        "same cluster and batch, under our own runtime (what its plan would run on), its own plan and estimate; its "
+        f"MFU beside the best published for the GPU and model size.{earlier}"
     )
 
 

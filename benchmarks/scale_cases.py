@@ -50,6 +50,8 @@ class Case:
     remat: str = "auto"
     devices_per_node: int | None = None  # the preset's when None
     space: str = "full"  # "alpa": without what Megatron-LM lacked in 2019-2021 (SP, ZeRO, interleaving)
+    microbatches: int | None = None  # the planner's choice when None
+    runtime: str = "autoplan"  # the system the estimate describes (planner.costing.runtime_profiles)
 
 
 def _gpt_args(heads: int, hidden: int, layers: int) -> dict:
@@ -91,6 +93,10 @@ def command(case: Case, out: Path) -> list[str]:
         line += ["--devices-per-node", str(case.devices_per_node)]
     if case.space != "full":
         line += ["--space", case.space]
+    if case.microbatches is not None:
+        line += ["--microbatches", str(case.microbatches)]
+    if case.runtime != "autoplan":
+        line += ["--runtime", case.runtime]
     return line
 
 

@@ -21,7 +21,12 @@ reaches on the device (measured for the GPU presets, :mod:`cost_models.gpu_devic
   each at its own shape (:meth:`RooflineCompute._matmul_time`);
 * fused attention does its kernel's FLOPs (half of ``Sq·Sk`` when causal; 2.5× forward in backward) at
   the device's attention efficiencies (:meth:`RooflineCompute._attention_time`);
-* every other operator is priced as above.
+* every other operator is priced as above, on the device's own share of the work; normalization kernels at the
+  device's ``norm_memory_efficiency`` of the data-sheet bandwidth;
+* each pass is at least the host's time to issue it (``host_forward_s``, ``host_backward_s``:
+  :meth:`RooflineCompute._host_bound`): eager PyTorch cannot launch kernels faster than that. Taken per operator,
+  this is pessimistic where small operators follow large ones (the host, running ahead during a large kernel,
+  issues the small ones early) and exact where every operator is small.
 
 Devices without one (CPU processes: ``local-cpu``, calibrated ``cpu*`` clusters; cluster files that give
 none) keep the flat roofline exactly.
@@ -119,38 +124,59 @@ class RooflineCompute:
             return "bfloat16"
         return floating[0] if floating else "float32"
 
-    def _memory_s(self, num_bytes: float) -> float:
-        return num_bytes / (self.device.memory_bandwidth * self.device.memory_efficiency)
+    def _memory_s(self, num_bytes: float, efficiency: float | None = None) -> float:
+        share = self.device.memory_efficiency if efficiency is None else efficiency
+        return num_bytes / (self.device.memory_bandwidth * share)
 
-    def _pass_s(self, flops: float, num_bytes: float, dtype: str) -> float:
+    def _pass_s(self, flops: float, num_bytes: float, dtype: str, memory_efficiency: float | None = None) -> float:
         device = self.device
         compute_s = flops / (device.peak(dtype) * device.compute_efficiency)
-        return max(compute_s, self._memory_s(num_bytes)) + device.kernel_overhead_s
+        return max(compute_s, self._memory_s(num_bytes, memory_efficiency)) + device.kernel_overhead_s
 
     def node_time(self, node: OpNode) -> NodeTime:
         if node.kind == NodeKind.VIEW:
             return NodeTime(fwd_s=0.0, bwd_s=0.0)
-        if self.device.kernels is not None and node.kind in (NodeKind.MATMUL, NodeKind.ATTENTION):
+        if self.device.kernels is not None:
             return self.local_time(node, shards=1, output_shards={})
         return self._flat_time(node)
 
     def local_time(self, node: OpNode, *, shards: int, output_shards: Mapping[int, int]) -> NodeTime:
-        if self.device.kernels is None or node.kind not in (NodeKind.MATMUL, NodeKind.ATTENTION):
+        if self.device.kernels is None:
             return self.node_time(node).scaled(1 / shards)
+        if node.kind == NodeKind.VIEW:
+            return NodeTime(fwd_s=0.0, bwd_s=0.0)
+        return self._host_bound(self._device_time(node, shards=shards, output_shards=output_shards))
+
+    def _device_time(self, node: OpNode, *, shards: int, output_shards: Mapping[int, int]) -> NodeTime:
+        """The GPU's seconds for this device's share of the node (the kernel shape model)."""
         if node.kind == NodeKind.ATTENTION:
             return self._attention_time(node, shards=shards)
+        if node.kind != NodeKind.MATMUL:
+            return self._flat_time(node, shards=shards)
         if math.prod(output_shards.values()) > shards:  # an output split without a compute split: not a share
             output_shards = {}
         shape = matmul_shape(node, output_shape=local_output_shape(node.output, output_shards),
                              flops=node.flops_fwd / shards)  # fmt: skip
         if shape is None:  # a vector product: the flat roofline
-            return self._flat_time(node).scaled(1 / shards)
+            return self._flat_time(node, shards=shards)
         return self._matmul_time(node, shape, shards=shards)
 
-    def _flat_time(self, node: OpNode) -> NodeTime:
-        num_bytes, dtype = self._bytes(node), self._dtype(node)
-        fwd_s = self._pass_s(node.flops_fwd, num_bytes, dtype)
-        bwd_s = self._pass_s(node.flops_bwd, 2 * num_bytes, dtype) if has_backward(node) else 0.0
+    def _host_bound(self, time: NodeTime) -> NodeTime:
+        """A pass takes at least the host's time to issue it (``KernelSpec.host_forward_s``, ``host_backward_s``)."""
+        spec = self.device.kernels
+        assert spec is not None
+        fwd_s = max(time.fwd_s, spec.host_forward_s) if time.fwd_s > 0 else 0.0
+        bwd_s = max(time.bwd_s, spec.host_backward_s) if time.bwd_s > 0 else 0.0
+        return NodeTime(fwd_s=fwd_s, bwd_s=bwd_s, overhead_s=time.overhead_s)
+
+    def _flat_time(self, node: OpNode, *, shards: int = 1) -> NodeTime:
+        """The roofline; with a kernel model, of this device's ``1/shards`` of the work, normalization kernels at
+        their own bandwidth (``KernelSpec.norm_memory_efficiency``)."""
+        num_bytes, dtype = self._bytes(node) / shards, self._dtype(node)
+        spec = self.device.kernels
+        efficiency = spec.norm_memory_efficiency if spec is not None and node.kind == NodeKind.NORM else None
+        fwd_s = self._pass_s(node.flops_fwd / shards, num_bytes, dtype, efficiency)
+        bwd_s = self._pass_s(node.flops_bwd / shards, 2 * num_bytes, dtype, efficiency) if has_backward(node) else 0.0
         return NodeTime(fwd_s=fwd_s, bwd_s=bwd_s, overhead_s=self.device.kernel_overhead_s)
 
     def _matmul_time(self, node: OpNode, shape: GemmShape, *, shards: int) -> NodeTime:

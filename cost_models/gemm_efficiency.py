@@ -37,6 +37,12 @@ blocks are skipped), and 2.5 times that backward (it recomputes ``Q·Kᵀ``), th
 benchmarks' accounting; it runs at the device's ``attention_fwd_efficiency`` and
 ``attention_bwd_efficiency`` of peak (:func:`attention_flops`).
 
+Beyond FLOPs and bytes (:class:`~cost_models.compute.RooflineCompute`): each pass of an operator also pays the
+device's ``kernel_overhead_s`` on the GPU's timeline (the gap between back-to-back kernels), and is never shorter
+than the host's ``host_forward_s`` / ``host_backward_s``, the time eager PyTorch takes to issue one operator call
+(a GPU cannot run kernels faster than its host launches them); normalization kernels stream at the device's
+``norm_memory_efficiency`` of the data-sheet bandwidth, not the streaming one.
+
 The device constants (:class:`KernelSpec`) are set once per device in
 :mod:`cost_models.gpu_devices`, each with its source.
 """
@@ -72,6 +78,11 @@ class KernelSpec:
     attention_fwd_efficiency: float  # fused attention, of peak, FLOPs counted as in the module docstring
     attention_bwd_efficiency: float
     tiles: tuple[tuple[int, int], ...] = CUBLAS_TILES
+    # host seconds of one eager operator call, forward and backward: a pass is never faster than the host issues it
+    host_forward_s: float = 0.0
+    host_backward_s: float = 0.0
+    # share of the data-sheet bandwidth normalization kernels reach (None: the device's streaming memory_efficiency)
+    norm_memory_efficiency: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -94,13 +105,22 @@ class KernelSpec:
                 attention_fwd_efficiency=float(data["attention_fwd_efficiency"]),
                 attention_bwd_efficiency=float(data["attention_bwd_efficiency"]),
                 tiles=tuple(_ints(tile, 2) for tile in data.get("tiles", CUBLAS_TILES)),
+                host_forward_s=float(data.get("host_forward_s", 0.0)),
+                host_backward_s=float(data.get("host_backward_s", 0.0)),
+                norm_memory_efficiency=None
+                if data.get("norm_memory_efficiency") is None
+                else float(data["norm_memory_efficiency"]),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise AutoplanError(f"{where}: device.kernels is missing or has a wrong field ({error})") from None
         positive = (spec.num_sms, spec.l2_bandwidth, spec.gemm_efficiency, spec.attention_fwd_efficiency,
                     spec.attention_bwd_efficiency, *spec.gemm_reference, *(n for t in spec.tiles for n in t))  # fmt: skip
-        if min(positive) <= 0 or spec.k_prologue < 0 or not spec.tiles:
-            raise AutoplanError(f"{where}: device.kernels fields must be positive (k_prologue may be 0)")
+        zero_or_more = (spec.k_prologue, spec.host_forward_s, spec.host_backward_s)
+        norm = spec.norm_memory_efficiency
+        if min(positive) <= 0 or min(zero_or_more) < 0 or not spec.tiles or (norm is not None and norm <= 0):
+            raise AutoplanError(
+                f"{where}: device.kernels fields must be positive (k_prologue and the host_*_s may be 0)"
+            )
         return spec
 
 

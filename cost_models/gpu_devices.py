@@ -29,6 +29,22 @@ bandwidth. The kernel shape model (:class:`~cost_models.gemm_efficiency.KernelSp
   Compute (NVIDIA developer forum, "Trouble to reach peak bandwidth of A100", 2025, which also quotes a GTC
   talk: no kernel beyond about 90%); V100: 750 of 900 GB/s (Z. Jia et al., "Dissecting the NVIDIA Volta GPU
   Architecture via Microbenchmarking", 2018), 0.83; H100: 0.90, the GTC figure (no H100-specific one found).
+* ``norm_memory_efficiency``: PyTorch's LayerNorm, forward and backward, on A100 in fp16 (pytorch/pytorch PR
+  #87445, "Layer norm backward speed gain with warp shuffles", its table after the change): 8192×4096 in 509 µs.
+  Counted as the cost model counts a norm's bytes (2 B per element read and written forward, twice that
+  backward: 12 B per element over both), that is 402.7 MB in 509 µs, 0.39 of the data sheet's 2.039 TB/s (the
+  LayerNorm backward's second kernel, the weight and bias gradients' column reduction, streams far below a copy).
+  V100 and H100: no such measurement found; the same fraction of their streaming efficiency as on A100
+  (0.39 / 0.88), an assumption, stated as one.
+* ``kernel_overhead_s`` (on the device, :mod:`cost_models.device`): the gap a kernel costs on the GPU's
+  timeline beyond its work when the host keeps the queue full: A. Gray, "Getting Started with CUDA Graphs"
+  (NVIDIA developer blog, 2019), V100: 2.9-µs kernels run at 3.8 µs each when launched back to back without
+  synchronizing, 0.9 µs per kernel: taken as 1 µs on every GPU preset.
+* ``host_forward_s``, ``host_backward_s``: eager PyTorch's host time per operator call, measured by
+  ``benchmarks/dispatch_overhead.py`` (``benchmarks/results/dispatch_overhead-2026-11-26.md``: the fastest of 100
+  runs on this project's CPU machine, torch 2.13, a transformer layer's operators on one-row tensors, 5.95 and
+  10.01 µs): 6 µs forward, 10 µs backward (its autograd node). The CUDA launch call is not in the measurement, so on a GPU host
+  each call costs more: a lower bound. Set before, and independently of, the published runs they are scored on.
 """
 
 from __future__ import annotations
@@ -40,6 +56,9 @@ from cost_models.gemm_efficiency import KernelSpec
 from cost_models.units import GIB
 
 _A100_L2 = 5120 * 1410e6  # bytes/clk x boost clock
+_HOST = {"host_forward_s": 6e-6, "host_backward_s": 10e-6}  # benchmarks/dispatch_overhead.py, see above
+_NORM_SHARE = 402.7e6 / 509e-6 / 2.039e12 / 0.88  # A100's LayerNorm share of its streaming efficiency (above)
+_GAP_S = 1e-6  # kernel_overhead_s: the gap between back-to-back kernels (above)
 
 V100_KERNELS = KernelSpec(
     num_sms=80,
@@ -49,6 +68,8 @@ V100_KERNELS = KernelSpec(
     gemm_reference=(8192, 8192, 8192),
     attention_fwd_efficiency=round(83 / 125 * 0.60 / (271.2 / 312), 2),
     attention_bwd_efficiency=round(83 / 125 * 0.45 / (271.2 / 312), 2),
+    norm_memory_efficiency=round(0.83 * _NORM_SHARE, 2),
+    **_HOST,
 )
 A100_KERNELS = KernelSpec(
     num_sms=108,
@@ -58,6 +79,8 @@ A100_KERNELS = KernelSpec(
     gemm_reference=(1024, 10240, 5120),
     attention_fwd_efficiency=0.60,
     attention_bwd_efficiency=0.45,
+    norm_memory_efficiency=round(0.88 * _NORM_SHARE, 2),
+    **_HOST,
 )
 H100_KERNELS = KernelSpec(
     num_sms=132,
@@ -67,6 +90,8 @@ H100_KERNELS = KernelSpec(
     gemm_reference=(2048, 2048, 13312),
     attention_fwd_efficiency=0.35,
     attention_bwd_efficiency=round(0.35 * 0.45 / 0.60, 2),
+    norm_memory_efficiency=round(0.90 * _NORM_SHARE, 2),
+    **_HOST,
 )
 
 _V100_PEAKS = {"float16": 125e12, "bfloat16": 125e12, "float32": 15.7e12}
@@ -78,6 +103,7 @@ V100_16GB = DeviceSpec(
     memory_bytes=16 * GIB,
     memory_bandwidth=900e9,
     memory_efficiency=0.83,
+    kernel_overhead_s=_GAP_S,
     kernels=V100_KERNELS,
 )
 # DGX-2H: V100 SXM3 32 GB (Megatron-LM 2019; published-measurements.md: 125 TFLOP/s fp16 as the paper counts).
@@ -88,6 +114,7 @@ A100_80GB = DeviceSpec(
     memory_bytes=80 * GIB,
     memory_bandwidth=2.039e12,
     memory_efficiency=0.88,
+    kernel_overhead_s=_GAP_S,
     kernels=A100_KERNELS,
 )
 H100_80GB = DeviceSpec(
@@ -96,5 +123,6 @@ H100_80GB = DeviceSpec(
     memory_bytes=80 * GIB,
     memory_bandwidth=3.35e12,
     memory_efficiency=0.90,
+    kernel_overhead_s=_GAP_S,
     kernels=H100_KERNELS,
 )

@@ -28,6 +28,8 @@ from planner.baselines.handwritten import check_degrees
 from planner.baselines.handwritten_plan import data_parallel_plan, handwritten_plan, megatron_at_scale
 from planner.baselines.method_options import check_method_options, does_not_fit_message
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
+from planner.costing.mfu_bounds import mfu_bound_note
+from planner.costing.runtime_profiles import OUR_RUNTIME, RuntimeProfile, runtime_profile
 from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import runs_as_fsdp
@@ -191,6 +193,7 @@ def prepare(
     model_ref: dict[str, Any] | None = None,
     progress: Progress | None = None,
     jobs: int = 1,
+    runtime: str = OUR_RUNTIME,
 ) -> Prepared:
     """Check the options, capture the model and build its cost setup (see :func:`plan`)."""
     if batch_size <= 0:
@@ -204,6 +207,7 @@ def prepare(
     if rl_iterations is not None and rl_iterations < 1:
         raise AutoplanError(f"--rl-iterations must be at least 1, got {rl_iterations}")
     forced = _forced_grad_sync(grad_sync, allow_lossy=allow_lossy)
+    profile = runtime_profile(runtime)
     remat, zero = search_space(space, remat=remat, zero=zero, schedule=schedule, allow_lossy=allow_lossy)
     pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
                                zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees, jobs=jobs,
@@ -228,6 +232,7 @@ def prepare(
         compute=make_compute_model(graph, cluster, cost_model=cost_model),
         optimizer=optimizer or default_optimizer(cluster),
         memory_fraction=memory_fraction,
+        runtime=profile,
     )
     ref = dict(model_ref or {})
     model_json = ModelRef(fingerprint=graph.fingerprint(), num_params=graph.num_params, file=ref.get("file"),
@@ -264,6 +269,7 @@ def _finish_plan(prepared: Prepared, method: str, chosen: PricedPipeline, stats:
         optimizer=prepared.setup.optimizer,
         memory_fraction=prepared.setup.memory_fraction,
         grad_sync=chosen.grad_sync,
+        runtime=prepared.setup.runtime.name,
         stages=chosen.stages,
         estimate=chosen.estimate,
         search=replace(
@@ -276,7 +282,8 @@ def _finish_plan(prepared: Prepared, method: str, chosen: PricedPipeline, stats:
             *method_notes,
             *chosen.notes,
             *prepared.notes,
-            *_notes(graphs, ddp=runs_as_ddp(chosen.stages, zero=prepared.options.zero)),
+            *_notes(graphs, ddp=runs_as_ddp(chosen.stages, zero=prepared.options.zero), runtime=prepared.setup.runtime),
+            *_estimate_notes(prepared.setup, mfu=chosen.estimate.mfu, num_params=prepared.model.num_params),
         ),
     )
     result = with_batch_statistics(result, prepared.graph)
@@ -364,7 +371,8 @@ def plan(
     :func:`cost_models.cluster.memory_budget_bytes`), ``max_stages`` (None: any), ``microbatches``
     (None: searched), ``schedule``, ``remat``, ``zero``, ``allow_lossy``, ``grad_sync``, ``space`` (``"alpa"``:
     Alpa's search space only, :func:`search_space`), ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for
-    ``megatron``), ``rl_budget_s``, ``rl_iterations`` (None: until the budget is spent) and ``seed`` (``rl``), ``model_ref``, ``jobs`` (processes for the
+    ``megatron``), ``rl_budget_s``, ``rl_iterations`` (None: until the budget is spent) and ``seed`` (``rl``), ``model_ref``,
+    ``runtime`` (the system the estimate describes, :mod:`planner.costing.runtime_profiles`; default ours), ``jobs`` (processes for the
     search's independent work: with 2 or more, the second export runs beside the first; default 1),
     and ``progress(what, done, total)``, called during the search. Raises :class:`AutoplanError`
     for bad input or a model that does not fit.
@@ -374,14 +382,24 @@ def plan(
     return plan_prepared(prepare(model, example_inputs, cluster, batch_size=batch_size, **options), method)
 
 
-def _notes(graphs: MicrobatchGraphs, *, ddp: bool) -> tuple[str, ...]:
+def _notes(graphs: MicrobatchGraphs, *, ddp: bool, runtime: RuntimeProfile) -> tuple[str, ...]:
     sync = (
         "gradient all-reduce: DDP's buckets, overlapped with the last backward as DDP runs them"
         if ddp
         else "gradient sync: each sharded stage's partial sums all-reduced in buckets, overlapped with its last "
         "backward (executors.grad_sync)"
     )
+    if runtime.grad_sync_after_backward:
+        sync = f"gradient sync: one buffer per stage, all-reduced after its last backward ({runtime.name})"
     return (f"model captured {graphs.num_captures} time(s), other microbatch sizes interpolated", sync)
+
+
+def _estimate_notes(setup: CostSetup, *, mfu: float, num_params: float) -> tuple[str, ...]:
+    """What the estimate describes when not our executors, and an MFU above the best published one."""
+    device = setup.cluster.device
+    gemm = device.kernels.gemm_efficiency if device.kernels is not None else None
+    above = mfu_bound_note(device_name=device.name, num_params=num_params, mfu=mfu, gemm_efficiency=gemm)
+    return tuple(note for note in (setup.runtime.note(), above) if note)
 
 
 def prepare_model_file(

@@ -126,6 +126,10 @@ BAD_CASES = {
         lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--method", "magic"],
         "invalid choice: 'magic'",
     ),
+    "unknown runtime": (
+        lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--runtime", "megatron-lm-2030"],
+        r"--runtime: invalid choice: 'megatron-lm-2030' \(choose from 'autoplan', 'megatron-lm-2019'",
+    ),
     "does not fit": (
         lambda t: [
             str(EXAMPLES / "gpt.py"),

@@ -38,11 +38,16 @@ MODELS = {
     "moe": ("moe.py", {"hidden": 32, "layers": 2, "experts": 4, "ffn": 32, "tokens": 8}, 8),
 }
 # zoo models planned in one case each (not in every case of MODELS)
-ZOO_MODELS = {"transformer_lm": ("zoo/nn_transformer_lm.py", {"seq": 64}, 8), "swin": ("zoo/hf_swin.py", {}, 8),
-              "llama": ("zoo/hf_llama.py", {"layers": 4}, 8), "bert": ("zoo/hf_bert.py", {}, 8),
-              "gpt_unfused": ("gpt.py", {"attention": "unfused"}, 8),
-              "gpt2_eager": ("zoo/hf_gpt2.py", {"attention": "eager"}, 8),
-              "unet": ("zoo/nn_unet.py", {"width": 8, "depth": 2, "image_size": 16}, 8)}  # fmt: skip
+ZOO_MODELS = {
+    "transformer_lm": ("zoo/nn_transformer_lm.py", {"seq": 64}, 8),
+    "swin": ("zoo/hf_swin.py", {}, 8),
+    "llama": ("zoo/hf_llama.py", {"layers": 4}, 8),
+    "bert": ("zoo/hf_bert.py", {}, 8),
+    "gpt_unfused": ("gpt.py", {"attention": "unfused"}, 8),
+    "gpt_unfused_dropout": ("gpt.py", {"attention": "unfused", "dropout": 0.1}, 8),
+    "gpt2_eager": ("zoo/hf_gpt2.py", {"attention": "eager"}, 8),
+    "unet": ("zoo/nn_unet.py", {"width": 8, "depth": 2, "image_size": 16}, 8),
+}
 # (model, method, planner options) per world size; the key names the plan kind
 TP = {"degrees": (2, 1, 1)}
 GPIPE = {"degrees": (1, 2, 1), "schedule": "gpipe", "microbatches": 2}
@@ -62,6 +67,8 @@ CASES: dict[int, dict[str, tuple[str, str, dict]]] = {
         "llama-zero-bubble": ("llama", "auto", {"schedule": "zero-bubble"}),
         # a stage input's gradient that is not contiguous (a transposed convolution's, a cat's) is sent back
         "unet-zero-bubble": ("unet", "uniform-pipeline", {"schedule": "zero-bubble", "microbatches": 4}),
+        # Megatron's layout of attention as separate operators (Q·Kᵀ, mask, softmax, dropout, ·V): split by heads
+        "gpt-unfused-tp": ("gpt_unfused_dropout", "megatron", TP),
     },
     4: {
         **{f"{m}-tp2d": (m, "megatron", {"degrees": (2, 1, 2)}) for m in MODELS},
@@ -100,7 +107,7 @@ MEMORY = {
 EDITED = {2: {"mlp-tp-gelu-replicated": ("mlp-tp", "gelu", ("R",)),
               "gpt-tp-norm-sharded": ("gpt-tp", "layer_norm", ("S(1)",)),
               "gpt-tp-q-plain": ("gpt-tp", "linear", ("S(2)",))}}  # fmt: skip
-COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp", "mlp-tp-gelu-replicated", "gpt-tp-norm-sharded"],
+COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp", "mlp-tp-gelu-replicated", "gpt-tp-norm-sharded", "gpt-unfused-tp"],
                     4: ["mlp-tp2d", "gpt-tp2d"]}  # fmt: skip
 
 
@@ -296,3 +303,11 @@ def test_the_memory_cases_run_what_they_are_named_for(runs: dict, world: int, ke
     assert {stage.zero for stage in plan.stages} == {level}
     kind = "attention" if "attention" in key else "full"
     assert all(stage.remat == kind and stage.remat_regions for stage in plan.stages)
+
+
+def test_the_unfused_attention_case_splits_heads(runs: dict) -> None:
+    """gpt-unfused-tp: Megatron's layout of attention as separate operators keeps the heads split from Q·Kᵀ to ·V
+    (a canary for plans that drift; the parity test above runs it, dropout off while checking)."""
+    (stage,) = load_plan(runs[2]["plans"]["gpt-unfused-tp"]).stages
+    softmax = [record for name, record in stage.strategies.items() if name.startswith("softmax")]
+    assert softmax and all(record.output_spec == ("S(1)",) and record.compute_shards == 2 for record in softmax)

@@ -56,15 +56,18 @@ def test_a_sequence_parallel_stage_says_what_it_saved_as_an_independent_re_prici
                    for v, name in enumerate(with_sp.variables))  # fmt: skip
     sequence = [v for v, c in enumerate(chosen) if is_sequence_parallel(with_sp.strategies[v][c])]
     assert sequence, "some nodes use sequence-parallel strategies"
+    # a kept node's other strategies cost 1 s, far above any step here: a larger penalty (1e3) spreads the costs over
+    # eight decades, and HiGHS then stops at a worse point it calls optimal (found once host dispatch made many ties)
     costs = tuple(row if v in sequence else tuple(
-        c if s == with_sp.strategies[v][chosen[v]] else 1e3 for s, c in zip(plain.strategies[v], row, strict=True))
+        c if s == with_sp.strategies[v][chosen[v]] else 1.0 for s, c in zip(plain.strategies[v], row, strict=True))
         for v, row in enumerate(plain.problem.node_costs))  # fmt: skip
     pinned = dataclasses.replace(plain.problem, node_costs=costs, memory_budget=None)
     other = solve_strategy_ilp(pinned, time_limit_s=20).choice
-    (chosen_s, chosen_bytes), (other_s, other_bytes) = evaluate(with_sp.problem, chosen), evaluate(plain.problem, other)
+    chosen_s, other_s = evaluate(with_sp.problem, chosen)[0], evaluate(plain.problem, other)[0]
     saving = stage.sequence_parallel_saving
-    assert saving["saved_s"] == pytest.approx(other_s - chosen_s, rel=1e-6)
-    assert saving["saved_bytes"] == pytest.approx(other_bytes - chosen_bytes, rel=1e-9)
+    # the planner's next best (exact elimination) is the ILP's optimum, up to the solver's relative MIP gap (1e-4)
+    assert chosen_s + saving["saved_s"] == pytest.approx(other_s, rel=1e-4)
+    assert chosen_s + saving["saved_s"] <= other_s * (1 + 1e-12)  # (several next bests may tie: bytes not compared)
     assert saving["saved_s"] > 0 and saving["saved_bytes"] > 0  # faster and smaller, as Korthikanti et al. find
     best_plain = solve_unconstrained(plain.problem).objective  # no stage without sequence parallelism is faster
     keep_rest = tuple(c if v not in sequence else megatron_choice(plain, sequence_parallel=False)[v]

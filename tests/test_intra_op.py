@@ -158,3 +158,25 @@ def test_zero_shards_optimizer_state_over_data_axes() -> None:
     assert set(stage_from_result(sharded).param_placements.values()) == {("R",)}  # still data parallel
     state = graph.num_params * (2 + 12)  # gradients and Adam state, mixed precision
     assert plain.memory_bytes - sharded.memory_bytes == pytest.approx(state * 7 / 8, rel=1e-6)
+
+
+def test_megatron_splits_unfused_attention_by_heads() -> None:
+    """Megatron's layout of attention written as separate operators (Q·Kᵀ, scale, mask, softmax, dropout, ·V): every
+    one of them on the tensor axis's share of the heads, the output projection row-parallel (Megatron-LM's split)."""
+    graph = captured("gpt", 8, "export", size="tiny", layers=2, attention="unfused", dropout=0.1)
+    setup = setup_for()
+    stage = build_stage_problem(graph, setup, mesh_for(setup, (2, 4)), IntraOpOptions(sequence_parallel=False))
+    choice = megatron_choice(stage)
+    variable = {node.name: stage.variable_of[stage.representative[node.name]] for node in graph.nodes}
+    chosen = {name: stage.strategies[v][choice[v]] for name, v in variable.items()}
+    inside = [
+        node.name
+        for node in graph.nodes
+        if node.op_name in ("matmul", "mul", "masked_fill", "softmax", "dropout") and len(node.output.shape) == 4
+    ]
+    assert len(inside) == 2 * 6  # per layer: the scale (on Q), Q·Kᵀ, the mask, softmax, dropout and ·V
+    for name in inside:
+        assert chosen[name].output.placements[1] == "S(1)", (name, chosen[name].output)  # heads, on the tensor axis
+        assert chosen[name].compute_shards == 8
+    projections = [node for node in graph.nodes if node.op_name == "linear" and node.inputs[0].startswith("reshape")]
+    assert projections and all(chosen[node.name].inputs[0].placements[1] == "S(2)" for node in projections)

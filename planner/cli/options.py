@@ -58,6 +58,7 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, required: bool) -> N
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:
     """Options every method reads: costs, memory, pipeline search, Megatron degrees, RL budget."""
+    from planner.costing.runtime_profiles import OUR_RUNTIME, PROFILES
     from planner.costing.setup import COST_MODELS
 
     parser.add_argument(
@@ -112,6 +113,15 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         help="what auto searches: full (default) every choice; alpa only Alpa's search space, to measure what the "
         "rest adds: GPipe or 1F1B, each stage recomputing all its layers or none, no ZeRO, no sequence "
         "parallelism, exact gradient sync (the baselines keep their own features)",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=tuple(PROFILES),
+        default=OUR_RUNTIME,
+        help="the system the estimate describes: autoplan (default), our executors, what plan run executes; or a "
+        "published system's runtime, to estimate its runs as they ran: megatron-lm-2019, megatron-lm-2021 (local "
+        "DDP: gradients all-reduced in one buffer after the backward; its fp16 optimizer), megatron-lm-2021-torch-ddp "
+        "(torch DDP's overlapped buckets). A plan made under another runtime says so and plan run refuses it",
     )
     parser.add_argument(
         "--zero",
@@ -190,6 +200,7 @@ def search_kwargs(options: argparse.Namespace) -> dict:
         "allow_lossy": options.allow_lossy,
         "grad_sync": options.grad_sync,
         "space": options.space,
+        "runtime": options.runtime,
         "ilp_time_limit_s": options.ilp_time_limit,
         "degrees": options.degrees,
         "rl_budget_s": options.rl_budget_s,

@@ -74,7 +74,19 @@ def run_run(argv: Sequence[str]) -> int:
     from planner.costing.stage_work import check_plan_strategies
 
     args = _run_parser().parse_args(list(argv))
+    _check_runtime(args.plan, what="plan run")
     return launch(args.plan, program_args(args), backend=args.backend, check_plan=check_plan_strategies)
+
+
+def _check_runtime(path: str, *, what: str) -> None:
+    """Refuse a plan whose estimate describes another runtime than our executors (``plan --runtime``)."""
+    from planner.costing.runtime_profiles import runtime_profile
+    from planner.errors import AutoplanError
+    from planner.plan import load_plan
+
+    refusal = runtime_profile(load_plan(path).runtime).refusal(what=what)
+    if refusal:
+        raise AutoplanError(refusal)
 
 
 def _compile_parser() -> argparse.ArgumentParser:
@@ -104,6 +116,7 @@ def run_compile(argv: Sequence[str]) -> int:
     from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 
     args = _compile_parser().parse_args(list(argv))
+    _check_runtime(args.plan, what="plan compile")
     plan = load_plan(args.plan)
     out = Path(args.out)
     if out.exists() and not out.is_dir():

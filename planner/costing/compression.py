@@ -31,7 +31,10 @@ over several mesh axes is synced one axis after the other, each with its own all
 Steps before ``warmup_steps`` run exact; the estimate is the steady state after them.
 
 :func:`stage_sync` puts this together for one stage: its buckets, ready times and their price — what both
-the estimate (:mod:`planner.inter.pricing`) and the simulator (:mod:`planner.costing.lowering`) charge.
+the estimate (:mod:`planner.inter.pricing`) and the simulator (:mod:`planner.costing.lowering`) charge. Under a
+runtime that keeps one gradient buffer (:mod:`planner.costing.runtime_profiles`: Megatron-LM's local DDP) a stage
+has one bucket per process group, and under one that syncs after the backward every bucket is ready at the
+backward's end, so nothing overlaps it.
 :func:`refusal` says why a plan cannot run a choice exactly as priced (local SGD outside DDP, anything lossy
 under FSDP).
 """
@@ -51,8 +54,7 @@ from planner.costing.overlap import (
     SyncSegment,
     cut_backward,
     ddp_entries,
-    ready_buckets,
-    stage_buckets,
+    runtime_buckets,
     stage_grad_entries,
 )
 from planner.costing.setup import CostSetup
@@ -203,7 +205,9 @@ def stage_sync(stage: Stage, graph: OpGraph, bwd_s: Mapping[str, float], setup: 
     entries = ddp_entries(graph) if ddp else stage_grad_entries(stage, graph)
     if not entries or len(stage.devices) == 1:
         return StageSync()
-    buckets, backward = ready_buckets(graph, list(stage.nodes), stage_buckets(entries, grad_itemsize=itemsize), bwd_s)
+    buckets, backward = runtime_buckets(
+        graph, list(stage.nodes), entries, bwd_s, grad_itemsize=itemsize, runtime=setup.runtime
+    )
 
     def price(bucket: ReadyBucket) -> tuple[float, float]:
         groups = sync_groups(grad_sync, bucket.axes, mesh=mesh, ddp=ddp)

@@ -60,11 +60,18 @@ def compute_s(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> flo
 
 
 def optimizer_step_s(num_params: float, setup: CostSetup) -> float:
-    """A memory-bound elementwise update: read and write weights and state, read gradients."""
-    per_param = optimizer_bytes(setup.optimizer)
+    """The optimizer step over ``num_params`` parameters, memory-bound. On a device with a
+    kernel model (the GPU presets), as the runtime's optimizer runs (:mod:`planner.costing.runtime_profiles`): its
+    bytes per parameter at the streaming bandwidth. Elsewhere (CPU devices, whose host overheads ``plan calibrate``
+    fits with this term) an elementwise update: read and write weights and state, read gradients. The host calls
+    per parameter tensor are left out (:mod:`planner.costing.runtime_profiles` says why)."""
     device = setup.cluster.device
-    moved = num_params * (2 * (per_param.weights + per_param.state) + per_param.grads)
-    return moved / (device.memory_bandwidth * device.memory_efficiency)
+    bandwidth = device.memory_bandwidth * device.memory_efficiency
+    cost = setup.runtime.optimizer_cost(setup.optimizer) if device.kernels is not None else None
+    if cost is None:
+        per_param = optimizer_bytes(setup.optimizer)
+        return num_params * (2 * (per_param.weights + per_param.state) + per_param.grads) / bandwidth
+    return num_params * cost.bytes_per_param / bandwidth
 
 
 def activation_bytes(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> float:

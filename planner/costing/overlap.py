@@ -15,8 +15,7 @@ backward only. With the backward pass walked in reverse graph order (:func:`grad
 * the communication stream finishes bucket ``k`` at ``E_k = max(R_k, E_{k−1}) + c_k``; what the step
   waits for beyond the backward pass ``T_b`` is ``max(0, E_last − T_b)`` (:func:`exposed_sync_s`).
 
-The estimate (:func:`planner.costing.estimate.data_parallel_estimate`, and
-:func:`planner.costing.ddp.ddp_step` for a one-stage plan run as DDP) charges that exposed part;
+The estimate of a one-stage plan run as DDP (:func:`planner.costing.ddp.ddp_step`) charges that exposed part;
 the simulator (:mod:`planner.costing.lowering`) splits the last backward at the same ready times and
 runs the buckets as tasks on a communication resource, so the two agree. A data-parallel plan at a ZeRO level
 runs FSDP instead, priced by :mod:`planner.costing.zero`.
@@ -28,7 +27,9 @@ in gradient-ready order (:func:`grad_ready_order`: the later its first reader, t
 :func:`stage_buckets` packs them with DDP's caps, one bucket per set of mesh axes (one process group),
 never splitting a tensor (:func:`pack_buckets`, the executor's packing too); a bucket summed over one
 axis goes out as soon as its gradients are ready during the last microbatch's backward, one summed over
-several axes after the backward (one axis after the other). Bucket ``k`` then costs
+several axes after the backward (one axis after the other); a runtime that keeps one gradient buffer and syncs it
+after the backward (:func:`runtime_buckets`: Megatron-LM's local DDP) has one bucket per process group, ready at the
+backward's end. Bucket ``k`` then costs
 ``c_k = Σ_axes all_reduce(bytes_k, axis)``, or what a lossy choice makes of it
 (:mod:`planner.costing.compression`), and :func:`stage_segments` cuts the stage's last backward at the
 buckets' ready times. :func:`after_backward_s` is what the step waits past the backward of the last
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from cost_models.cluster import Link
 from cost_models.communication import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, all_reduce_s
 from cost_models.memory import optimizer_bytes
+from planner.costing.runtime_profiles import AUTOPLAN, RuntimeProfile
 from planner.ir.graph import OpGraph, ValueKind
 from planner.plan import Stage
 from planner.sharding.specs import ShardingSpec
@@ -152,11 +154,21 @@ def stage_grad_entries(stage: Stage, graph: OpGraph) -> list[GradEntry]:
     return [entries[name] for name in grad_ready_order(graph, stage.nodes) if entries[name].axes]
 
 
-def stage_buckets(entries: Sequence[GradEntry], *, grad_itemsize: float) -> list[tuple[GradEntry, ...]]:
+def stage_buckets(
+    entries: Sequence[GradEntry],
+    *,
+    grad_itemsize: float,
+    bucket_bytes: float = DDP_BUCKET_BYTES,
+    first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES,
+) -> list[tuple[GradEntry, ...]]:
     """``entries`` (gradient-ready order) packed into buckets, one process group per bucket: those summed over
-    one mesh axis in the order they go out, then those summed over several (after the backward)."""
-    buckets = [tuple(entries[k] for k in members)
-               for members in pack_buckets([e.numel * grad_itemsize for e in entries], [e.axes for e in entries])]  # fmt: skip
+    one mesh axis in the order they go out, then those summed over several (after the backward). The caps are
+    DDP's unless given (infinite: one buffer per process group)."""
+    sizes, keys = [e.numel * grad_itemsize for e in entries], [e.axes for e in entries]
+    buckets = [
+        tuple(entries[k] for k in members)
+        for members in pack_buckets(sizes, keys, bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes)
+    ]
     return [b for b in buckets if len(b[0].axes) == 1] + [b for b in buckets if len(b[0].axes) > 1]
 
 
@@ -172,6 +184,26 @@ def ready_buckets(graph: OpGraph, nodes: Sequence[str], buckets: Sequence[tuple[
             ready[value] = elapsed
     return [ReadyBucket(entries=bucket, ready_s=elapsed if len(bucket[0].axes) > 1 else
                         max(ready[e.name] for e in bucket)) for bucket in buckets], elapsed  # fmt: skip
+
+
+def runtime_buckets(
+    graph: OpGraph,
+    nodes: Sequence[str],
+    entries: Sequence[GradEntry],
+    bwd_s: Mapping[str, float],
+    *,
+    grad_itemsize: float,
+    runtime: RuntimeProfile,
+) -> tuple[list[ReadyBucket], float]:
+    """``entries`` packed and timed as ``runtime`` syncs them (:mod:`planner.costing.runtime_profiles`): DDP's
+    buckets as they become ready (:func:`stage_buckets`, :func:`ready_buckets`), or one buffer per process group
+    (``one_grad_buffer``), every bucket at the backward's end under ``grad_sync_after_backward``; and the backward's
+    seconds."""
+    caps = {"bucket_bytes": math.inf, "first_bucket_bytes": math.inf} if runtime.one_grad_buffer else {}
+    ready, total = ready_buckets(graph, nodes, stage_buckets(entries, grad_itemsize=grad_itemsize, **caps), bwd_s)
+    if runtime.grad_sync_after_backward:
+        ready = [ReadyBucket(entries=bucket.entries, ready_s=total) for bucket in ready]
+    return ready, total
 
 
 def cut_backward(buckets: Sequence[ReadyBucket], backward_s: float,
@@ -195,12 +227,20 @@ def ddp_entries(graph: OpGraph) -> list[GradEntry]:
 
 
 def ddp_segments(
-    graph: OpGraph, bwd_s: Mapping[str, float], *, optimizer: str, num_devices: int, link: Link
+    graph: OpGraph,
+    bwd_s: Mapping[str, float],
+    *,
+    optimizer: str,
+    num_devices: int,
+    link: Link,
+    runtime: RuntimeProfile = AUTOPLAN,
 ) -> list[SyncSegment]:
-    """The last backward cut where DDP's buckets become ready; a final segment with no bucket ends it."""
+    """The last backward cut where DDP's buckets become ready; a final segment with no bucket ends it. Under a
+    runtime with one gradient buffer synced after the backward (Megatron-LM's local DDP), one bucket at its end."""
     grad_bytes = optimizer_bytes(optimizer).grads
-    buckets = stage_buckets(ddp_entries(graph), grad_itemsize=grad_bytes)
-    ready, total = ready_buckets(graph, [node.name for node in graph.nodes], buckets, bwd_s)
+    ready, total = runtime_buckets(
+        graph, [node.name for node in graph.nodes], ddp_entries(graph), bwd_s, grad_itemsize=grad_bytes, runtime=runtime
+    )
     return cut_backward(ready, total, lambda bucket: (
         all_reduce_s(bucket.numel * grad_bytes, num_devices=num_devices, link=link), 0.0))  # fmt: skip
 

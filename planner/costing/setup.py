@@ -1,4 +1,4 @@
-"""Everything that turns a plan into seconds and bytes: the cluster, the compute model, the optimizer.
+"""Everything that turns a plan into seconds and bytes: the cluster, the compute model, the optimizer, the runtime.
 
 :class:`CostSetup` is shared by every search and by the simulator. :func:`make_compute_model` picks
 the compute model: the roofline of the cluster's device (any device), or node times measured on
@@ -13,6 +13,7 @@ import torch
 
 from cost_models.cluster import Cluster, describe_memory_budget, memory_budget_bytes
 from cost_models.compute import ComputeModel, RooflineCompute
+from planner.costing.runtime_profiles import AUTOPLAN, RuntimeProfile, runtime_profile
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan
@@ -28,6 +29,8 @@ class CostSetup:
     compute: ComputeModel
     optimizer: str
     memory_fraction: float = 1.0  # share of the usable memory: capacity less the device's reserve
+    # how the system running the plan syncs gradients and steps the optimizer (planner.costing.runtime_profiles)
+    runtime: RuntimeProfile = AUTOPLAN
 
     @property
     def activation_itemsize(self) -> int | None:
@@ -81,11 +84,12 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
 
 
 def plan_setup(plan: Plan) -> CostSetup:
-    """The setup a saved plan's stored strategies are priced with: its cluster and optimizer, roofline
+    """The setup a saved plan's stored strategies are priced with: its cluster, optimizer and runtime, roofline
     compute (a plan does not keep measured times)."""
     return CostSetup(
         cluster=plan.cluster,
         compute=RooflineCompute(device=plan.cluster.device),
         optimizer=plan.optimizer,
         memory_fraction=plan.memory_fraction,
+        runtime=runtime_profile(plan.runtime),
     )

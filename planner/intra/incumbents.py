@@ -9,7 +9,8 @@ producers (all strategies when none is preferred).
 * :func:`megatron_choice` (Megatron-LM tensor parallelism on the last mesh axis, data
   parallelism on the others): a linear whose input arrives split on its last dim over the
   tensor axis is row-parallel (``k`` split), any other linear column-parallel (``n`` split);
-  attention splits heads; every other node prefers the batch on the data axes. With more than one
+  attention splits heads, and so do the separate operators of an unfused attention (an operator keeps the
+  split its inputs arrive in on the tensor axis); every other node prefers the batch on the data axes. With more than one
   device on the tensor axis it is sequence parallel, as Megatron-LM with ``--sequence-parallel``
   (:func:`_sequence_parallel`): row-parallel linears reduce-scatter along the sequence, the residual
   stream's adds, dropouts and norms run on sequence shards, and the norms read by column-parallel
@@ -107,7 +108,28 @@ def megatron_choice(stage: StageProblem, *, sequence_parallel: bool | None = Non
             return placement == shard(rank - 1)
         if node.kind == NodeKind.ATTENTION:
             return placement == shard(1)
-        return placement in (REPLICATE, shard(rank - 1)) or node.kind == NodeKind.VIEW
+        return (
+            placement in (REPLICATE, shard(rank - 1))
+            or node.kind == NodeKind.VIEW
+            or keeps_split(node, strategy, chosen)
+        )
+
+    def keeps_split(node: OpNode, strategy: NodeStrategy, chosen: dict[str, NodeStrategy]) -> bool:
+        """Reads every activation that arrives split on the tensor axis as it arrives and stays split: inside
+        attention written as separate operators (``Q·Kᵀ``, scale, mask, softmax, dropout, ``·V``) the heads
+        stay split, as Megatron-LM splits its attention by heads (Shoeybi et al. 2019, §3)."""
+        arrived = [
+            (position, chosen[name].output.placements[tensor_axis])
+            for position, name in enumerate(node.inputs)
+            if graph.value_kind(name) == ValueKind.NODE and name in chosen
+        ]
+        split = [(position, placement) for position, placement in arrived if placement.startswith("S(")]
+        if not split or not strategy.output.placements[tensor_axis].startswith("S("):
+            return False
+        return all(
+            strategy.inputs[position] is not None and strategy.inputs[position].placements[tensor_axis] == placement
+            for position, placement in split
+        )
 
     plain = greedy_choice(stage, prefers)
     if sequence_parallel is False or not stage.sequence_parallel or stage.mesh.mesh_shape[tensor_axis] == 1:

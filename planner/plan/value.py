@@ -5,6 +5,7 @@ JSON layout (``format_version`` 2)::
     {format_version, method, model: {file, args, fingerprint, tracer, num_params},
      cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer, zero,
      memory_fraction, grad_sync: {kind, rank, period, warmup_steps} (planner.plan.grad_sync; absent: exact),
+     runtime (planner.costing.runtime_profiles; absent: autoplan),
      stages: [{index, nodes, devices, mesh_shape, param_placements, remat, remat_regions, zero, explanation,
                memory_saving, sequence_parallel_saving (planner.plan.choices; absent: {}),
                strategies: {node: {split, input_specs, output_spec, compute_shards,
@@ -195,6 +196,8 @@ class Plan:
     memory_fraction: float = 1.0  # --memory-fraction: the share of the usable memory the plan was made for
     # exact unless the user allowed a lossy one (planner.plan.grad_sync)
     grad_sync: GradSync = field(default_factory=GradSync)
+    # the runtime the estimate describes (planner.costing.runtime_profiles): autoplan, our executors, unless --runtime
+    runtime: str = "autoplan"
     format_version: int = FORMAT_VERSION
 
     @property
@@ -235,6 +238,7 @@ class Plan:
             "memory_fraction": self.memory_fraction,
             "batch_stat_rows": self.batch_stat_rows,
             "grad_sync": self.grad_sync.to_json(),
+            "runtime": self.runtime,
             "stages": [stage.to_json() for stage in self.stages],
             "estimate": self.estimate.to_json(),
             "search": self.search.to_json(),
@@ -264,6 +268,7 @@ class Plan:
                 memory_fraction=float(data.get("memory_fraction", 1.0)),
                 batch_stat_rows=int(data.get("batch_stat_rows", 0)),
                 grad_sync=GradSync.from_json(data.get("grad_sync")),
+                runtime=str(data.get("runtime", "autoplan")),
                 stages=_stages_from_json(data),
                 estimate=Estimate.from_json(data["estimate"]),
                 search=SearchStats.from_json(data["search"]),
