@@ -28,12 +28,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from cost_models.memory import model_state_bytes, zero_shards
-from planner.costing.estimate import batched_values, check_fits, data_parallel_estimate, mfu, model_tflops_per_device
+from planner.costing.estimate import (
+    batched_values,
+    check_fits,
+    data_parallel_estimate,
+    mfu,
+    model_tflops_per_device,
+)
 from planner.costing.node_cost import strategy_context
 from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
-from planner.costing.zero import gathered_param_bytes
+from planner.costing.zero import fsdp_memory
 from planner.errors import AutoplanError
 from planner.inter.data_parallel_step import fsdp_step
 from planner.ir.graph import OpGraph, OpNode
@@ -181,11 +186,7 @@ def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, set
     stage = replace(stage, zero=level)
     devices = len(stage.devices)
     step = fsdp_step(stage, graph, setup, m=1)
-    replicated = model_state_bytes(graph.num_params, optimizer=setup.optimizer)
-    weights, grads, state = zero_shards(level, devices)
-    sharded = model_state_bytes(graph.num_params, optimizer=setup.optimizer, weight_shards=weights, grad_shards=grads,
-                                state_shards=state)  # fmt: skip
-    memory = estimate.memory_per_device_bytes - replicated + sharded + gathered_param_bytes(stage, graph, setup)
+    memory = fsdp_memory(stage, graph, setup).total_bytes
     return (stage,), replace(
         estimate, step_time_s=step.step_s, per_stage_time_s=(step.step_s,), memory_per_device_bytes=int(memory),
         tflops_per_device=model_tflops_per_device(graph, step_time_s=step.step_s, num_devices=devices),

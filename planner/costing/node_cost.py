@@ -40,6 +40,7 @@ from cost_models.communication import bucketed_all_reduce_s
 from cost_models.memory import dropout_mask, model_state_bytes, optimizer_bytes, zero_shards
 from planner.costing.estimate import DDP_BUCKET_COPIES, optimizer_step_s
 from planner.costing.setup import CostSetup
+from planner.costing.stage_memory import grad_values as stage_grad_values
 from planner.costing.zero import param_terms
 from planner.ir.graph import OpGraph, OpNode
 from planner.sharding.sequence_parallel import computed_output
@@ -68,11 +69,7 @@ class NodeCost:
 
 def grad_values(graph: OpGraph) -> frozenset[str]:
     """Values whose gradient is needed: the parameters and every floating value computed from one."""
-    needs = {p.name for p in graph.params}
-    for node in graph.nodes:
-        if node.output.is_floating and any(name in needs for name in node.inputs):
-            needs.add(node.name)
-    return frozenset(needs)
+    return stage_grad_values(graph)
 
 
 def strategy_context(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> StrategyContext:
@@ -93,7 +90,7 @@ def node_cost(
     )  # t_v / shards(s), or the local share's own shape under a GPU kernel shape model
     output_bytes = mesh.local_bytes(node.output, strategy.output)
     activation = output_bytes if saved else 0.0
-    mask = dropout_mask(node)
+    mask = dropout_mask(node, fused=not setup.cluster.device.is_cpu())
     mask_bytes = mesh.local_bytes(mask, computed) if mask is not None else 0.0
     activation += mask_bytes
     state = 0.0
