@@ -18,7 +18,7 @@ per-device peak against that rank's. Summary: mean absolute error, rows within Â
 than 10% under).
 
     python benchmarks/memory.py [--set development|scored] [--worlds 2 4] [--only CASE ...]
-                                [--families dp fsdp tp pipe auto hash] [--attempts 2] [--save]
+                                [--families dp fsdp tp pipe auto hash] [--attempts 2] [--save] [--json-out F]
 
 ``--save`` writes ``benchmarks/results/memory-DATE.md`` (page; the set's name in the file name when it is
 not ``scored``) and ``.json`` (rows).
@@ -155,6 +155,7 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
     parser.add_argument("--attempts", type=int, default=2, help="measuring jobs per world, all reported (default 2)")
     parser.add_argument("--save", action="store_true", help="write the page and rows to benchmarks/results/")
+    parser.add_argument("--json-out", type=Path, metavar="FILE.json", help="also write the rows here")
     args = parser.parse_args()
     check_scored_disjoint()
     cases = SCORED if args.which == "scored" else DEVELOPMENT
@@ -180,6 +181,8 @@ def main() -> None:
     body = summary_table(rows) + "\n\n" + rows_table(rows)
     head = describe(args.which, cases, minutes=minutes)
     print(head + "\n\n" + body)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(rows, indent=1) + "\n")
     if args.save:
         name = "memory" if args.which == "scored" else f"memory-{args.which}"
         command = " ".join(["python benchmarks/memory.py", *sys.argv[1:]])

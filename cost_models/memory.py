@@ -35,7 +35,13 @@ Under recomputation (:func:`kept_under_recompute`) a checkpointed run of nodes k
 its nodes' forward runs again in backward; the nodes outside every run keep what they keep. The bytes
 kept are charged by the planner per value at its local size (:func:`planner.intra.stage_problem.kept_bytes`,
 :func:`planner.costing.stage_work.stage_node_work`). The recomputed run's own activations exist again for
-the moment of its backward (one run at a time, per layer at most one layer's): that transient is not charged.
+the moment of its backward (one run at a time, per layer at most one layer's): the search does not charge
+that transient; the estimate of a plan does, at the backward of the run's last node
+(:func:`planner.costing.stage_memory.stage_tape`).
+
+What a device holds at its fullest — state, the executor's buffers, and these activations over the timeline of
+a step with the loss and the gradients — is :mod:`planner.costing.stage_memory`'s, on
+:mod:`cost_models.memory_timeline`; the loss's own tensors are measured by :mod:`cost_models.loss_memory`.
 """
 
 from __future__ import annotations

@@ -94,9 +94,10 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
     options = prepared.options
     if name == "data-parallel":
         started = time.perf_counter()
-        stages, estimate = data_parallel(graph, setup, batch_size=batch_size, graph_at=prepared.graphs.at)
+        fsdp = str(options.zero) not in ("auto", "0")  # --zero N: FSDP at level N (auto: DDP, the plain baseline)
+        stages, estimate = data_parallel(graph, setup, batch_size=batch_size, graph_at=prepared.graphs.at, check=not fsdp)
         plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
-        if str(options.zero) not in ("auto", "0"):  # --zero N: FSDP at level N (auto: DDP, the plain baseline)
+        if fsdp:  # refused by with_zero when what FSDP holds does not fit
             stages, estimate = with_zero(stages, estimate, graph, setup, level=int(options.zero))
             plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
         chosen = reprice_data_parallel(plain, graph, setup, allow_lossy=options.allow_lossy, forced=options.grad_sync,

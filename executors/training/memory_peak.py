@@ -128,6 +128,24 @@ def allocation_events(profiler: object) -> tuple[list[Allocation], dict[str, tup
     return events, ranges
 
 
+def step_peak_bytes(step: Callable[[], Any]) -> int:
+    """The most bytes ``step()`` holds at once beyond what was allocated before it (``T_max − T₀``; the allocator's
+    count is turned on first: :func:`count_cpu_allocations`)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    count_cpu_allocations()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        with record_function(RUNNER_MARK):
+            torch.ones(1)
+        with record_function(STEP_MARK):
+            torch.ones(1)
+            step()
+    events, ranges = allocation_events(profiler)
+    found = counter_peaks(events, runner_ns=ranges[RUNNER_MARK][0], step=ranges[STEP_MARK])
+    return found.step_peak - found.step_start
+
+
 def shared_bytes(tensors: Iterable[Any], *, among: Iterable[Any]) -> int:
     """Bytes of the storages of ``tensors`` (DTensors: their local shards) that are storages of ``among`` too,
     each storage once."""

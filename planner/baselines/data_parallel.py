@@ -158,12 +158,14 @@ def _unsplit(spec: ShardingSpec) -> bool:
 
 
 def data_parallel(
-    graph: OpGraph, setup: CostSetup, *, batch_size: int, graph_at: Callable[[int], OpGraph] | None = None
-) -> tuple[tuple[Stage, ...], Estimate]:
+    graph: OpGraph, setup: CostSetup, *, batch_size: int, graph_at: Callable[[int], OpGraph] | None = None,
+    check: bool = True,
+) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
     """The data-parallel plan over every device of the cluster, or a clear error.
 
     ``graph_at(b)``: the graph at batch ``b``; with a compute model that measures shapes the
-    estimate prices one replica's batch on it."""
+    estimate prices one replica's batch on it. ``check=False``: no "does not fit" here (a plan that runs under
+    ZeRO is checked by :func:`with_zero`, on the memory it shards)."""
     devices = tuple(range(setup.cluster.num_devices))
     stage = data_parallel_stage(graph, setup, batch_size=batch_size, devices=devices)
     per_replica, uneven = divmod(batch_size, len(devices))
@@ -171,22 +173,26 @@ def data_parallel(
     if graph_at is not None and setup.compute.measures_shapes and not uneven and len(devices) > 1:
         replica = graph_at(per_replica)
     estimate = data_parallel_estimate(graph, setup, devices=devices, replica_graph=replica)
-    check_fits(estimate, setup, what=f"data parallel over {len(devices)} devices")
+    if check:
+        check_fits(estimate, setup, what=f"data parallel over {len(devices)} devices")
     return (stage,), estimate
 
 
 def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int
               ) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
     """The data-parallel plan run under FSDP at ZeRO ``level`` (:mod:`planner.costing.zero`; ``graph`` the whole
-    batch's): priced as it runs (:func:`planner.inter.data_parallel_step.fsdp_step`), its model state sharded as the level
-    shards it, level 3 holding the groups it computes with unsharded."""
+    batch's): priced as it runs (:func:`planner.inter.data_parallel_step.fsdp_step`), its memory as FSDP holds it
+    (:func:`planner.costing.zero.fsdp_memory`), refused when that does not fit."""
     (stage,) = stages
-    if level == 0 or len(stage.devices) == 1:
+    devices = len(stage.devices)
+    if level == 0 or devices == 1:
+        check_fits(estimate, setup, what=f"data parallel over {devices} devices")
         return stages, estimate
     stage = replace(stage, zero=level)
-    devices = len(stage.devices)
     step = fsdp_step(stage, graph, setup, m=1)
     memory = fsdp_memory(stage, graph, setup).total_bytes
+    fsdp = replace(estimate, memory_per_device_bytes=int(memory))
+    check_fits(fsdp, setup, what=f"data parallel over {devices} devices under ZeRO-{level} (FSDP)")
     return (stage,), replace(
         estimate, step_time_s=step.step_s, per_stage_time_s=(step.step_s,), memory_per_device_bytes=int(memory),
         tflops_per_device=model_tflops_per_device(graph, step_time_s=step.step_s, num_devices=devices),

@@ -141,7 +141,9 @@ def replica_memory(
     state = graph.num_params * (
         per.weights / weight_shards + per.state / state_shards + (0.0 if grads_in_tape else grad_bytes)
     )
-    return StageMemory(state_bytes=state, kept_bytes=peak.kept_bytes, peak_bytes=peak.peak_bytes)
+    return StageMemory(
+        state_bytes=state, kept_bytes=peak.kept_bytes, peak_bytes=peak.peak_bytes, end_bytes=peak.end_bytes
+    )
 
 
 def ddp_bucket_bytes(graph: OpGraph, setup: CostSetup, *, num_devices: int) -> float:

@@ -51,7 +51,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from cost_models.communication import p2p_s, stage_transfer_s
 from cost_models.simulator import SimResult, TaskGraph, simulate
 from planner.costing.compression import EXACT, stage_sync
 from planner.costing.estimate import shared_param_sync_s
@@ -60,9 +59,9 @@ from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_memory import StageMemory
 from planner.costing.stage_work import NodeWork, runs_as_ddp, stage_node_work
+from planner.costing.transfers import dataflow_edges, pipeline_edges, stage_transfer
 from planner.costing.zero import fsdp_memory, fsdp_price, runs_as_fsdp
 from planner.ir.graph import OpGraph
-from planner.ir.layers import boundary_bytes
 from planner.plan import GradSync, Plan, Stage
 from planner.plan.schedules import rank_actions
 
@@ -320,7 +319,7 @@ def lower_stages(
     if pipeline and len(stages) > 1:  # the schedule's host work per stage and microbatch, half per pass
         half = setup.cluster.device.microbatch_overhead_s / 2
         chunks = tuple(replace(c, fwd_s=c.fwd_s + half, bwd_s=c.bwd_s + half) for c in chunks)
-    edges, grad_edges = _pipeline_edges(graph, runs, setup) if pipeline else _dataflow_edges(graph, runs, setup)
+    edges, grad_edges = pipeline_edges(graph, runs, setup) if pipeline else dataflow_edges(graph, runs, setup)
     # tied weights' gradients are summed over every rank after the backward pass (executors.stages.sync_shared_grads)
     tied_s = shared_param_sync_s(stages, graph, setup) if pipeline and len(stages) > 1 else 0.0
     step_s = [math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s + tied_s
@@ -364,7 +363,7 @@ def lower_stages(
         grad_edges=grad_edges,
         schedule=schedule if pipeline else "dataflow",
         num_microbatches=m,
-        transfer_s=_stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
+        transfer_s=stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
         totals_s={
             key: math.fsum(getattr(w, key) for w in work.values()) for key in ("compute_s", "comm_s", "reshard_s")
         }
@@ -394,59 +393,6 @@ def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork]
     fwd, bwd = math.fsum(w.fwd_s for w in nodes), math.fsum(w.bwd_s + w.recompute_s for w in nodes)
     return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd, activation_bytes=math.fsum(w.kept_bytes for w in nodes),
                  weight_grad_s=math.fsum(w.weight_grad_s for w in nodes))  # fmt: skip
-
-
-def _value_bytes(setup: CostSetup, meta) -> float:
-    itemsize = setup.activation_itemsize
-    return float(meta.numel * itemsize if itemsize and meta.is_floating else meta.nbytes)
-
-
-Edges = dict[tuple[int, int], float]
-
-
-def _pipeline_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> tuple[Edges, Edges]:
-    """Bytes forward and gradient bytes back across each stage boundary, every value at its dtype."""
-    itemsize = setup.activation_itemsize
-    forward = boundary_bytes(graph, activation_itemsize=itemsize)
-    backward = boundary_bytes(graph, activation_itemsize=itemsize, gradients=True)
-    cuts = [(c, run[-1]) for c, run in enumerate(runs[:-1])]
-    return (
-        {(c, c + 1): float(forward[k]) for c, k in cuts if forward[k] > 0},
-        {(c, c + 1): float(backward[k]) for c, k in cuts if backward[k] > 0},
-    )
-
-
-def _dataflow_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> tuple[Edges, Edges]:
-    chunk_of = {graph.nodes[p].name: c for c, run in enumerate(runs) for p in run}
-    sent: dict[tuple[str, int], tuple[float, bool]] = {}
-    for node in graph.nodes:
-        for name, meta in zip(node.inputs, node.input_metas, strict=True):
-            if name in chunk_of and chunk_of[name] != chunk_of[node.name]:
-                sent[name, chunk_of[node.name]] = (_value_bytes(setup, meta), meta.is_floating)
-    forward: Edges = {}
-    backward: Edges = {}
-    for (name, c), (num_bytes, floating) in sent.items():
-        key = (chunk_of[name], c)
-        forward[key] = forward.get(key, 0.0) + num_bytes
-        if floating:
-            backward[key] = backward.get(key, 0.0) + num_bytes
-    return forward, backward
-
-
-def _stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipeline: bool) -> Callable:
-    cluster = setup.cluster
-
-    def transfer_s(a: int, b: int, num_bytes: float) -> float:
-        if num_bytes <= 0:
-            return 0.0
-        if not pipeline:
-            return p2p_s(num_bytes, link=cluster.link_between([devices[a][0], devices[b][0]]))
-        crosses = cluster.node_of(devices[a][0]) != cluster.node_of(devices[b][0])
-        return stage_transfer_s(num_bytes, cluster=cluster, sender_size=len(devices[a]),
-                                receiver_size=len(devices[b]), crosses_nodes=crosses,
-                                sender_nodes=len({cluster.node_of(rank) for rank in devices[a]}))  # fmt: skip
-
-    return transfer_s
 
 
 def simulate_plan(plan: Plan, graph: OpGraph, setup: CostSetup, *, record: bool = False) -> SimResult:
