@@ -379,7 +379,7 @@ def _stage_memory(
     :func:`planner.costing.zero.fsdp_memory`, any other stage's through
     :func:`planner.costing.plan_memory.sharded_stage_memory`."""
     if fsdp:
-        return fsdp_memory(stage, graph, setup)
+        return fsdp_memory(stage, graph, setup, num_microbatches=m)
     data = frozenset(value.name for value in graph.inputs)
     return sharded_stage_memory(
         stage, graph, setup, in_flight=1, num_microbatches=m, last=last, data_inputs=data, ddp=ddp

@@ -83,6 +83,7 @@ def sharded_stage_memory(
         runs=stage.recomputed_runs(),
         activation_itemsize=setup.activation_itemsize,
         fused=not setup.cluster.device.is_cpu(),
+        inplace_copies=several,
     )
     peak = activation_peak(tape)
     return StageMemory(

@@ -28,7 +28,8 @@ dropout mask, a max pooling's int64 indices (:func:`cost_models.memory.index_byt
 (:func:`cost_models.memory.rnn_kept_bytes`), and on a sharded stage the resharded copy of an input whose
 producer's spec differs from the one it reads (DTensor redistributes into a new tensor: kept when the operator
 saves that input, a transient otherwise). Views and in-place operators alias their input
-(:func:`cost_models.memory.aliases_input`). Stage inputs are held until the stage's backward ends (the batch;
+(:func:`cost_models.memory.aliases_input`), but on a DTensor stage of several devices the tensor-parallel executor
+writes an in-place operator into a copy of its input. Stage inputs are held until the stage's backward ends (the batch;
 a pipeline stage's received activations, whose gradients it sends back), and so are its outputs (the runner
 keeps them to call backward on; a sharded output is gathered whole first, :func:`stage_tape`'s
 ``gathered_output_bytes``). The last stage runs the loss on its outputs (:func:`loss_bytes`). Recomputed runs
@@ -90,11 +91,21 @@ def stage_memory_bytes(memory: StageMemory) -> float:
     return memory.total_bytes
 
 
-def base_resolver(graph: OpGraph) -> Callable[[str], str]:
+def _aliases(node: OpNode, *, inplace_copies: bool) -> bool:
+    """Whether ``node`` allocates nothing: :func:`cost_models.memory.aliases_input`, except that the tensor-parallel
+    executor writes an in-place operator into a copy of its DTensor input (``inplace_copies``: a stage of several
+    devices on DTensors)."""
+    if not aliases_input(node):
+        return False
+    name = node.op_name
+    return not (inplace_copies and name.endswith("_") and not name.startswith("_"))
+
+
+def base_resolver(graph: OpGraph, *, inplace_copies: bool = False) -> Callable[[str], str]:
     """Value name -> the value whose memory it is (views and in-place operators resolved to what they alias)."""
     base: dict[str, str] = {}
     for node in graph.nodes:
-        if aliases_input(node):
+        if _aliases(node, inplace_copies=inplace_copies):
             source = node.inputs[0]
             base[node.name] = base.get(source, source)
     return lambda name: base.get(name, name)
@@ -112,17 +123,19 @@ def stage_tape(
     runs: tuple[tuple[str, ...], ...] = (),
     activation_itemsize: int | None = None,
     fused: bool = True,
+    inplace_copies: bool = False,
 ) -> Tape:
     """The tape of ``graph`` (a stage at the microbatch size; module docstring); ``grads``: values whose gradient
     is computed; ``inputs``: the stage inputs it holds (bytes); ``gathered_output_bytes``: the whole outputs the
     runner gathers from sharded ones; ``runs``: recomputed runs of nodes; ``fused``: the device has fused dropout
-    and attention-dropout kernels (a GPU; :func:`cost_models.memory.attention_dropout_bytes`)."""
-    base = base_resolver(graph)
+    and attention-dropout kernels (a GPU; :func:`cost_models.memory.attention_dropout_bytes`); ``inplace_copies``:
+    in-place operators write into a copy (a DTensor stage of several devices)."""
+    base = base_resolver(graph, inplace_copies=inplace_copies)
     kept = kept_under_recompute(graph, runs) if runs else None
     run_inputs = _run_inputs(graph, runs) if runs else {}
     ops: list[TapeOp] = []
     for node in graph.nodes:
-        if aliases_input(node):
+        if _aliases(node, inplace_copies=inplace_copies):
             ops.append(TapeOp(name=node.name, reads=(base(node.inputs[0]),)))
             continue
         sizes = node_bytes[node.name]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import explain_stage, runs_as_ddp
-from planner.costing.zero import gathered_param_bytes
+from planner.costing.zero import fsdp_memory, gathered_param_bytes, runs_as_fsdp
 from planner.inter.device_blocks import Submesh
 from planner.inter.grad_sync_choice import StageBackward, stage_backward
 from planner.inter.layer_costs import SLOTS
@@ -127,11 +127,15 @@ def _stage_memory(
     m: int,
     last: bool,
     ddp: bool,
+    fsdp: bool,
 ) -> float:
     """The plan stage's memory per device (:func:`planner.costing.plan_memory.sharded_stage_memory`: its state,
     one microbatch's activation timeline, the others in flight; ``last``: it runs the loss), once per choice and
-    schedule position; ``ddp``: a one-stage plan run as DDP."""
-    key = ("memory", choice, remat, zero, in_flight, m, last, ddp)
+    schedule position; ``ddp``: a one-stage plan run as DDP; ``fsdp``: one run under FSDP
+    (:func:`planner.costing.zero.fsdp_memory`)."""
+    key = ("memory", choice, remat, zero, in_flight, m, last, ddp, fsdp)
+    if fsdp and key not in template.memo:
+        template.memo[key] = fsdp_memory(base, template.part, setup, num_microbatches=m).total_bytes
     if key not in template.memo:
         data = frozenset(value.name for value in graph.inputs)
         found = sharded_stage_memory(
@@ -220,8 +224,9 @@ def price_stage(
         m=m,
         last=bool(set(graph.outputs) & set(names)),
         ddp=exact and runs_as_ddp([base]),
+        fsdp=exact and runs_as_fsdp([base]),
     )
-    if zero == 3:  # FSDP holds the groups it computes with and prefetches unsharded
+    if zero == 3 and not (exact and runs_as_fsdp([base])):  # FSDP holds the groups it computes with unsharded
         memory += gathered_param_bytes(planned, graph, setup)
     if ("backward", choice) not in template.memo:  # the buckets' ready times, once per choice
         template.memo["backward", choice] = stage_backward(base, template.part, setup, zero=options.zero)
