@@ -36,7 +36,8 @@ for its gradient.
   stages ``k ≡ r (mod P)`` of rank ``r`` (``Lowered.stage_groups``) in torch's interleaved order. Under
   zero bubble a backward is two tasks: ``I`` (the backward less its weight gradients; the gradient
   sent back waits for it) and ``W`` (the weight gradients,
-  :func:`planner.costing.stage_work.weight_grad_s`), which frees the activations.
+  :func:`planner.costing.stage_work.weight_grad_s`), which frees the activations and the output gradients of
+  the GEMMs it computes weight gradients for (``Chunk.deferred_bytes``, held from ``I`` to ``W``).
 * **Dataflow** (op placements): every crossing edge is its own transfer (point to point on the
   link between the two devices) and each device runs whichever of its tasks became ready first
   (FIFO, as TensorFlow's executor), so microbatches overlap wherever the placement lets them.
@@ -76,6 +77,8 @@ class Chunk:
     activation_bytes: float
     weight_grad_s: float = 0.0  # the part of bwd_s a zero-bubble schedule runs as its own W task
     transient_bytes: float = 0.0  # held only while its forward or backward runs: the microbatch's peak above it
+    # zero bubble: the output gradients its weight-gradient GEMMs read, held from its I task to its W task
+    deferred_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,11 +179,11 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
                     resource=stages[chunk.stage],
                     duration_s=chunk.bwd_s - chunk.weight_grad_s,
                     deps=deps,
-                    alloc_bytes=chunk.transient_bytes,
+                    alloc_bytes=chunk.transient_bytes + chunk.deferred_bytes,
                     free_bytes=chunk.transient_bytes,
                 )
                 weight[c, i] = graph.add_task(f"W{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.weight_grad_s,
-                                              deps=(backward[c, i],), free_bytes=chunk.activation_bytes)  # fmt: skip
+                                              deps=(backward[c, i],), free_bytes=chunk.activation_bytes + chunk.deferred_bytes)  # fmt: skip
                 continue
             backward[c, i] = graph.add_task(
                 f"B{i} c{c}",
@@ -328,7 +331,9 @@ def lower_stages(
     step_bytes: tuple[float, ...] = ()
     if pipeline or ddp or fsdp:  # one chunk per stage: its memory as the estimate charges it (plan_memory)
         memories = [
-            _stage_memory(stage, graph, setup, m=m, last=s == len(stages) - 1, fsdp=fsdp, ddp=ddp)
+            _stage_memory(
+                stage, graph, setup, m=m, last=s == len(stages) - 1, fsdp=fsdp, ddp=ddp, pipeline=len(stages) > 1
+            )
             for s, stage in enumerate(stages)
         ]
         state_bytes = [memory.state_bytes + memory.held_bytes for memory in memories]
@@ -373,7 +378,7 @@ def lower_stages(
 
 
 def _stage_memory(
-    stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, last: bool, fsdp: bool, ddp: bool
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, last: bool, fsdp: bool, ddp: bool, pipeline: bool
 ) -> StageMemory:
     """A pipeline stage's (or a data-parallel plan's) memory parts, as the estimate charges them: FSDP's through
     :func:`planner.costing.zero.fsdp_memory`, any other stage's through
@@ -382,7 +387,7 @@ def _stage_memory(
         return fsdp_memory(stage, graph, setup, num_microbatches=m)
     data = frozenset(value.name for value in graph.inputs)
     return sharded_stage_memory(
-        stage, graph, setup, in_flight=1, num_microbatches=m, last=last, data_inputs=data, ddp=ddp
+        stage, graph, setup, in_flight=1, num_microbatches=m, last=last, data_inputs=data, ddp=ddp, pipeline=pipeline
     )
 
 
@@ -391,8 +396,9 @@ def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork]
     nodes, and what it keeps for backward (stage_work's ``kept_bytes``)."""
     nodes = [work[graph.nodes[p].name] for p in run]
     fwd, bwd = math.fsum(w.fwd_s for w in nodes), math.fsum(w.bwd_s + w.recompute_s for w in nodes)
+    deferred = math.fsum(w.output_bytes for w in nodes if w.weight_grad_s > 0)  # what W reads besides the inputs
     return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd, activation_bytes=math.fsum(w.kept_bytes for w in nodes),
-                 weight_grad_s=math.fsum(w.weight_grad_s for w in nodes))  # fmt: skip
+                 weight_grad_s=math.fsum(w.weight_grad_s for w in nodes), deferred_bytes=deferred)  # fmt: skip
 
 
 def simulate_plan(plan: Plan, graph: OpGraph, setup: CostSetup, *, record: bool = False) -> SimResult:

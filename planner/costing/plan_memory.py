@@ -15,10 +15,15 @@ builds the stage's tape at the microbatch size (:class:`~planner.costing.stage_m
   every sharded output, ``gathered_output_bytes``), and the last stage's loss reads the whole outputs;
 * a node the tensor-parallel executor runs on whole inputs (convolutions, batch and group normalization:
   :func:`runs_whole`): its split activation inputs gathered whole (kept when it saves them), its output made
-  whole (a transient) and copied out to the planned spec (its local size);
+  whole (a transient) and copied out to the planned spec (its local size), and its backward on whole tensors
+  (the output's gradient gathered whole and whole input gradients, while it runs);
 * a stage run as DDP (:func:`planner.costing.stage_work.runs_as_ddp`) on plain tensors: no copies, its rows
   split over the replicas, the loss on its rows, and DDP's gradient buckets held
   (:func:`planner.costing.estimate.ddp_bucket_bytes`).
+
+A stage of a pipeline keeps one receive buffer per microbatch for what it receives, activations forward and
+gradients back (``torch.distributed.pipelining``'s stages allocate them once and keep them): the activations of
+the microbatches not in flight and every output gradient (:func:`_receive_buffers`, ``held``).
 
 On a DTensor stage of several devices the gradient buckets (:mod:`executors.grad_sync`) copy every gradient
 that syncs over a mesh axis once more at the end of the last backward (``StageMemory.sync_bytes``).
@@ -57,10 +62,12 @@ def sharded_stage_memory(
     last: bool,
     data_inputs: frozenset[str],
     ddp: bool,
+    pipeline: bool = False,
 ) -> StageMemory:
     """The memory of one device of ``stage`` (module docstring); ``graph`` at the microbatch size (the whole graph
     or the stage's part); ``last``: the stage computes the model's outputs and runs the loss; ``data_inputs``:
-    the model's inputs (no gradient); ``ddp``: the stage runs as DDP (a one-stage plan: :func:`runs_as_ddp`)."""
+    the model's inputs (no gradient); ``ddp``: the stage runs as DDP (a one-stage plan: :func:`runs_as_ddp`);
+    ``pipeline``: a stage of a pipeline of several, which keeps a receive buffer per microbatch."""
     grads_in_tape = num_microbatches == 1
     if ddp:  # plain tensors on each replica's rows, whatever the records split
         local = subgraph(graph, list(stage.nodes))
@@ -93,6 +100,9 @@ def sharded_stage_memory(
         in_flight=in_flight,
         end_bytes=peak.end_bytes,
         sync_bytes=synced if several else 0.0,
+        held_bytes=_receive_buffers(local, inputs, needs, m=num_microbatches, in_flight=in_flight, last=last)
+        if pipeline
+        else 0.0,
     )
 
 
@@ -128,13 +138,16 @@ def _node_bytes(
         share = cost.output_bytes / whole if whole else 1.0
         whole_run = runs_whole(node, strategy, mesh)
         outputs = sum(mesh.tensor_bytes(meta) for meta in node.outputs)
+        copies = _copies(graph, node.name, strategy, chosen, mesh, whole=whole_run)
         found[node.name] = NodeBytes(
             output=outputs * share,
             share=share,
             mask=cost.mask_bytes,
             param_grads=grads if grads_in_tape else 0.0,
-            copies=_copies(graph, node.name, strategy, chosen, mesh, whole=whole_run),
+            copies=copies,
             transient=outputs if whole_run else 0.0,
+            # its backward on whole tensors: the output's gradient gathered whole, whole input gradients
+            backward=outputs + sum(copies.values()) if whole_run else 0.0,
         )
     return found, state, synced
 
@@ -201,3 +214,14 @@ def _gathered_output_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], m
         whole = mesh.tensor_bytes(meta)
         total += whole - local if local < whole else 0.0
     return total
+
+
+def _receive_buffers(
+    graph: OpGraph, inputs: Mapping[str, float], needs: frozenset[str], *, m: int, in_flight: int, last: bool
+) -> float:
+    """A pipeline stage's receive buffers, made once per microbatch and kept for the run
+    (``torch.distributed.pipelining``): the activations it receives, beyond the ``in_flight`` microbatches' the
+    timeline holds as stage inputs, and the gradients of its outputs it receives from the next stage."""
+    received = sum(inputs[name] for name in needs)
+    outputs = 0.0 if last else sum(graph.node(name).output.nbytes for name in dict.fromkeys(graph.outputs))
+    return max(0, m - in_flight) * received + m * outputs

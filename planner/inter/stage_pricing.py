@@ -128,18 +128,27 @@ def _stage_memory(
     last: bool,
     ddp: bool,
     fsdp: bool,
+    pipeline: bool,
 ) -> float:
     """The plan stage's memory per device (:func:`planner.costing.plan_memory.sharded_stage_memory`: its state,
     one microbatch's activation timeline, the others in flight; ``last``: it runs the loss), once per choice and
     schedule position; ``ddp``: a one-stage plan run as DDP; ``fsdp``: one run under FSDP
-    (:func:`planner.costing.zero.fsdp_memory`)."""
-    key = ("memory", choice, remat, zero, in_flight, m, last, ddp, fsdp)
+    (:func:`planner.costing.zero.fsdp_memory`); ``pipeline``: a stage of several."""
+    key = ("memory", choice, remat, zero, in_flight, m, last, ddp, fsdp, pipeline)
     if fsdp and key not in template.memo:
         template.memo[key] = fsdp_memory(base, template.part, setup, num_microbatches=m).total_bytes
     if key not in template.memo:
         data = frozenset(value.name for value in graph.inputs)
         found = sharded_stage_memory(
-            base, template.part, setup, in_flight=in_flight, num_microbatches=m, last=last, data_inputs=data, ddp=ddp
+            base,
+            template.part,
+            setup,
+            in_flight=in_flight,
+            num_microbatches=m,
+            last=last,
+            data_inputs=data,
+            ddp=ddp,
+            pipeline=not fsdp and not ddp and pipeline,
         )
         template.memo[key] = found.total_bytes
     memory = template.memo[key]
@@ -225,6 +234,7 @@ def price_stage(
         last=bool(set(graph.outputs) & set(names)),
         ddp=exact and runs_as_ddp([base]),
         fsdp=exact and runs_as_fsdp([base]),
+        pipeline=not exact,
     )
     if zero == 3 and not (exact and runs_as_fsdp([base])):  # FSDP holds the groups it computes with unsharded
         memory += gathered_param_bytes(planned, graph, setup)
