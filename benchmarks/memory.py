@@ -42,6 +42,8 @@ from heldout_cases import DEVELOPMENT, SCORED, ModelCase, check_scored_disjoint 
 from memory_report import describe, rows_table, summary_table  # noqa: E402
 from results_page import RESULTS, save_table  # noqa: E402
 
+from planner.errors import AutoplanError  # noqa: E402
+
 WARMUP_STEPS = 2
 
 
@@ -121,22 +123,25 @@ def plan_case(name: str, case: ModelCase, family: str, world: int, directory: Pa
 
 
 def measure(world: int, rows: list[dict], *, attempts: int, directory: Path) -> None:
-    """Every planned row's peak per rank, ``attempts`` torchrun jobs (one per attempt, all plans in each)."""
-    from executors.step_timing import run_timing
-
+    """Every planned row's peak per rank, ``attempts`` torchrun jobs (one per attempt, all plans in each); a job
+    that fails as a whole (ranks that fail apart leave the others waiting in a collective) is run again plan by
+    plan, and a plan that fails alone is reported as failed."""
     planned = [row for row in rows if "path" in row]
     for attempt in range(1, attempts + 1):
-        out = directory / f"memory-w{world}-{attempt}.json"
         started = time.perf_counter()
-        peaks = run_timing(
-            [row["path"] for row in planned],
-            world=world,
-            steps=WARMUP_STEPS,
-            out=out,
-            module="executors.training.memory_peak",
-            timeout_s=3600.0,
-        )
-        parts = json.loads(Path(f"{out}.parts.json").read_text())
+        paths = [row["path"] for row in planned]
+        try:
+            peaks, parts = _job(paths, world=world, out=directory / f"memory-w{world}-{attempt}.json")
+        except AutoplanError as error:
+            log(f"world {world} attempt {attempt}: the job failed ({error}); measuring plan by plan")
+            peaks, parts = {}, {}
+            for k, path in enumerate(paths):
+                try:
+                    found = _job([path], world=world, out=directory / f"memory-w{world}-{attempt}-{k}.json")
+                except AutoplanError as alone:
+                    found = ({path: [None] * world}, {path: [{"error": str(alone)}] * world})
+                peaks.update(found[0])
+                parts.update(found[1])
         for row in planned:
             failed = [part["error"] for part in parts[row["path"]] if "error" in part]
             if failed:
@@ -145,6 +150,21 @@ def measure(world: int, rows: list[dict], *, attempts: int, directory: Path) -> 
             row.setdefault("measured_bytes", []).append([int(b) for b in peaks[row["path"]]])
             row.setdefault("parts", []).append(parts[row["path"]])
         log(f"world {world} attempt {attempt}: {len(planned)} plans measured in {time.perf_counter() - started:.0f} s")
+
+
+def _job(paths: list[str], *, world: int, out: Path) -> tuple[dict, dict]:
+    """One torchrun job of :mod:`executors.training.memory_peak`: peaks and parts per plan."""
+    from executors.step_timing import run_timing
+
+    peaks = run_timing(
+        paths,
+        world=world,
+        steps=WARMUP_STEPS,
+        out=out,
+        module="executors.training.memory_peak",
+        timeout_s=600.0 * len(paths),
+    )
+    return peaks, json.loads(Path(f"{out}.parts.json").read_text())
 
 
 def main() -> None:
@@ -177,6 +197,8 @@ def main() -> None:
             ]
             measure(world, world_rows, attempts=args.attempts, directory=directory)
             rows += world_rows
+            if args.json_out:  # what is measured so far, should a later world fail
+                args.json_out.write_text(json.dumps(rows, indent=1) + "\n")
     minutes = (time.time() - started) / 60
     body = summary_table(rows) + "\n\n" + rows_table(rows)
     head = describe(args.which, cases, minutes=minutes)
