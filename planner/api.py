@@ -95,7 +95,9 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
     if name == "data-parallel":
         started = time.perf_counter()
         fsdp = str(options.zero) not in ("auto", "0")  # --zero N: FSDP at level N (auto: DDP, the plain baseline)
-        stages, estimate = data_parallel(graph, setup, batch_size=batch_size, graph_at=prepared.graphs.at, check=not fsdp)
+        stages, estimate = data_parallel(
+            graph, setup, batch_size=batch_size, graph_at=prepared.graphs.at, check=not fsdp
+        )
         plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
         if fsdp:  # refused by with_zero when what FSDP holds does not fit
             stages, estimate = with_zero(stages, estimate, graph, setup, level=int(options.zero))

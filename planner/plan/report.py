@@ -105,7 +105,9 @@ def headroom_text(plan: Plan) -> str:
     """``12.30 GiB (17%) left on the fullest device``, or how far over the budget it is."""
     left, budget = headroom_bytes(plan), plan.memory_budget_bytes
     share = f" ({abs(left) / budget:.0%})" if budget > 0 else ""
-    return f"{left / GIB:.2f} GiB{share} left on the fullest device" if left >= 0 else f"{-left / GIB:.2f} GiB{share} over"
+    return (
+        f"{left / GIB:.2f} GiB{share} left on the fullest device" if left >= 0 else f"{-left / GIB:.2f} GiB{share} over"
+    )
 
 
 def _reserve_reason(cluster: Cluster) -> str:
