@@ -17,8 +17,9 @@ For each world size N (2 and 4 local gloo processes, one thread each), in one ru
    the host's steal and other processes' CPU share while it was timed, and
    :func:`fidelity_sets.keep` keeps per plan the least disturbed timing: it reads only those shares,
    never the error.
-4. **Memory**: every rank's peak over one profiled step (:mod:`executors.training.memory_peak`)
-   against the estimate's memory per device and the simulator's per-device peak.
+4. **Memory**: every rank's peak over one profiled step (:mod:`executors.training.memory_peak`: the CPU
+   allocator's count at its most) against the estimate's memory per device and the simulator's per-device peak
+   (``benchmarks/memory.py`` scores memory alone, on more plans).
 
 Per world: MAPE, worst row, rows within 20%, Spearman (:func:`fidelity_sets.world_summary`).
 
@@ -172,7 +173,7 @@ def measure_memory(world: int, rows: dict, *, directory: Path) -> None:
     peaks = run_timing(paths, world=world, steps=2, out=directory / f"memory-w{world}.json",
                        module="executors.training.memory_peak")  # fmt: skip
     for row in rows.values():
-        row["measured_bytes"] = [float(b) for b in peaks[row["path"]]]
+        row["measured_bytes"] = [float(b or 0) for b in peaks[row["path"]]]
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """The tables, text and figure of ``benchmarks/fidelity.py``'s results page.
 
 Errors are ``(predicted − measured) / measured``; MAPE is the mean of their absolute values.
-Memory: the measured peak of a rank is its parameter shards and optimizer state at the start of a
-step plus the most the step's allocations held at once (:mod:`executors.training.memory_peak`); the
+Memory: the measured peak of a rank is the CPU allocator's count of live bytes at its most during one step,
+plus the parameters its runner trains in place (:mod:`executors.training.memory_peak`); the
 estimate's figure is the largest device's, the simulator's is per device (rank).
 """
 
@@ -131,11 +131,12 @@ def memory_table(rows: Mapping[str, Mapping]) -> str:
     mean = sum(errors) / max(len(errors), 1)
     sim_mean = sum(sim_errors) / max(len(sim_errors), 1)
     return (
-        f"Peak memory per device (rank): measured over one profiled step (parameter shards and optimizer state at "
-        f"the step's start + the most the step's allocations held at once, from the profiler's CPU allocation "
-        f"events). Mean absolute error: estimate {mean:.0%}, simulator {sim_mean:.0%}. The estimate has no "
-        f"reserve in it (the reserve is taken off the capacity, not added to the plan); it counts parameters, "
-        f"gradients, optimizer state, tensors saved for backward and the largest single output.\n\n" + "\n".join(lines)
+        f"Peak memory per device (rank): measured over one profiled step (the CPU allocator's count of live bytes at "
+        f"its most during the step, counted from when the rank builds its runner, plus the model's parameters the "
+        f"runner trains in place: executors/training/memory_peak.py). Mean absolute error: estimate {mean:.0%}, "
+        f"simulator {sim_mean:.0%}. The estimate has no reserve in it (the reserve is taken off the capacity, not "
+        f"added to the plan): state, the executor's buffers and one microbatch's activation timeline with the loss "
+        f"(planner/costing/stage_memory.py).\n\n" + "\n".join(lines)
     )
 
 

@@ -18,15 +18,30 @@ backward needs — matmuls, convolutions, norms, attention and non-linear elemen
 their non-parameter tensor inputs; softmax its output; additions, views and sums nothing.
 A tensor saved by several operators, or through a view of it, is counted once (views alias
 their base). On a mixed-precision device floating activations take 2 bytes per element.
-Dropout keeps its mask instead of its input: one byte per element (``aten.native_dropout``
+Dropout keeps its mask instead of its input: on a GPU one byte per element (``aten.native_dropout``
 returns a ``bool`` mask that its backward multiplies by; :func:`dropout_mask`), whatever the
-activation dtype; a dropout with ``p = 0`` or ``train=False`` is the identity and keeps nothing.
+activation dtype; on a CPU, where ATen's ``dropout`` takes no fused kernel, the noise tensor it
+multiplies by, in the activation dtype; a dropout with ``p = 0`` or ``train=False`` is the identity
+and keeps nothing. An attention with dropout on a CPU runs its math path and keeps three score
+matrices (:func:`attention_dropout_bytes`).
+
+Beyond the tensors of its inputs and output an operator may keep (:mod:`planner.costing.stage_memory`
+charges them on the activations' timeline): a max pooling its int64 indices, one per output element
+(:func:`index_bytes`); a whole-sequence RNN its per-step gates (:func:`rnn_kept_bytes`,
+:data:`RNN_STEP_UNITS`). Views, in-place operators and the identity dropout allocate nothing: they
+alias their first input (:func:`aliases_input`).
 
 Under recomputation (:func:`kept_under_recompute`) a checkpointed run of nodes keeps only its inputs and
 its nodes' forward runs again in backward; the nodes outside every run keep what they keep. The bytes
 kept are charged by the planner per value at its local size (:func:`planner.intra.stage_problem.kept_bytes`,
 :func:`planner.costing.stage_work.stage_node_work`). The recomputed run's own activations exist again for
-the moment of its backward (one run at a time, per layer at most one layer's): that transient is not charged.
+the moment of its backward (one run at a time, per layer at most one layer's): the search does not charge
+that transient; the estimate of a plan does, at the backward of the run's last node
+(:func:`planner.costing.stage_memory.stage_tape`).
+
+What a device holds at its fullest — state, the executor's buffers, and these activations over the timeline of
+a step with the loss and the gradients — is :mod:`planner.costing.stage_memory`'s, on
+:mod:`cost_models.memory_timeline`; the loss's own tensors are measured by :mod:`cost_models.loss_memory`.
 """
 
 from __future__ import annotations
@@ -107,9 +122,11 @@ def saved_inputs(node: OpNode) -> tuple[int, ...]:
 _DROPOUTS = frozenset({"dropout", "native_dropout", "feature_dropout", "alpha_dropout"})
 
 
-def dropout_mask(node: OpNode) -> TensorMeta | None:
-    """The mask a dropout keeps for backward (the shape of its output, one byte an element); None for
-    any other operator and for ``p = 0``."""
+def dropout_mask(node: OpNode, *, fused: bool = True) -> TensorMeta | None:
+    """The mask a dropout keeps for backward (the shape of its output); None for any other operator and for
+    ``p = 0``. ``fused`` (a GPU): ``aten.native_dropout``'s ``bool`` mask, one byte an element; else (a CPU,
+    where ATen's ``dropout`` does not take the fused kernel) the scaled noise tensor ``_dropout`` multiplies
+    by, in the input's dtype."""
     if node.op_name.rstrip("_") not in _DROPOUTS:
         return None
     kwargs = dict(node.kwargs)
@@ -117,11 +134,90 @@ def dropout_mask(node: OpNode) -> TensorMeta | None:
     train = node.args[2] if len(node.args) > 2 else kwargs.get("train", True)
     if (isinstance(probability, int | float) and probability == 0) or train is False:
         return None
-    return TensorMeta(shape=node.output.shape, dtype="bool")
+    return TensorMeta(shape=node.output.shape, dtype="bool" if fused else node.output.dtype)
+
+
+ATTENTION_DROPOUT_SCORES = 3  # softmax output, dropout noise, dropped probabilities: what the math path keeps
+
+
+def attention_dropout_bytes(node: OpNode, *, fused: bool, itemsize: int | None = None) -> float:
+    """What an attention with dropout keeps beyond its inputs and output where no fused kernel takes dropout
+    (``fused`` False: a CPU, whose flash kernel has no dropout, so ``scaled_dot_product_attention`` runs its
+    math path): :data:`ATTENTION_DROPOUT_SCORES` score matrices of ``B · heads · S_q · S_k`` elements. A fused
+    kernel (FlashAttention, memory-efficient attention) keeps its random state instead: 0."""
+    if fused or node.kind != NodeKind.ATTENTION or len(node.input_metas) < 2:
+        return 0.0
+    kwargs = dict(node.kwargs)
+    probability = node.args[4] if len(node.args) > 4 else kwargs.get("dropout_p", 0.0)
+    if not isinstance(probability, int | float) or probability <= 0:
+        return 0.0
+    query, key = node.input_metas[0], node.input_metas[1]
+    if len(query.shape) < 2 or len(key.shape) < 2:
+        return 0.0
+    scores = query.numel // query.shape[-1] * key.shape[-2]
+    element = itemsize if itemsize is not None and query.is_floating else query.itemsize
+    return float(ATTENTION_DROPOUT_SCORES * scores * element)
 
 
 def saves_output(node: OpNode) -> bool:
     return node.kind in (NodeKind.SOFTMAX, NodeKind.ATTENTION)
+
+
+def aliases_input(node: OpNode) -> bool:
+    """Whether the node's output is its first input's memory: a view (:func:`view_bases`), an in-place operator
+    (``relu_``: ATen's trailing underscore) or a dropout that keeps every element (``p = 0`` or not training)."""
+    if not node.inputs:
+        return False
+    if node.kind == NodeKind.VIEW and node.op_name not in _COPIES:
+        return True
+    name = node.op_name
+    if name.endswith("_") and not name.startswith("_"):
+        return True
+    return name.rstrip("_") in _DROPOUTS and dropout_mask(node) is None
+
+
+_COPIES = frozenset({"clone", "contiguous", "_to_copy"})
+_MAX_POOLS = frozenset(
+    {"max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"}
+)
+INDEX_ITEMSIZE = 8  # int64 pooling indices
+
+
+def index_bytes(node: OpNode) -> int:
+    """A max pooling's indices, kept for its backward: one int64 per output element (``max_pool2d`` runs as
+    ``max_pool2d_with_indices`` under autograd and saves them; :func:`saved_extra_bytes`)."""
+    return node.output.numel * INDEX_ITEMSIZE if node.op_name in _MAX_POOLS else 0
+
+
+# Tensors an RNN keeps per layer, direction and time step, in units of hidden size × batch (ATen's CPU cells,
+# aten/src/ATen/native/RNN.cpp): an LSTM step keeps its 4 gates (the addmm output, activated in place), the cell
+# state, its tanh and the new hidden state (7); a GRU step its 3 hidden-side gates (addmm output, in place), the
+# copy of the new gate autograd takes before the in-place multiply, the new gate, and (h − n), which becomes the
+# new hidden state (7, with the copy before its in-place multiply); a plain RNN step its pre-activation, which
+# becomes the new hidden state in place (1). cuDNN's training reserve space holds the same per-step gates.
+RNN_STEP_UNITS = {"lstm": 7, "gru": 7, "rnn_tanh": 1, "rnn_relu": 1}
+
+
+def rnn_kept_bytes(node: OpNode, *, activation_itemsize: int | None = None) -> float:
+    """What a whole-sequence RNN (``aten.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu``) keeps for backward beyond
+    its inputs and output (0 for other operators): ``layers · directions · T · B · units · H`` elements
+    (:data:`RNN_STEP_UNITS`), plus each inner layer's output (the next layer's input, ``T · B · directions · H``)
+    and, with dropout between layers, its one-byte mask."""
+    units = RNN_STEP_UNITS.get(node.op_name)
+    if units is None or len(node.args) < 9:
+        return 0.0
+    num_layers, dropout, train, bidirectional = node.args[4], node.args[5], node.args[6], node.args[7]
+    if not isinstance(num_layers, int):
+        return 0.0
+    directions = 2 if bidirectional else 1
+    output = node.output
+    hidden = output.shape[-1] // directions
+    rows = output.numel // output.shape[-1]  # time steps × batch
+    itemsize = activation_itemsize if activation_itemsize is not None and output.is_floating else output.itemsize
+    per_step = num_layers * directions * rows * units * hidden
+    inner = (num_layers - 1) * rows * directions * hidden
+    masks = inner if train and isinstance(dropout, int | float) and dropout > 0 else 0
+    return float((per_step + inner) * itemsize + masks)
 
 
 def _element_bytes(meta: TensorMeta, activation_itemsize: int | None) -> int:

@@ -46,18 +46,11 @@ from torch.utils._pytree import tree_flatten, tree_map
 from executors.graph_module import call_node_plain, compile_node
 from planner.ir.graph import NodeKind, OpGraph, OpNode, ValueKind
 from planner.ir.node_call import is_inplace
-from planner.ir.op_kinds import BATCH_STATISTICS
+from planner.ir.op_kinds import BATCH_STATISTICS, WHOLE_UNDER_DTENSOR
 from planner.plan import GATHERED, NodeSharding, parse_placement
 
-# DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D
-# meshes (torch 2.13); run it on local shards or whole tensors instead. Batch normalization runs on
-# whole inputs, so its statistics cover the microbatch (what ``Plan.batch_stat_rows`` states).
-# DTensor's convolution rule mis-sizes strided convolutions' outputs (torch 2.13): convolutions run
-# on whole inputs too.
-CONVOLUTIONS = frozenset({"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
-                          "conv_transpose2d", "conv_transpose3d"})  # fmt: skip
-# slice_scatter's backward under DTensor mixes in a plain zeros tensor (torch 2.13): run it on whole inputs.
-AVOID_DTENSOR = frozenset({"group_norm", "slice_scatter"}) | BATCH_STATISTICS | CONVOLUTIONS
+# Operators run on whole inputs or local shards instead of DTensor: planner.ir.op_kinds.WHOLE_UNDER_DTENSOR
+AVOID_DTENSOR = WHOLE_UNDER_DTENSOR
 
 
 def to_placements(spec: Sequence[str]) -> tuple[Placement, ...]:

@@ -30,7 +30,7 @@ from planner.baselines.method_options import check_method_options, does_not_fit_
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
 from planner.costing.mfu_bounds import mfu_bound_note
 from planner.costing.runtime_profiles import OUR_RUNTIME, RuntimeProfile, runtime_profile
-from planner.costing.setup import CostSetup, default_optimizer, make_compute_model
+from planner.costing.setup import CostSetup, default_optimizer, loss_bytes_per_output_element, make_compute_model
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError, InternalError
@@ -227,14 +227,17 @@ def prepare(
                              tracer=tracer, jobs=jobs)  # fmt: skip
     graph = graphs.full
     captured = time.perf_counter()
+    ref = dict(model_ref or {})
     setup = CostSetup(
         cluster=cluster,
         compute=make_compute_model(graph, cluster, cost_model=cost_model),
         optimizer=optimizer or default_optimizer(cluster),
         memory_fraction=memory_fraction,
         runtime=profile,
+        loss_bytes_per_output_element=loss_bytes_per_output_element(
+            ref.get("file"), ref.get("args", {}), graph, batch_size=batch_size
+        ),
     )
-    ref = dict(model_ref or {})
     model_json = ModelRef(fingerprint=graph.fingerprint(), num_params=graph.num_params, file=ref.get("file"),
                           args=ref.get("args", {}), tracer=tracer)  # fmt: skip
     return Prepared(

@@ -128,3 +128,18 @@ def test_plan_records_its_memory_fraction(tmp_path: Path) -> None:
     data = made.to_json()
     del data["memory_fraction"]  # plans written before the field: the whole usable memory
     assert Plan.from_json(data).memory_fraction == 1.0
+
+
+def test_the_summary_states_the_headroom_left_on_the_fullest_device() -> None:
+    from planner.plan.report import headroom_bytes, plan_summary
+
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    args = {"hidden": 64, "layers": 2}
+    made = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=8, method="data-parallel", model_args=args)
+    left = made.memory_budget_bytes - made.estimate.memory_per_device_bytes
+    assert headroom_bytes(made) == left > 0
+    share = left / made.memory_budget_bytes
+    assert f"GiB budget ({left / GIB:.2f} GiB ({share:.0%}) left on the fullest device)" in plan_summary(made)
+    estimate = dataclasses.replace(made.estimate, memory_per_device_bytes=int(made.memory_budget_bytes + GIB))
+    over = dataclasses.replace(made, estimate=estimate)
+    assert headroom_bytes(over) == -GIB and "1.00 GiB (" in plan_summary(over) and " over)" in plan_summary(over)

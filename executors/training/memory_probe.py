@@ -29,7 +29,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 
-def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
+def storage_of(tensor: torch.Tensor) -> tuple[int, int] | None:
     local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
     if local.device.type == "meta":
         return None
@@ -44,7 +44,7 @@ def model_state_bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimiz
     if optimizer is not None:
         tensors += [v for p in params for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
     for tensor in tensors:
-        found = _storage(tensor)
+        found = storage_of(tensor)
         if found is not None:
             seen.setdefault(*found)
     return sum(seen.values())
@@ -86,7 +86,7 @@ class ActivationMeter:
         self._hooks.__exit__(*exc)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        found = _storage(tensor) if not isinstance(tensor, torch.nn.Parameter) else None
+        found = storage_of(tensor) if not isinstance(tensor, torch.nn.Parameter) else None
         if found is None:
             return tensor
         pointer, nbytes = found

@@ -29,13 +29,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from cost_models.memory import model_state_bytes, zero_shards
 from planner.costing.ddp import ddp_estimate, ddp_step, fsdp_step
 from planner.costing.estimate import batched_values, check_fits, data_parallel_memory_bytes
 from planner.costing.node_cost import strategy_context
 from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
-from planner.costing.zero import gathered_param_bytes
+from planner.costing.zero import fsdp_memory
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph, OpNode
 from planner.plan import Estimate, Stage
@@ -153,31 +152,34 @@ def _unsplit(spec: ShardingSpec) -> bool:
     return all(placement == REPLICATE for placement in spec.placements)
 
 
-def data_parallel(graph: OpGraph, setup: CostSetup, *, batch_size: int) -> tuple[tuple[Stage, ...], Estimate]:
+def data_parallel(
+    graph: OpGraph, setup: CostSetup, *, batch_size: int, check: bool = True
+) -> tuple[tuple[Stage, ...], Estimate]:
     """The data-parallel plan over every device of the cluster, priced as DDP runs it
     (:func:`planner.costing.ddp.ddp_step`, the price of every one-stage data-parallel plan), or a
-    clear error."""
+    clear error. ``check=False``: no "does not fit" here (a plan that runs under ZeRO is checked by
+    :func:`with_zero`, on the memory it shards)."""
     devices = tuple(range(setup.cluster.num_devices))
     stage = data_parallel_stage(graph, setup, batch_size=batch_size, devices=devices)
     memory = data_parallel_memory_bytes(graph, setup, num_devices=len(devices))
     estimate = ddp_estimate(graph, setup, ddp_step(stage, graph, setup, m=1), memory_bytes=memory)
-    check_fits(estimate, setup, what=f"data parallel over {len(devices)} devices")
+    if check:
+        check_fits(estimate, setup, what=f"data parallel over {len(devices)} devices")
     return (stage,), estimate
 
 
 def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int
               ) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
     """The data-parallel plan run under FSDP at ZeRO ``level`` (:mod:`planner.costing.zero`; ``graph`` the whole
-    batch's): priced as it runs (:func:`planner.costing.ddp.fsdp_step`), its model state sharded as the level
-    shards it, level 3 holding the groups it computes with unsharded."""
+    batch's): priced as it runs (:func:`planner.costing.ddp.fsdp_step`), its memory as FSDP holds it
+    (:func:`planner.costing.zero.fsdp_memory`), refused when that does not fit."""
     (stage,) = stages
-    if level == 0 or len(stage.devices) == 1:
+    devices = len(stage.devices)
+    if level == 0 or devices == 1:
+        check_fits(estimate, setup, what=f"data parallel over {devices} devices")
         return stages, estimate
     stage = replace(stage, zero=level)
-    devices = len(stage.devices)
-    replicated = model_state_bytes(graph.num_params, optimizer=setup.optimizer)
-    weights, grads, state = zero_shards(level, devices)
-    sharded = model_state_bytes(graph.num_params, optimizer=setup.optimizer, weight_shards=weights, grad_shards=grads,
-                                state_shards=state)  # fmt: skip
-    memory = estimate.memory_per_device_bytes - replicated + sharded + gathered_param_bytes(stage, graph, setup)
-    return (stage,), ddp_estimate(graph, setup, fsdp_step(stage, graph, setup, m=1), memory_bytes=memory)
+    memory = fsdp_memory(stage, graph, setup).total_bytes
+    fsdp = ddp_estimate(graph, setup, fsdp_step(stage, graph, setup, m=1), memory_bytes=memory)
+    check_fits(fsdp, setup, what=f"data parallel over {devices} devices under ZeRO-{level} (FSDP)")
+    return (stage,), fsdp

@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 from cost_models.memory import model_state_bytes, zero_shards
 from planner.baselines.data_parallel import check_batch, data_parallel, with_zero
 from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_points, least_memory
-from planner.costing.estimate import check_fits
 from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
@@ -123,9 +122,8 @@ def pure_data_parallel(
         return None
     level = 0 if str(options.zero) == "auto" else int(options.zero)
     try:
-        stages, estimate = data_parallel(full_graph, setup, batch_size=graphs.batch_size)
-        stages, estimate = with_zero(stages, estimate, full_graph, setup, level=level)
-        check_fits(estimate, setup, what="data parallel")
+        stages, estimate = data_parallel(full_graph, setup, batch_size=graphs.batch_size, check=False)
+        stages, estimate = with_zero(stages, estimate, full_graph, setup, level=level)  # refused if it does not fit
     except AutoplanError:
         return None
     plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")

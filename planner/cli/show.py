@@ -25,6 +25,7 @@ from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, Stage
 from planner.plan.choices import plan_choices
+from planner.plan.report import headroom_bytes
 
 if TYPE_CHECKING:
     from planner.ir.model_file import ModelFile
@@ -157,6 +158,7 @@ def show_json(plan: Plan, result: SimResult) -> dict[str, Any]:
         "simulated_step_time_s": result.step_time_s,
         "bubble_fraction": plan.estimate.bubble_fraction,  # the plan's pipeline bubble, as plan prints it
         "peak_memory_bytes": result.max_memory_bytes,
+        "headroom_bytes": headroom_bytes(plan),  # the budget less the estimate, on the fullest device
         "choices": plan_choices(plan).to_json(),  # each stage's choices and savings (planner.plan.choices)
     }
 

@@ -4,8 +4,10 @@ The pure data-parallel plan over ``d`` devices is priced as DDP runs it, by the 
 one-stage data-parallel plan (:func:`planner.costing.ddp.ddp_step`); what it holds per device is
 :func:`data_parallel_memory_bytes`::
 
-    memory_bytes = model state (memory.py, by optimizer) + saved activations / d
-                   + the largest operator output / d (working memory of the biggest kernel)
+    memory_bytes = weights and optimizer state (memory.py, by optimizer) + DDP's gradient buckets (one more
+                   gradient of every parameter on several devices: :func:`ddp_bucket_bytes`) + the peak of one
+                   replica's activations, gradients and loss over its forward and backward at 1/d of the
+                   batch (:func:`replica_memory`, :mod:`planner.costing.stage_memory`)
 
 The pieces of DDP's price that live here: :data:`DDP_BUCKET_COPIES` (DDP copies gradients into
 its buckets and back: ``4 · gradient bytes / memory bandwidth``) and :func:`optimizer_step_s`
@@ -26,12 +28,15 @@ utilisation (MFU) divide them by step time, device count and the device's peak.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from cost_models.communication import all_reduce_s
-from cost_models.memory import model_state_bytes, optimizer_bytes, saved_activation_bytes
+from cost_models.memory import optimizer_bytes
+from cost_models.memory_timeline import activation_peak
 from cost_models.units import GIB
 from planner.costing.setup import CostSetup
+from planner.costing.stage_memory import StageMemory, grad_values, loss_bytes, replica_node_bytes, stage_tape
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Estimate, Stage
@@ -74,21 +79,69 @@ def optimizer_step_s(num_params: float, setup: CostSetup) -> float:
     return num_params * cost.bytes_per_param / bandwidth
 
 
-def activation_bytes(graph: OpGraph, setup: CostSetup, *, num_batch_shards: int) -> float:
-    saved = saved_activation_bytes(graph, activation_itemsize=setup.activation_itemsize)
-    itemsize = setup.activation_itemsize
-    largest = max(
-        (meta.numel * itemsize if itemsize and meta.is_floating else meta.nbytes for n in graph for meta in n.outputs),
-        default=0,
+def replica_memory(
+    graph: OpGraph,
+    setup: CostSetup,
+    *,
+    num_devices: int,
+    grads_in_tape: bool = True,
+    weight_shards: float = 1,
+    state_shards: float = 1,
+    grad_shards: float = 1,
+    extra: Mapping[str, tuple[float, float]] | None = None,
+) -> StageMemory:
+    """One data-parallel replica's memory (:mod:`planner.costing.stage_memory`) over ``num_devices`` devices,
+    ``graph`` at the whole batch: weights and optimizer state (split ``weight_shards`` / ``state_shards`` ways),
+    and the activations' timeline at ``1/d`` of the batch with the loss on the replica's outputs; the gradients
+    (split ``grad_shards`` ways) made in the backward when ``grads_in_tape``, else in the state; ``extra``: node ->
+    bytes it holds while it runs and while its backward runs (FSDP's, :func:`planner.costing.zero.fsdp_node_bytes`)."""
+    per = optimizer_bytes(setup.optimizer)
+    itemsize, share, fused = setup.activation_itemsize, 1.0 / num_devices, not setup.cluster.device.is_cpu()
+    grad_bytes = per.grads / grad_shards
+    nodes = replica_node_bytes(
+        graph,
+        batched=batched_values(graph),
+        num_batch_shards=num_devices,
+        fused=fused,
+        activation_itemsize=itemsize,
+        param_grad_bytes=grad_bytes if grads_in_tape else 0.0,
     )
-    return (saved + largest) / num_batch_shards
+    for name, (transient, backward) in (extra or {}).items():
+        nodes[name] = replace(nodes[name], transient=transient, backward=backward)
+    inputs = {
+        v.name: (v.meta.numel * itemsize if itemsize and v.meta.is_floating else v.meta.nbytes) * share
+        for v in graph.inputs
+    }
+    loss = loss_bytes(graph, per_output_element=setup.loss_bytes_per_output_element, share=share)
+    tape = stage_tape(
+        graph,
+        nodes,
+        grads=grad_values(graph),
+        inputs=inputs,
+        loss_bytes=loss,
+        activation_itemsize=itemsize,
+        fused=fused,
+    )
+    peak = activation_peak(tape)
+    state = graph.num_params * (
+        per.weights / weight_shards + per.state / state_shards + (0.0 if grads_in_tape else grad_bytes)
+    )
+    return StageMemory(
+        state_bytes=state, kept_bytes=peak.kept_bytes, peak_bytes=peak.peak_bytes, end_bytes=peak.end_bytes
+    )
+
+
+def ddp_bucket_bytes(graph: OpGraph, setup: CostSetup, *, num_devices: int) -> float:
+    """DDP's gradient buckets (``gradient_as_bucket_view=False``, torch's default: each gradient is copied into
+    a bucket of its own, kept for the whole run): one more gradient of every parameter, on several devices."""
+    return graph.num_params * optimizer_bytes(setup.optimizer).grads if num_devices > 1 else 0.0
 
 
 def data_parallel_memory_bytes(graph: OpGraph, setup: CostSetup, *, num_devices: int) -> float:
-    """Bytes per device of the pure data-parallel plan: the whole model state (by optimizer) and ``1/d`` of the
-    activations (:func:`activation_bytes`)."""
-    return model_state_bytes(graph.num_params, optimizer=setup.optimizer) + activation_bytes(
-        graph, setup, num_batch_shards=num_devices
+    """Bytes per device of the pure data-parallel plan (``graph`` at the whole batch): one replica's memory
+    (:func:`replica_memory`) and DDP's gradient buckets (:func:`ddp_bucket_bytes`)."""
+    return replica_memory(graph, setup, num_devices=num_devices).total_bytes + ddp_bucket_bytes(
+        graph, setup, num_devices=num_devices
     )
 
 

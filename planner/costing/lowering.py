@@ -7,7 +7,13 @@ stage's resource (all of the stage's devices), with durations the sums of its no
 (:mod:`planner.costing.stage_work`; recomputation adds the forward of the stage's checkpointed runs again
 to ``B`` and keeps only what enters them, ``kept_bytes``; a data-parallel plan under FSDP adds the gathers
 its compute waits for, :func:`planner.costing.zero.fsdp_price`). ``F`` allocates the chunk's activations, ``B`` frees them; the stage's model
-state is its base memory. After a stage's last backward one ``step`` task does its gradient
+state is its base memory. Where a chunk is a whole stage (pipelines, data parallelism) its memory is the
+estimate's (:func:`planner.costing.plan_memory.sharded_stage_memory`, :func:`planner.costing.zero.fsdp_memory`):
+the base is the stage's state and what its executor holds (DDP's buckets), ``F`` and ``B`` allocate the
+microbatch's kept activations and, while they run, its peak above them (``Chunk.transient_bytes``); the step
+task holds what the last backward leaves (its gradients with one microbatch) and the gradient buckets
+(``Lowered.step_bytes``).
+After a stage's last backward one ``step`` task does its gradient
 sync and optimizer update plus the device's ``step_overhead_s`` (and, in a pipeline whose stages share a
 tied weight, the all-reduce of its gradient over every rank: :func:`planner.costing.estimate.shared_param_sync_s`,
 as the estimate charges it). Pure data parallelism
@@ -30,7 +36,8 @@ for its gradient.
   stages ``k ≡ r (mod P)`` of rank ``r`` (``Lowered.stage_groups``) in torch's interleaved order. Under
   zero bubble a backward is two tasks: ``I`` (the backward less its weight gradients; the gradient
   sent back waits for it) and ``W`` (the weight gradients,
-  :func:`planner.costing.stage_work.weight_grad_s`), which frees the activations.
+  :func:`planner.costing.stage_work.weight_grad_s`), which frees the activations and the output gradients of
+  the GEMMs it computes weight gradients for (``Chunk.deferred_bytes``, held from ``I`` to ``W``).
 * **Dataflow** (op placements): every crossing edge is its own transfer (point to point on the
   link between the two devices) and each device runs whichever of its tasks became ready first
   (FIFO, as TensorFlow's executor), so microbatches overlap wherever the placement lets them.
@@ -45,16 +52,17 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from cost_models.communication import p2p_s, stage_transfer_s
 from cost_models.simulator import SimResult, TaskGraph, simulate
 from planner.costing.compression import EXACT, stage_sync
 from planner.costing.estimate import shared_param_sync_s
 from planner.costing.overlap import SyncSegment
+from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
+from planner.costing.stage_memory import StageMemory
 from planner.costing.stage_work import NodeWork, runs_as_ddp, stage_node_work
-from planner.costing.zero import fsdp_price, runs_as_fsdp
+from planner.costing.transfers import dataflow_edges, pipeline_edges, stage_transfer
+from planner.costing.zero import fsdp_memory, fsdp_price, runs_as_fsdp
 from planner.ir.graph import OpGraph
-from planner.ir.layers import boundary_bytes
 from planner.plan import GradSync, Plan, Stage
 from planner.plan.schedules import rank_actions
 
@@ -68,6 +76,9 @@ class Chunk:
     bwd_s: float  # recomputation included
     activation_bytes: float
     weight_grad_s: float = 0.0  # the part of bwd_s a zero-bubble schedule runs as its own W task
+    transient_bytes: float = 0.0  # held only while its forward or backward runs: the microbatch's peak above it
+    # zero bubble: the output gradients its weight-gradient GEMMs read, held from its I task to its W task
+    deferred_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +97,7 @@ class Lowered:
     # per stage: its gradient buckets in its last backward (planner.costing.overlap; not in step_s)
     sync_segments: Mapping[int, tuple[SyncSegment, ...]] = field(default_factory=dict)
     stage_groups: tuple[int, ...] = ()  # pipeline rank of each stage (stage k on rank k mod P); () = one each
+    step_bytes: tuple[float, ...] = ()  # per stage, held during its step: StageMemory's end + sync bytes
 
     def group_of(self, stage: int) -> int:
         return self.stage_groups[stage] if self.stage_groups else stage
@@ -134,8 +146,14 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
                 same = chunks[u].stage == chunk.stage
                 deps.append(forward[u, i] if same else transfer(f"F{i} {u}>{c}", chunks[u].stage, chunk.stage,
                                                                    num_bytes, forward[u, i]))  # fmt: skip
-            forward[c, i] = graph.add_task(f"F{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.fwd_s,
-                                           deps=deps, alloc_bytes=chunk.activation_bytes)  # fmt: skip
+            forward[c, i] = graph.add_task(
+                f"F{i} c{c}",
+                resource=stages[chunk.stage],
+                duration_s=chunk.fwd_s,
+                deps=deps,
+                alloc_bytes=chunk.activation_bytes + chunk.transient_bytes,
+                free_bytes=chunk.transient_bytes,
+            )
     out: list[list[tuple[int, float]]] = [[] for _ in chunks]
     for u, v in sorted(lowered.edges):
         out[u].append((v, lowered.grad_edges.get((u, v), 0.0)))
@@ -156,13 +174,25 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
                 backward[c, i] = parts[c, i][-1]
                 continue
             if split:
-                backward[c, i] = graph.add_task(f"I{i} c{c}", resource=stages[chunk.stage],
-                                                duration_s=chunk.bwd_s - chunk.weight_grad_s, deps=deps)  # fmt: skip
+                backward[c, i] = graph.add_task(
+                    f"I{i} c{c}",
+                    resource=stages[chunk.stage],
+                    duration_s=chunk.bwd_s - chunk.weight_grad_s,
+                    deps=deps,
+                    alloc_bytes=chunk.transient_bytes + chunk.deferred_bytes,
+                    free_bytes=chunk.transient_bytes,
+                )
                 weight[c, i] = graph.add_task(f"W{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.weight_grad_s,
-                                              deps=(backward[c, i],), free_bytes=chunk.activation_bytes)  # fmt: skip
+                                              deps=(backward[c, i],), free_bytes=chunk.activation_bytes + chunk.deferred_bytes)  # fmt: skip
                 continue
-            backward[c, i] = graph.add_task(f"B{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.bwd_s,
-                                            deps=deps, free_bytes=chunk.activation_bytes)  # fmt: skip
+            backward[c, i] = graph.add_task(
+                f"B{i} c{c}",
+                resource=stages[chunk.stage],
+                duration_s=chunk.bwd_s,
+                deps=deps,
+                alloc_bytes=chunk.transient_bytes,
+                free_bytes=chunk.activation_bytes + chunk.transient_bytes,
+            )
     steps = {}
     for s, resource in enumerate(stages):
         mine = [weight.get((c, i), backward[c, i]) for c, chunk in enumerate(chunks) if chunk.stage == s
@@ -170,8 +200,9 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
         seconds = lowered.step_s[s] if include_step else 0.0
         if split and lowered.sync_segments.get(s):  # zero bubble: the buckets go out after the last W
             syncs[s] = _syncs_after(graph, lowered.sync_segments[s], after=mine[-1], include_step=include_step)
+        at_end = lowered.step_bytes[s] if lowered.step_bytes else 0.0  # what the last backward leaves, the buckets
         steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine + syncs.get(s, []),
-                                  end_of_step=True)  # fmt: skip
+                                  end_of_step=True, alloc_bytes=at_end, free_bytes=at_end)  # fmt: skip
     if fixed:
         _set_pipeline_orders(graph, lowered, groups, forward, backward | {("W", c, i): t for (c, i), t in weight.items()},
                              steps, parts)  # fmt: skip
@@ -190,10 +221,16 @@ def _overlapped_backward(graph: TaskGraph, segments: Sequence[SyncSegment], reso
     syncs: list[int] = []
     for k, segment in enumerate(segments):
         last = k == len(segments) - 1
-        parts.append(graph.add_task(f"{name} part {k}", resource=resource, duration_s=segment.backward_s
-                                    + segment.compress_s + (first_extra if k == 0 else 0.0),
-                                    deps=deps if k == 0 else (parts[-1],),
-                                    free_bytes=chunk.activation_bytes if last else 0.0))  # fmt: skip
+        parts.append(
+            graph.add_task(
+                f"{name} part {k}",
+                resource=resource,
+                duration_s=segment.backward_s + segment.compress_s + (first_extra if k == 0 else 0.0),
+                deps=deps if k == 0 else (parts[-1],),
+                alloc_bytes=chunk.transient_bytes if k == 0 else 0.0,
+                free_bytes=chunk.activation_bytes + chunk.transient_bytes if last else 0.0,
+            )
+        )
         if segment.all_reduce_s > 0:
             seconds = segment.all_reduce_s if include_step else 0.0
             syncs.append(graph.add_task(f"sync bucket {k}", resource=comm, duration_s=seconds,
@@ -285,16 +322,33 @@ def lower_stages(
     if pipeline and len(stages) > 1:  # the schedule's host work per stage and microbatch, half per pass
         half = setup.cluster.device.microbatch_overhead_s / 2
         chunks = tuple(replace(c, fwd_s=c.fwd_s + half, bwd_s=c.bwd_s + half) for c in chunks)
-    edges, grad_edges = _pipeline_edges(graph, runs, setup) if pipeline else _dataflow_edges(graph, runs, setup)
+    edges, grad_edges = pipeline_edges(graph, runs, setup) if pipeline else dataflow_edges(graph, runs, setup)
     # tied weights' gradients are summed over every rank after the backward pass (executors.stages.sync_shared_grads)
     tied_s = shared_param_sync_s(stages, graph, setup) if pipeline and len(stages) > 1 else 0.0
     step_s = [math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s + tied_s
               for stage in stages]  # fmt: skip
     state_bytes = [math.fsum(work[n].state_bytes for n in stage.nodes) for stage in stages]
+    step_bytes: tuple[float, ...] = ()
+    if pipeline or ddp or fsdp:  # one chunk per stage: its memory as the estimate charges it (plan_memory)
+        memories = [
+            _stage_memory(
+                stage, graph, setup, m=m, last=s == len(stages) - 1, fsdp=fsdp, ddp=ddp, pipeline=len(stages) > 1
+            )
+            for s, stage in enumerate(stages)
+        ]
+        state_bytes = [memory.state_bytes + memory.held_bytes for memory in memories]
+        step_bytes = tuple(memory.end_bytes + memory.sync_bytes for memory in memories)
+        chunks = tuple(
+            replace(
+                c,
+                activation_bytes=memories[c.stage].kept_bytes,
+                transient_bytes=max(0.0, memories[c.stage].peak_bytes - memories[c.stage].kept_bytes),
+            )
+            for c in chunks
+        )
     segments: dict[int, tuple[SyncSegment, ...]] = {}
-    if fsdp_step is not None:  # the last reduce-scatters instead of the additive shares; level 3's gathered groups
+    if fsdp_step is not None:  # the last reduce-scatters instead of the additive shares
         step_s[0] += fsdp_step.tail_s - math.fsum(work[n].zero_step_s for n in stages[0].nodes)
-        state_bytes[0] += fsdp_step.gathered_bytes
     for s, stage in enumerate(stages if (pipeline or ddp) and not fsdp else ()):  # buckets, not the additive shares
         sync = stage_sync(stage, graph, {n: work[n].bwd_s for n in stage.nodes}, setup, grad_sync=grad_sync, ddp=ddp)
         if sync.segments:
@@ -307,13 +361,14 @@ def lower_stages(
         num_devices=setup.cluster.num_devices,
         stage_devices=tuple(stage.devices for stage in stages),
         state_bytes=tuple(state_bytes),
+        step_bytes=step_bytes,
         step_s=tuple(step_s),
         chunks=chunks,
         edges=edges,
         grad_edges=grad_edges,
         schedule=schedule if pipeline else "dataflow",
         num_microbatches=m,
-        transfer_s=_stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
+        transfer_s=stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
         totals_s={
             key: math.fsum(getattr(w, key) for w in work.values()) for key in ("compute_s", "comm_s", "reshard_s")
         }
@@ -322,66 +377,28 @@ def lower_stages(
     )
 
 
+def _stage_memory(
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, last: bool, fsdp: bool, ddp: bool, pipeline: bool
+) -> StageMemory:
+    """A pipeline stage's (or a data-parallel plan's) memory parts, as the estimate charges them: FSDP's through
+    :func:`planner.costing.zero.fsdp_memory`, any other stage's through
+    :func:`planner.costing.plan_memory.sharded_stage_memory`."""
+    if fsdp:
+        return fsdp_memory(stage, graph, setup, num_microbatches=m)
+    data = frozenset(value.name for value in graph.inputs)
+    return sharded_stage_memory(
+        stage, graph, setup, in_flight=1, num_microbatches=m, last=last, data_inputs=data, ddp=ddp, pipeline=pipeline
+    )
+
+
 def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork]) -> Chunk:
     """A run of one stage's nodes: its forward, its backward with the recomputed forward of its checkpointed
     nodes, and what it keeps for backward (stage_work's ``kept_bytes``)."""
     nodes = [work[graph.nodes[p].name] for p in run]
     fwd, bwd = math.fsum(w.fwd_s for w in nodes), math.fsum(w.bwd_s + w.recompute_s for w in nodes)
+    deferred = math.fsum(w.output_bytes for w in nodes if w.weight_grad_s > 0)  # what W reads besides the inputs
     return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd, activation_bytes=math.fsum(w.kept_bytes for w in nodes),
-                 weight_grad_s=math.fsum(w.weight_grad_s for w in nodes))  # fmt: skip
-
-
-def _value_bytes(setup: CostSetup, meta) -> float:
-    itemsize = setup.activation_itemsize
-    return float(meta.numel * itemsize if itemsize and meta.is_floating else meta.nbytes)
-
-
-Edges = dict[tuple[int, int], float]
-
-
-def _pipeline_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> tuple[Edges, Edges]:
-    """Bytes forward and gradient bytes back across each stage boundary, every value at its dtype."""
-    itemsize = setup.activation_itemsize
-    forward = boundary_bytes(graph, activation_itemsize=itemsize)
-    backward = boundary_bytes(graph, activation_itemsize=itemsize, gradients=True)
-    cuts = [(c, run[-1]) for c, run in enumerate(runs[:-1])]
-    return (
-        {(c, c + 1): float(forward[k]) for c, k in cuts if forward[k] > 0},
-        {(c, c + 1): float(backward[k]) for c, k in cuts if backward[k] > 0},
-    )
-
-
-def _dataflow_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> tuple[Edges, Edges]:
-    chunk_of = {graph.nodes[p].name: c for c, run in enumerate(runs) for p in run}
-    sent: dict[tuple[str, int], tuple[float, bool]] = {}
-    for node in graph.nodes:
-        for name, meta in zip(node.inputs, node.input_metas, strict=True):
-            if name in chunk_of and chunk_of[name] != chunk_of[node.name]:
-                sent[name, chunk_of[node.name]] = (_value_bytes(setup, meta), meta.is_floating)
-    forward: Edges = {}
-    backward: Edges = {}
-    for (name, c), (num_bytes, floating) in sent.items():
-        key = (chunk_of[name], c)
-        forward[key] = forward.get(key, 0.0) + num_bytes
-        if floating:
-            backward[key] = backward.get(key, 0.0) + num_bytes
-    return forward, backward
-
-
-def _stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipeline: bool) -> Callable:
-    cluster = setup.cluster
-
-    def transfer_s(a: int, b: int, num_bytes: float) -> float:
-        if num_bytes <= 0:
-            return 0.0
-        if not pipeline:
-            return p2p_s(num_bytes, link=cluster.link_between([devices[a][0], devices[b][0]]))
-        crosses = cluster.node_of(devices[a][0]) != cluster.node_of(devices[b][0])
-        return stage_transfer_s(num_bytes, cluster=cluster, sender_size=len(devices[a]),
-                                receiver_size=len(devices[b]), crosses_nodes=crosses,
-                                sender_nodes=len({cluster.node_of(rank) for rank in devices[a]}))  # fmt: skip
-
-    return transfer_s
+                 weight_grad_s=math.fsum(w.weight_grad_s for w in nodes), deferred_bytes=deferred)  # fmt: skip
 
 
 def simulate_plan(plan: Plan, graph: OpGraph, setup: CostSetup, *, record: bool = False) -> SimResult:

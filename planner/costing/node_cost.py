@@ -22,9 +22,11 @@ with the same function, so what was searched and what is judged are one cost::
                        at ZeRO level z over the sync axes' d replicas: optimizer state / d (z ≥ 1),
                        gradients / d (z ≥ 2), weights / d (z = 3) (cost_models.memory.zero_shards)
     activation_bytes = v's output at its local size, when it is kept for backward, plus a dropout's
-                       mask at the local size it is computed in (one byte an element;
-                       cost_models.memory.dropout_mask): sequence shards under sequence parallelism, even
-                       where the output is then gathered (planner.sharding.sequence_parallel.computed_output)
+                       mask at the local size it is computed in (one byte an element on a GPU, the activation
+                       dtype's on a CPU; cost_models.memory.dropout_mask): sequence shards under sequence
+                       parallelism, even where the output is then gathered
+                       (planner.sharding.sequence_parallel.computed_output), plus what it keeps beyond them
+                       (kept_extra_bytes: pooling indices, RNN gates, attention scores under CPU dropout)
 
 ``h`` is the device's calibrated ``sharded_op_overhead_s`` on a mesh of more than one device
 (:func:`sharded_dispatch_s`: the executor runs such stages on DTensors), 0 on one device and for a
@@ -37,9 +39,18 @@ import math
 from dataclasses import dataclass
 
 from cost_models.communication import bucketed_all_reduce_s
-from cost_models.memory import dropout_mask, model_state_bytes, optimizer_bytes, zero_shards
+from cost_models.memory import (
+    attention_dropout_bytes,
+    dropout_mask,
+    index_bytes,
+    model_state_bytes,
+    optimizer_bytes,
+    rnn_kept_bytes,
+    zero_shards,
+)
 from planner.costing.estimate import DDP_BUCKET_COPIES, optimizer_step_s
 from planner.costing.setup import CostSetup
+from planner.costing.stage_memory import grad_values as stage_grad_values
 from planner.costing.zero import param_terms
 from planner.ir.graph import OpGraph, OpNode
 from planner.sharding.sequence_parallel import computed_output
@@ -60,6 +71,7 @@ class NodeCost:
     zero_comm_s: float = 0.0  # ZeRO collectives every microbatch (FSDP levels 2, 3), not in comm_s
     output_bytes: float = 0.0  # the output at its local size, kept for backward or not
     mask_bytes: float = 0.0  # a dropout's mask, the part of activation_bytes beyond the output
+    extra_bytes: float = 0.0  # pooling indices, RNN gates, attention scores: kept_extra_bytes (in activation_bytes)
 
     @property
     def memory_bytes(self) -> float:
@@ -68,11 +80,7 @@ class NodeCost:
 
 def grad_values(graph: OpGraph) -> frozenset[str]:
     """Values whose gradient is needed: the parameters and every floating value computed from one."""
-    needs = {p.name for p in graph.params}
-    for node in graph.nodes:
-        if node.output.is_floating and any(name in needs for name in node.inputs):
-            needs.add(node.name)
-    return frozenset(needs)
+    return stage_grad_values(graph)
 
 
 def strategy_context(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> StrategyContext:
@@ -93,9 +101,11 @@ def node_cost(
     )  # t_v / shards(s), or the local share's own shape under a GPU kernel shape model
     output_bytes = mesh.local_bytes(node.output, strategy.output)
     activation = output_bytes if saved else 0.0
-    mask = dropout_mask(node)
+    fused = not setup.cluster.device.is_cpu()
+    mask = dropout_mask(node, fused=fused)
     mask_bytes = mesh.local_bytes(mask, computed) if mask is not None else 0.0
-    activation += mask_bytes
+    extra_bytes = kept_extra_bytes(node, mesh, output_bytes=output_bytes, fused=fused)
+    activation += mask_bytes + extra_bytes
     state = 0.0
     sync_axes = dict(strategy.grad_sync_axes)
     local_params = 0.0
@@ -137,7 +147,22 @@ def node_cost(
         zero_comm_s=zero_comm_s,
         output_bytes=output_bytes,
         mask_bytes=mask_bytes,
+        extra_bytes=extra_bytes,
     )
+
+
+def kept_extra_bytes(node: OpNode, mesh: StageMesh, *, output_bytes: float, fused: bool) -> float:
+    """What ``node`` keeps for backward beyond its output and dropout mask, at its local share: a max pooling's
+    indices, an RNN's per-step gates, an attention's score matrices under dropout without a fused kernel
+    (:func:`cost_models.memory.index_bytes`, :func:`~cost_models.memory.rnn_kept_bytes`,
+    :func:`~cost_models.memory.attention_dropout_bytes`)."""
+    itemsize = mesh.activation_itemsize
+    whole = index_bytes(node) + rnn_kept_bytes(node, activation_itemsize=itemsize)
+    whole += attention_dropout_bytes(node, fused=fused, itemsize=itemsize)
+    if not whole:
+        return 0.0
+    full = mesh.tensor_bytes(node.output)
+    return whole * (output_bytes / full if full else 1.0)
 
 
 def _ddp_share_s(node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh) -> float:

@@ -13,6 +13,7 @@ import torch
 
 from cost_models.cluster import Cluster, describe_memory_budget, memory_budget_bytes
 from cost_models.compute import ComputeModel, RooflineCompute
+from cost_models.loss_memory import DEFAULT_BYTES_PER_OUTPUT_ELEMENT
 from planner.costing.runtime_profiles import AUTOPLAN, RuntimeProfile, runtime_profile
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
@@ -31,6 +32,9 @@ class CostSetup:
     memory_fraction: float = 1.0  # share of the usable memory: capacity less the device's reserve
     # how the system running the plan syncs gradients and steps the optimizer (planner.costing.runtime_profiles)
     runtime: RuntimeProfile = AUTOPLAN
+    # what the model file's loss holds at its peak per element of the outputs it reads (cost_models.loss_memory;
+    # the default: the mean's float32 gradient, when the loss is not known)
+    loss_bytes_per_output_element: float = DEFAULT_BYTES_PER_OUTPUT_ELEMENT
 
     @property
     def activation_itemsize(self) -> int | None:
@@ -93,3 +97,33 @@ def plan_setup(plan: Plan) -> CostSetup:
         memory_fraction=plan.memory_fraction,
         runtime=runtime_profile(plan.runtime),
     )
+
+
+def loss_bytes_per_output_element(
+    model_file: str | None, model_args: dict, graph: OpGraph, *, batch_size: int
+) -> float:
+    """What the model file's loss holds at its peak per element of ``graph``'s outputs (``graph`` at ``batch_size``
+    rows; :func:`cost_models.loss_memory.loss_bytes_per_output_element`), run on meta tensors; the default loss's
+    figure when there is no model file or its loss cannot run on meta tensors."""
+    from cost_models.loss_memory import loss_bytes_per_output_element as measure
+    from planner.ir.model_file import instantiate_inputs, instantiate_targets, load_model_file
+
+    if model_file is None:
+        return DEFAULT_BYTES_PER_OUTPUT_ELEMENT
+    try:
+        loaded = load_model_file(model_file)
+        if loaded.loss_fn is None:
+            return DEFAULT_BYTES_PER_OUTPUT_ELEMENT
+        make = instantiate_targets if loaded.has_targets else instantiate_inputs
+        data = make(loaded, batch_size=batch_size, model_args=dict(model_args), on_meta=True)
+        outputs = [_meta_tensor(graph, name) for name in graph.outputs]
+        return measure(loaded.loss_fn, outputs, data)
+    except Exception:  # a loss that meta tensors cannot run (data-dependent shapes): the default figure
+        return DEFAULT_BYTES_PER_OUTPUT_ELEMENT
+
+
+def _meta_tensor(graph: OpGraph, name: str) -> torch.Tensor:
+    from planner.ir.node_call import torch_dtype
+
+    meta = graph.node(name).output if graph.has_node(name) else graph.value(name).meta
+    return torch.empty(meta.shape, dtype=torch_dtype(meta.dtype), device="meta")

@@ -56,6 +56,7 @@ class NodeWork:
     weight_grad_s: float = 0.0  # the part of bwd_s a zero-bubble schedule defers (W): :func:`weight_grad_s`
     output_bytes: float = 0.0  # the output at its local size (kept or not)
     mask_bytes: float = 0.0  # a dropout's mask (part of activation_bytes)
+    extra_bytes: float = 0.0  # pooling indices, RNN gates, attention scores (part of activation_bytes)
     kept_bytes: float = 0.0  # kept for backward under the stage's recomputation (activation_bytes without it)
     recompute_s: float = 0.0  # its forward once more in the backward, when a checkpointed run holds it
     zero_step_s: float = 0.0  # the ZeRO part of step_s beyond grad_sync_s (planner.costing.zero.param_terms)
@@ -147,6 +148,7 @@ def stage_node_work(
             zero_step_s=cost.zero_step_s,
             output_bytes=cost.output_bytes,
             mask_bytes=cost.mask_bytes,
+            extra_bytes=cost.extra_bytes,
             kept_bytes=cost.activation_bytes,
         )
     if stage.remat:
@@ -170,6 +172,7 @@ def _with_recomputation(work: dict[str, NodeWork], graph: OpGraph, mesh: StageMe
             )
     for name, w in work.items():
         kept_bytes = (w.output_bytes if name in kept.values else 0.0) + (w.mask_bytes if name in kept.masked else 0.0)
+        kept_bytes += 0.0 if name in kept.recomputed else w.extra_bytes
         work[name] = replace(
             w, kept_bytes=kept_bytes + inputs.get(name, 0.0), recompute_s=w.fwd_s if name in kept.recomputed else 0.0
         )

@@ -35,15 +35,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.communication import DDP_BUCKET_BYTES, all_gather_s, reduce_scatter_s
-from cost_models.memory import optimizer_bytes
+from cost_models.memory import optimizer_bytes, zero_shards
 from planner.costing.setup import CostSetup
+from planner.costing.stage_memory import StageMemory
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import segments
 from planner.plan import Stage
 from planner.sharding.specs import StageMesh
+
+FSDP_GATHER_COPIES = 2  # a gathered group: FSDP2's all-gather buffer and the unsharded parameters copied out of it
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -211,6 +214,87 @@ def fsdp_price(stage: Stage, graph: OpGraph, setup: CostSetup, *, work: Mapping[
     return FsdpPrice(forward_wait_s=math.fsum(timeline.forward_wait_s) / m,
                      backward_wait_s=math.fsum(timeline.backward_wait_s) / m, tail_s=timeline.tail_s,
                      gathered_bytes=gathered_bytes(groups, level=stage.zero), comm_s=timeline.comm_s)  # fmt: skip
+
+
+def fsdp_memory(stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int = 1) -> StageMemory:
+    """A data-parallel ``stage`` under FSDP at its ZeRO level (``graph`` at the microbatch size): one replica's
+    memory with its state sharded as the level shards it (:func:`cost_models.memory.zero_shards`), what FSDP holds
+    while each node runs (:func:`fsdp_node_bytes`) and for the whole step (:func:`fsdp_held_bytes`)."""
+    from planner.costing.estimate import replica_memory
+
+    weights, grads, state = zero_shards(stage.zero, len(stage.devices))
+    memory = replica_memory(
+        graph,
+        setup,
+        num_devices=len(stage.devices),
+        weight_shards=weights,
+        grad_shards=grads,
+        state_shards=state,
+        grads_in_tape=num_microbatches == 1,
+        extra=fsdp_node_bytes(stage, graph, setup),
+    )
+    return replace(memory, held_bytes=memory.held_bytes + fsdp_held_bytes(stage, graph, setup))
+
+
+def fsdp_held_bytes(stage: Stage, graph: OpGraph, setup: CostSetup) -> float:
+    """What FSDP holds beyond the shards for a whole step at levels 1 and 2: every parameter unsharded (gathered
+    at the step's first forward, kept to its end). Level 3 holds a group's only while it runs
+    (:func:`fsdp_node_bytes`)."""
+    if stage.zero not in (1, 2):
+        return 0.0
+    idle = dict.fromkeys(stage.nodes, 0.0)
+    return math.fsum(g.weight_bytes for g in fsdp_groups(stage, graph, setup, forward_s=idle, backward_s=idle))
+
+
+def fsdp_node_bytes(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str, tuple[float, float]]:
+    """Node -> (bytes it holds while it runs, forward and backward; bytes while its backward runs) under FSDP.
+    At level 3: its group's parameters twice — FSDP2 all-gathers a group into one flat buffer, copies it out into
+    the unsharded parameters and keeps the buffer until the next group's all-gather (``FSDP_GATHER_COPIES``) —
+    the neighbour group's prefetched (the larger of the next, prefetched in forward, and the previous, in
+    backward), and the root group's while a node reading them runs; the group's unsharded gradients replace its
+    unsharded parameters (FSDP2 reshards a group after its backward, before it reduce-scatters the gradients).
+    At level 2 every parameter stays gathered (:func:`fsdp_held_bytes`) and the group's unsharded gradients are
+    held at the backward of its first node (the last of the group to run backward, when its reduce-scatter
+    starts). Level 1 accumulates whole gradients (the timeline charges them)."""
+    if stage.zero < 2:
+        return {}
+    idle = dict.fromkeys(stage.nodes, 0.0)
+    groups = fsdp_groups(stage, graph, setup, forward_s=idle, backward_s=idle)
+    runs, shared = _group_runs(stage, graph)
+    per = optimizer_bytes(setup.optimizer)
+    to_grads = per.grads / per.weights if per.weights else 0.0
+    level3 = stage.zero >= 3
+    found: dict[str, tuple[float, float]] = {}
+    root_readers = [name for run in runs for name in run if shared & set(graph.node(name).inputs)]
+    for index, run in enumerate(runs):
+        own = groups[index + 1].weight_bytes
+        neighbours = [groups[k].weight_bytes for k in (index, index + 2) if 1 <= k < len(groups)]
+        held = FSDP_GATHER_COPIES * own + max(neighbours, default=0.0) if level3 else 0.0
+        for name in run:
+            found[name] = (held, 0.0)
+        found[run[0]] = (held, 0.0 if level3 else own * to_grads)
+    root = groups[0].weight_bytes
+    for name in root_readers:
+        held, backward = found.get(name, (0.0, 0.0))
+        found[name] = (held + (FSDP_GATHER_COPIES * root if level3 else 0.0), backward)
+    if root_readers and not level3:
+        held, backward = found[root_readers[0]]
+        found[root_readers[0]] = (held, backward + root * to_grads)
+    return found
+
+
+def _group_runs(stage: Stage, graph: OpGraph) -> tuple[list[list[str]], set[str]]:
+    """The layer groups' node runs (:func:`fsdp_groups`' order, the root aside) and the parameters several read."""
+    chosen = set(stage.nodes)
+    runs = [[node.name for node in nodes if node.name in chosen] for _, nodes in segments(graph)]
+    runs = [run for run in runs if run]
+    readers: dict[str, set[int]] = {}
+    for index, run in enumerate(runs):
+        for name in run:
+            for value in graph.node(name).inputs:
+                if graph.value_kind(value) == ValueKind.PARAM:
+                    readers.setdefault(value, set()).add(index)
+    return runs, {name for name, found in readers.items() if len(found) > 1}
 
 
 def gathered_param_bytes(stage: Stage, graph: OpGraph, setup: CostSetup) -> float:

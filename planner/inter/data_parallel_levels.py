@@ -6,10 +6,9 @@ replicated does not run so: at level 0 it runs DDP (:func:`planner.costing.ddp.d
 copies, the full optimizer step, buckets overlapped with the backward) and at a level ``z ≥ 1`` FSDP
 (:func:`planner.costing.ddp.fsdp_step`: reduce-scatters instead of the all-reduce, the optimizer
 on ``1/d`` of the state). :func:`best_level` prices the candidate's stage at every level the options allow by
-those functions and keeps the fastest that fits; its memory at level ``z`` is the candidate's with the model
-state re-sharded (:func:`state_bytes`: :func:`cost_models.memory.model_state_bytes` over
-:func:`cost_models.memory.zero_shards`, plus the parameters FSDP holds gathered at level 3,
-:func:`planner.costing.zero.gathered_param_bytes`). The stage's recomputation-and-ZeRO line
+those functions and keeps the fastest that fits; its memory at each level is what that runtime holds
+(``memory_at``: DDP's replica and buckets, :func:`planner.costing.plan_memory.sharded_stage_memory`, or FSDP's
+shards, gathers and reduce-scatters, :func:`planner.costing.zero.fsdp_memory`). The stage's recomputation-and-ZeRO line
 (``Stage.memory_saving``) is then that exact comparison: the kept level against the fastest other level that
 fits (else the fastest other), at the same recomputation.
 """
@@ -17,11 +16,9 @@ fits (else the fastest other), at the same recomputation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from cost_models.memory import model_state_bytes, zero_shards
 from planner.costing.setup import CostSetup
-from planner.costing.zero import gathered_param_bytes
 from planner.ir.graph import OpGraph
 from planner.plan import ZERO_LEVELS, Stage
 from planner.plan.stage import memory_choice_label
@@ -34,15 +31,6 @@ class LevelPrice:
     memory_bytes: float
 
 
-def state_bytes(stage: Stage, graph: OpGraph, setup: CostSetup, *, level: int) -> float:
-    """What one device holds of the model state at ZeRO ``level`` (and the parameters gathered at level 3)."""
-    weights, grads, state = zero_shards(level, len(stage.devices))
-    held = model_state_bytes(
-        graph.num_params, optimizer=setup.optimizer, weight_shards=weights, grad_shards=grads, state_shards=state
-    )
-    return held + gathered_param_bytes(replace(stage, zero=level), graph, setup)
-
-
 def allowed_levels(zero: str | int) -> tuple[int, ...]:
     return tuple(ZERO_LEVELS) if str(zero) == "auto" else (int(zero),)
 
@@ -52,19 +40,15 @@ def best_level(
     graph: OpGraph,
     setup: CostSetup,
     *,
-    memory_bytes: float,
     zero: str | int,
     step_at: Callable[[int], float],
+    memory_at: Callable[[int], float],
 ) -> tuple[LevelPrice, dict[str, object]]:
-    """The fastest level (``step_at(level)``: the exact step there) whose memory fits, else the smallest; and the
-    stage's line comparing it with the next best level (module docstring); of equally fast levels the one holding
-    less. ``memory_bytes``: at ``stage.zero``."""
-    base = memory_bytes - state_bytes(stage, graph, setup, level=stage.zero)
+    """The fastest level (``step_at(level)``: the exact step there; ``memory_at(level)``: what a device holds
+    there) whose memory fits, else the smallest; and the stage's line comparing it with the next best level
+    (module docstring); of equally fast levels the one holding less."""
     prices = [
-        LevelPrice(
-            level=level, step_s=step_at(level), memory_bytes=base + state_bytes(stage, graph, setup, level=level)
-        )
-        for level in allowed_levels(zero)
+        LevelPrice(level=level, step_s=step_at(level), memory_bytes=memory_at(level)) for level in allowed_levels(zero)
     ]
     budget = setup.memory_budget_bytes
     chosen = min(prices, key=lambda price: (price.memory_bytes > budget, price.step_s, price.memory_bytes))

@@ -22,6 +22,8 @@ and each with every recomputation and ZeRO level (:func:`_option`), one *slot* p
   (:func:`planner.intra.stage_problem.recompute_s`: forward compute, half the collectives and half the
   resharding into them, the price the simulator charges too); activations kept = what the runs keep
   (:func:`planner.intra.stage_problem.kept_bytes`: the layer's inputs under ``full``);
+* a layer that computes model outputs also holds them and the loss's tensors once per stage
+  (:func:`loss_and_output_bytes`, added to its state by :func:`with_loss`);
 * ZeRO level ``z`` over the data-parallel axes (:mod:`planner.costing.zero`): state bytes and time of the
   parameter nodes priced again at ``z`` (:func:`planner.intra.stage_problem.zero_costs`). Levels 2 and 3 run
   under FSDP, on a data-parallel plan only: they are slots of the ``data-parallel`` source alone, and the
@@ -202,3 +204,25 @@ def layer_table(
     names = tuple(tuple(strategy.name for strategy in row) for row in problem.strategies)
     return LayerTable(variables=tuple(problem.variables), representative=dict(problem.representative),
                       strategy_names=names, options=tuple(found))  # fmt: skip
+
+
+def loss_and_output_bytes(graph: OpGraph, names: tuple[str, ...] | list[str], setup: CostSetup) -> float:
+    """What the layer of ``names`` adds once per stage when it computes model outputs: the outputs, held whole by
+    the runner until their backward ends, and the loss's tensors on them
+    (:func:`planner.costing.stage_memory.loss_bytes`; the estimate charges them on the activations' timeline,
+    :mod:`planner.costing.plan_memory`); 0 for any other layer."""
+    mine = set(names)
+    metas = [graph.node(name).output for name in dict.fromkeys(graph.outputs) if name in mine]
+    floating = [meta for meta in metas if meta.is_floating]
+    itemsize = setup.activation_itemsize
+    held = sum(meta.numel * itemsize if itemsize else meta.nbytes for meta in floating)
+    return float(held + setup.loss_bytes_per_output_element * sum(meta.numel for meta in floating))
+
+
+def with_loss(table: LayerTable, extra_bytes: float) -> LayerTable:
+    """``table`` with ``extra_bytes`` added to every option's state (held once per stage, not per microbatch in
+    flight): the model outputs and the loss (:func:`loss_and_output_bytes`)."""
+    if not extra_bytes:
+        return table
+    options = tuple(None if o is None else replace(o, state_bytes=o.state_bytes + extra_bytes) for o in table.options)
+    return replace(table, options=options)

@@ -40,9 +40,10 @@ from cost_models.simulator import bubble_fraction
 from planner.costing.compression import refusal
 from planner.costing.ddp import DdpStep, ddp_step, fsdp_step
 from planner.costing.estimate import mfu, model_tflops_per_device, shared_param_sync_s
+from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import runs_as_ddp
-from planner.costing.zero import runs_as_fsdp
+from planner.costing.zero import fsdp_memory, runs_as_fsdp
 from planner.inter.data_parallel_levels import best_level
 from planner.inter.device_blocks import assign_devices
 from planner.inter.grad_sync_choice import after_s, choose_grad_sync, offered
@@ -154,7 +155,16 @@ def _at_best_level(stage: Stage, priced: PricedStage, graph: OpGraph, setup: Cos
         at = replace(stage, zero=level)
         return (ddp_step(at, graph, setup, m=m) if level == 0 else fsdp_step(at, graph, setup, m=m)).step_s
 
-    chosen, line = best_level(stage, graph, setup, memory_bytes=priced.memory_bytes, zero=zero, step_at=step_at)
+    def memory_at(level: int) -> float:
+        at = replace(stage, zero=level)
+        if level:
+            return fsdp_memory(at, graph, setup, num_microbatches=m).total_bytes
+        inputs = frozenset(value.name for value in graph.inputs)
+        found = sharded_stage_memory(at, graph, setup, in_flight=1, num_microbatches=m, last=True,
+                                     data_inputs=inputs, ddp=True)  # fmt: skip
+        return found.total_bytes
+
+    chosen, line = best_level(stage, graph, setup, zero=zero, step_at=step_at, memory_at=memory_at)
     best = replace(stage, zero=chosen.level, memory_saving=line or stage.memory_saving)
     return (best,), [replace(priced, stage=best, memory_bytes=chosen.memory_bytes)]
 

@@ -49,7 +49,7 @@ from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.device_blocks import Submesh
 from planner.inter.forked import fork_map
-from planner.inter.layer_costs import FSDP_LEVELS, SLOTS, LayerTable, layer_table
+from planner.inter.layer_costs import FSDP_LEVELS, SLOTS, LayerTable, layer_table, loss_and_output_bytes, with_loss
 from planner.inter.stage_dp import OptionArrays, StagePlan, solve_stages, submeshes
 from planner.intra.single_stage import logical_meshes
 from planner.intra.stage_problem import IntraOpOptions
@@ -185,7 +185,8 @@ class LayerTables:
         intra = IntraOpOptions(num_microbatches=m, time_limit_s=self.options.ilp_time_limit_s,  # ZeRO: per slot
                                sequence_parallel=self.options.space != "alpa")  # fmt: skip
         part = subgraph(graph, list(layers.layers[kind]))
-        return layer_table(part, self.setup, self._meshes[mesh_key], options=intra, sources=self.sources)
+        table = layer_table(part, self.setup, self._meshes[mesh_key], options=intra, sources=self.sources)
+        return with_loss(table, loss_and_output_bytes(graph, layers.layers[kind], self.setup))
 
     def prefetch(self, graph: OpGraph, layers: Layering, keys: list[tuple], *,
                  progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip

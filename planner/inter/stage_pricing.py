@@ -33,9 +33,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
-from planner.costing.stage_work import explain_stage
-from planner.costing.zero import gathered_param_bytes
+from planner.costing.stage_work import explain_stage, runs_as_ddp
+from planner.costing.zero import fsdp_memory, gathered_param_bytes, runs_as_fsdp
 from planner.inter.device_blocks import Submesh
 from planner.inter.grad_sync_choice import StageBackward, stage_backward
 from planner.inter.layer_costs import SLOTS
@@ -113,6 +114,48 @@ def _memory(template: StageTemplate, choice: tuple[int, ...], *, remat: str, in_
     return state + template.recompute_bytes(choice, remat) * in_flight
 
 
+def _stage_memory(
+    template: StageTemplate,
+    base: Stage,
+    graph: OpGraph,
+    setup: CostSetup,
+    *,
+    choice: tuple[int, ...],
+    remat: str,
+    zero: int,
+    in_flight: int,
+    m: int,
+    last: bool,
+    ddp: bool,
+    fsdp: bool,
+    pipeline: bool,
+) -> float:
+    """The plan stage's memory per device (:func:`planner.costing.plan_memory.sharded_stage_memory`: its state,
+    one microbatch's activation timeline, the others in flight; ``last``: it runs the loss), once per choice and
+    schedule position; ``ddp``: a one-stage plan run as DDP; ``fsdp``: one run under FSDP
+    (:func:`planner.costing.zero.fsdp_memory`); ``pipeline``: a stage of several."""
+    key = ("memory", choice, remat, zero, in_flight, m, last, ddp, fsdp, pipeline)
+    if fsdp and key not in template.memo:
+        template.memo[key] = fsdp_memory(base, template.part, setup, num_microbatches=m).total_bytes
+    if key not in template.memo:
+        data = frozenset(value.name for value in graph.inputs)
+        found = sharded_stage_memory(
+            base,
+            template.part,
+            setup,
+            in_flight=in_flight,
+            num_microbatches=m,
+            last=last,
+            data_inputs=data,
+            ddp=ddp,
+            pipeline=not fsdp and not ddp and pipeline,
+        )
+        template.memo[key] = found.total_bytes
+    memory = template.memo[key]
+    assert isinstance(memory, float)
+    return memory
+
+
 def _refined_choice(
     template: StageTemplate, choice: tuple[int, ...], *, in_flight: int, budget: float, exact_limit_s: float | None
 ) -> tuple[int, ...]:
@@ -163,7 +206,6 @@ def price_stage(
         choice = _refined_choice(template, choice, in_flight=in_flight, budget=setup.memory_budget_bytes,
                                  exact_limit_s=limit)  # fmt: skip
     objective, step_s, _, _, _ = template.costs(choice)
-    memory = _memory(template, choice, remat=remat, in_flight=in_flight, zero=zero, setup=setup)
     time_s = objective - step_s / m + template.recompute_s(choice, remat)
     if zero:  # the slot's ZeRO level (planner.costing.zero)
         costs = template.zero(choice, zero, setup)
@@ -179,7 +221,22 @@ def price_stage(
     saving = template.memory_saving(choice, remat=remat, zero=zero, levels=levels, m=m, in_flight=in_flight,
                                     setup=setup)  # fmt: skip
     planned = replace(planned, memory_saving=saving)
-    if zero == 3:  # FSDP holds the groups it computes with and prefetches unsharded
+    memory = _stage_memory(
+        template,
+        base,
+        graph,
+        setup,
+        choice=choice,
+        remat=remat,
+        zero=zero,
+        in_flight=in_flight,
+        m=m,
+        last=bool(set(graph.outputs) & set(names)),
+        ddp=exact and runs_as_ddp([base]),
+        fsdp=exact and runs_as_fsdp([base]),
+        pipeline=not exact,
+    )
+    if zero == 3 and not (exact and runs_as_fsdp([base])):  # FSDP holds the groups it computes with unsharded
         memory += gathered_param_bytes(planned, graph, setup)
     if ("backward", choice) not in template.memo:  # the buckets' ready times, once per choice
         template.memo["backward", choice] = stage_backward(base, template.part, setup, zero=options.zero)

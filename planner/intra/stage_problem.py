@@ -232,7 +232,8 @@ def _reshard_into(problem: StageProblem, choice: tuple[int, ...], name: str, gra
 def kept_bytes(problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple[str, ...], ...]) -> float:
     """Activation bytes one microbatch keeps for backward when ``runs`` are recomputed
     (:func:`cost_models.memory.kept_under_recompute`): each kept value at its producer's local output size, or a
-    graph input at the size its first reader reads it in, and the dropout masks outside the runs."""
+    graph input at the size its first reader reads it in, and the dropout masks and other kept extras (pooling
+    indices, RNN gates) outside the runs."""
     graph, mesh = problem.graph, problem.mesh
     kept = kept_under_recompute(graph, runs)
 
@@ -240,6 +241,7 @@ def kept_bytes(problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple
         return _cost_of(problem, choice, name)
 
     total = math.fsum(cost(name).mask_bytes for name in kept.masked)
+    total += math.fsum(cost(n.name).extra_bytes for n in graph.nodes if n.name not in kept.recomputed)
     for value in kept.values:
         if graph.value_kind(value) == ValueKind.NODE:
             total += cost(value).output_bytes

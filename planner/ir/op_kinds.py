@@ -26,6 +26,25 @@ BATCH_STATISTICS = frozenset(
     }
 )
 
+# DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D meshes (torch
+# 2.13); its convolution rule mis-sizes strided convolutions' outputs; slice_scatter's backward mixes in a plain
+# zeros tensor. The tensor-parallel executor runs these on whole (all-gathered) inputs instead, or on local shards
+# when every input and the output split at most the batch dim alike (executors.tensor_parallel), and the memory
+# estimate charges them so (planner.costing.plan_memory).
+CONVOLUTIONS = frozenset(
+    {
+        "convolution",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    }
+)
+WHOLE_UNDER_DTENSOR = frozenset({"group_norm", "slice_scatter"}) | BATCH_STATISTICS | CONVOLUTIONS
+
 _KINDS: dict[NodeKind, frozenset[str]] = {
     NodeKind.MATMUL: frozenset(
         {"linear", "mm", "addmm", "bmm", "baddbmm", "matmul", "einsum", "_linear", "addbmm", "mv", "dot"}

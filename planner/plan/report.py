@@ -101,7 +101,8 @@ def _estimate_lines(plan: Plan) -> list[str]:
     return [
         f"estimate: step {estimate.step_time_s:.4g} s{breakdown_text(estimate)}",
         f"          {estimate.memory_per_device_bytes / GIB:.2f} GiB per device of a {plan.memory_budget_bytes / GIB:.1f} "
-        f"GiB budget, {estimate.tflops_per_device:.3g} TFLOP/s per device ({estimate.mfu:.0%} of peak), "
+        f"GiB budget ({headroom_text(plan)}), {estimate.tflops_per_device:.3g} TFLOP/s per device "
+        f"({estimate.mfu:.0%} of peak), "
         f"{bubble_text(plan)}",
         f"          budget: {cluster.device.memory_bytes / GIB:.1f} GiB less {reserved_bytes(cluster.device) / GIB:.1f} GiB "
         f"reserved for {_reserve_reason(cluster)}"
@@ -119,6 +120,20 @@ def breakdown_text(estimate: Estimate) -> str:
     parts = " + ".join(f"{_seconds_words(key)} {value:.3g} s" for key, value in estimate.breakdown_s.items() if value)
     hidden = ", ".join(f"{_seconds_words(key)} {value:.3g} s" for key, value in estimate.hidden_s.items() if value)
     return (f" = {parts}" if parts else "") + (f" (hidden behind it: {hidden})" if hidden else "")
+
+
+def headroom_bytes(plan: Plan) -> float:
+    """The budget less the estimate: what the fullest device has left (negative: over the budget)."""
+    return plan.memory_budget_bytes - plan.estimate.memory_per_device_bytes
+
+
+def headroom_text(plan: Plan) -> str:
+    """``12.30 GiB (17%) left on the fullest device``, or how far over the budget it is."""
+    left, budget = headroom_bytes(plan), plan.memory_budget_bytes
+    share = f" ({abs(left) / budget:.0%})" if budget > 0 else ""
+    return (
+        f"{left / GIB:.2f} GiB{share} left on the fullest device" if left >= 0 else f"{-left / GIB:.2f} GiB{share} over"
+    )
 
 
 def _reserve_reason(cluster: Cluster) -> str:

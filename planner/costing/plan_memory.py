@@ -1,0 +1,227 @@
+"""A plan stage's memory per device from the strategies it stores (:mod:`planner.costing.stage_memory`'s parts).
+
+:func:`sharded_stage_memory` reads every node of a stage as the simulator does
+(:func:`planner.costing.stage_work.stage_strategies`, priced by :func:`planner.costing.node_cost.node_cost`) and
+builds the stage's tape at the microbatch size (:class:`~planner.costing.stage_memory.NodeBytes` per node):
+
+* a node's outputs at their local size (the first output's local share applied to all of them), its dropout
+  mask as the node cost charges it, its parameters' gradients at their local size (``1/z`` of them at ZeRO
+  level ≥ 2 over ``z`` replicas) made in its backward when the step has one microbatch, and the resharded copy
+  of every input whose producer's stored output spec differs from the one the node reads (DTensor's
+  ``redistribute`` returns a new tensor);
+* the stage's inputs at the size their first reader reads them (the batch, or what the previous stage sent:
+  those need a gradient, which goes back), and its outputs, which the runner holds until the microbatch's
+  backward ends; a DTensor stage gathers each output whole first (``StageSharding.leave``: a replicated copy of
+  every sharded output, ``gathered_output_bytes``), and the last stage's loss reads the whole outputs;
+* a node the tensor-parallel executor runs on whole inputs (convolutions, batch and group normalization:
+  :func:`runs_whole`): its split activation inputs gathered whole (kept when it saves them), its output made
+  whole (a transient) and copied out to the planned spec (its local size), and its backward on whole tensors
+  (the output's gradient gathered whole and whole input gradients, while it runs);
+* a stage run as DDP (:func:`planner.costing.stage_work.runs_as_ddp`) on plain tensors: no copies, its rows
+  split over the replicas, the loss on its rows, and DDP's gradient buckets held
+  (:func:`planner.costing.estimate.ddp_bucket_bytes`).
+
+A stage of a pipeline keeps one receive buffer per microbatch for what it receives, activations forward and
+gradients back (``torch.distributed.pipelining``'s stages allocate them once and keep them): the activations of
+the microbatches not in flight and every output gradient (:func:`_receive_buffers`, ``held``).
+
+On a DTensor stage of several devices the gradient buckets (:mod:`executors.grad_sync`) copy every gradient
+that syncs over a mesh axis once more at the end of the last backward (``StageMemory.sync_bytes``).
+
+State: the nodes' ``state_bytes`` (weights, gradients, optimizer state at their shard counts and the stage's
+ZeRO level), less the gradients the tape makes when there is one microbatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+
+from cost_models.memory import optimizer_bytes, zero_shards
+from cost_models.memory_timeline import activation_peak
+from planner.costing.estimate import ddp_bucket_bytes, replica_memory
+from planner.costing.node_cost import node_cost
+from planner.costing.setup import CostSetup
+from planner.costing.stage_memory import NodeBytes, StageMemory, grad_values, loss_bytes, param_owners, stage_tape
+from planner.costing.stage_work import stage_strategies
+from planner.ir.graph import OpGraph, OpNode, ValueKind, subgraph
+from planner.ir.op_kinds import BATCH_STATISTICS, WHOLE_UNDER_DTENSOR
+from planner.plan import Stage
+from planner.sharding.specs import REPLICATE, StageMesh
+from planner.sharding.strategies import NodeStrategy
+
+
+def sharded_stage_memory(
+    stage: Stage,
+    graph: OpGraph,
+    setup: CostSetup,
+    *,
+    in_flight: int,
+    num_microbatches: int,
+    last: bool,
+    data_inputs: frozenset[str],
+    ddp: bool,
+    pipeline: bool = False,
+) -> StageMemory:
+    """The memory of one device of ``stage`` (module docstring); ``graph`` at the microbatch size (the whole graph
+    or the stage's part); ``last``: the stage computes the model's outputs and runs the loss; ``data_inputs``:
+    the model's inputs (no gradient); ``ddp``: the stage runs as DDP (a one-stage plan: :func:`runs_as_ddp`);
+    ``pipeline``: a stage of a pipeline of several, which keeps a receive buffer per microbatch."""
+    grads_in_tape = num_microbatches == 1
+    if ddp:  # plain tensors on each replica's rows, whatever the records split
+        local = subgraph(graph, list(stage.nodes))
+        replica = replica_memory(local, setup, num_devices=len(stage.devices), grads_in_tape=grads_in_tape)
+        return replace(replica, held_bytes=ddp_bucket_bytes(local, setup, num_devices=len(stage.devices)))
+    context, chosen = stage_strategies(stage, graph, setup)
+    local, mesh = context.graph, context.mesh
+    nodes, state, synced = _node_bytes(local, chosen, setup, mesh, zero=stage.zero, grads_in_tape=grads_in_tape)
+    inputs = _input_bytes(local, chosen, mesh)
+    needs = frozenset(name for name in inputs if name not in data_inputs and local.value(name).meta.is_floating)
+    several = len(stage.devices) > 1
+    tape = stage_tape(
+        local,
+        nodes,
+        grads=grad_values(local, also=needs),
+        inputs=inputs,
+        input_grads={name: inputs[name] for name in needs},
+        loss_bytes=loss_bytes(local, per_output_element=setup.loss_bytes_per_output_element) if last else 0.0,
+        gathered_output_bytes=_gathered_output_bytes(local, chosen, mesh) if several else 0.0,
+        runs=stage.recomputed_runs(),
+        activation_itemsize=setup.activation_itemsize,
+        fused=not setup.cluster.device.is_cpu(),
+        inplace_copies=several,
+    )
+    peak = activation_peak(tape)
+    return StageMemory(
+        state_bytes=state,
+        kept_bytes=peak.kept_bytes,
+        peak_bytes=peak.peak_bytes,
+        in_flight=in_flight,
+        end_bytes=peak.end_bytes,
+        sync_bytes=synced if several else 0.0,
+        held_bytes=_receive_buffers(local, inputs, needs, m=num_microbatches, in_flight=in_flight, last=last)
+        if pipeline
+        else 0.0,
+    )
+
+
+def _node_bytes(
+    graph: OpGraph,
+    chosen: Mapping[str, NodeStrategy],
+    setup: CostSetup,
+    mesh: StageMesh,
+    *,
+    zero: int,
+    grads_in_tape: bool,
+) -> tuple[dict[str, NodeBytes], float, float]:
+    """Each node's tensors on one device, the stage's state (each parameter once, by its first reader; its
+    gradient too unless the tape makes it) and the bytes of the gradients that sync over a mesh axis."""
+    per = optimizer_bytes(setup.optimizer)
+    owners = param_owners(graph)
+    found: dict[str, NodeBytes] = {}
+    state = synced = 0.0
+    for node in graph.nodes:
+        strategy = chosen[node.name]
+        cost = node_cost(node, strategy, setup, mesh, saved=False, zero=zero)
+        grads = 0.0
+        for name in owners.get(node.name, ()):
+            spec = dict(strategy.params).get(name)
+            local = graph.value(name).meta.numel / (spec.num_shards(mesh.mesh_shape) if spec is not None else 1)
+            axes = dict(strategy.grad_sync_axes).get(name, ())
+            weights, grad_shards, states = zero_shards(int(zero), math.prod(mesh.mesh_shape[a] for a in axes))
+            grad = local * per.grads / grad_shards
+            state += local * (per.weights / weights + per.state / states) + (0.0 if grads_in_tape else grad)
+            grads += grad
+            synced += grad if axes else 0.0
+        whole = mesh.tensor_bytes(node.output)
+        share = cost.output_bytes / whole if whole else 1.0
+        whole_run = runs_whole(node, strategy, mesh)
+        outputs = sum(mesh.tensor_bytes(meta) for meta in node.outputs)
+        copies = _copies(graph, node.name, strategy, chosen, mesh, whole=whole_run)
+        found[node.name] = NodeBytes(
+            output=outputs * share,
+            share=share,
+            mask=cost.mask_bytes,
+            param_grads=grads if grads_in_tape else 0.0,
+            copies=copies,
+            transient=outputs if whole_run else 0.0,
+            # its backward on whole tensors: the output's gradient gathered whole, whole input gradients
+            backward=outputs + sum(copies.values()) if whole_run else 0.0,
+        )
+    return found, state, synced
+
+
+def _copies(
+    graph: OpGraph,
+    name: str,
+    strategy: NodeStrategy,
+    chosen: Mapping[str, NodeStrategy],
+    mesh: StageMesh,
+    *,
+    whole: bool,
+) -> dict[int, float]:
+    """Input position -> bytes of the resharded copy the node reads, where its producer's spec differs; ``whole``:
+    the node runs on whole inputs (:func:`runs_whole`), so every split activation input is gathered whole."""
+    node = graph.node(name)
+    found = {}
+    for position, (value, meta) in enumerate(zip(node.inputs, node.input_metas, strict=True)):
+        need = strategy.inputs[position]
+        if need is None or graph.value_kind(value) != ValueKind.NODE:
+            continue
+        produced = chosen[value].output
+        if whole and not produced.is_replicated():
+            found[position] = mesh.tensor_bytes(meta)
+        elif not whole and produced != need:
+            found[position] = mesh.local_bytes(meta, need)
+    return found
+
+
+def runs_whole(node: OpNode, strategy: NodeStrategy, mesh: StageMesh) -> bool:
+    """Whether the tensor-parallel executor runs ``node`` on whole (all-gathered) inputs and computes its output
+    whole before slicing it to the planned spec (:data:`planner.ir.op_kinds.WHOLE_UNDER_DTENSOR`): on a stage of
+    several devices, unless (outside batch statistics) every input, parameters included, and the output split at
+    most the batch dim and alike, when it runs on its local shards."""
+    if len(mesh.devices) == 1 or node.op_name not in WHOLE_UNDER_DTENSOR:
+        return False
+    specs = [spec for spec in (*strategy.operands, *strategy.inputs) if spec is not None] + [strategy.output]
+    batch_only = all(placement in (REPLICATE, "S(0)") for spec in specs for placement in spec.placements)
+    alike = len({spec.placements for spec in specs}) == 1
+    return node.op_name in BATCH_STATISTICS or not (batch_only and alike)
+
+
+def _input_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh) -> dict[str, float]:
+    """The stage's inputs at the size their first reader reads them."""
+    found: dict[str, float] = {}
+    for node in graph.nodes:
+        for position, value in enumerate(node.inputs):
+            if graph.value_kind(value) != ValueKind.INPUT or value in found:
+                continue
+            meta, need = graph.value(value).meta, chosen[node.name].inputs[position]
+            size = mesh.local_bytes(meta, need) if need is not None else mesh.tensor_bytes(meta)
+            found[value] = size
+    return found
+
+
+def _gathered_output_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh) -> float:
+    """The whole copies the runner makes of a DTensor stage's sharded outputs (``StageSharding.leave``)."""
+    total = 0.0
+    for name in dict.fromkeys(graph.outputs):
+        if not graph.has_node(name):
+            continue
+        meta = graph.node(name).output
+        local = mesh.local_bytes(meta, chosen[name].output)
+        whole = mesh.tensor_bytes(meta)
+        total += whole - local if local < whole else 0.0
+    return total
+
+
+def _receive_buffers(
+    graph: OpGraph, inputs: Mapping[str, float], needs: frozenset[str], *, m: int, in_flight: int, last: bool
+) -> float:
+    """A pipeline stage's receive buffers, made once per microbatch and kept for the run
+    (``torch.distributed.pipelining``): the activations it receives, beyond the ``in_flight`` microbatches' the
+    timeline holds as stage inputs, and the gradients of its outputs it receives from the next stage."""
+    received = sum(inputs[name] for name in needs)
+    outputs = 0.0 if last else sum(graph.node(name).output.nbytes for name in dict.fromkeys(graph.outputs))
+    return max(0, m - in_flight) * received + m * outputs
