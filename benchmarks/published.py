@@ -42,7 +42,7 @@ excluded it, measured samples/s would be 4/3 higher and the ratio × 0.75).
 ``--before OLD.json`` adds the ratios of an earlier run (``--json-out`` of the code before a change)
 as columns, ``--middle`` those of an intermediate one; ``--save`` writes
 ``benchmarks/results/published-<date>.{md,png}``. The auto table gives each auto plan's MFU beside the best
-published for its GPU and model size (:mod:`planner.costing.mfu_bounds`), the plan's own sanity note.
+published for its GPU and model size (:mod:`cost_models.mfu_bounds`), the plan's own sanity note.
 """
 
 from __future__ import annotations
@@ -264,12 +264,12 @@ def _shape(run: dict, row: Row) -> str:
 def auto_table(selected: list[Row], results: list[dict], *, variant: str) -> str:
     """``auto``'s plan (our runtime) beside the published configuration (``variant`` under its runtime), same
     model, cluster and batch; auto's MFU beside the best published for its GPU and model size."""
-    from planner.costing.mfu_bounds import published_bound
+    from cost_models.mfu_bounds import published_bound
 
     lines = [
         "| row | published configuration: estimated samples/s | auto's plan | auto's estimate, samples/s | "
         "auto ÷ measured | auto ÷ published configuration (estimates) | auto's MFU | best published MFU "
-        "(planner.costing.mfu_bounds) | noted as above it |",
+        "(cost_models.mfu_bounds) | noted as above it |",
         "|---|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for row, entry in zip(selected, results, strict=True):

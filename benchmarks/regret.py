@@ -175,6 +175,36 @@ def world_scores(cases: list[dict]) -> dict:
     }
 
 
+def run_worlds(args: argparse.Namespace) -> dict:
+    """Every world of ``args``: calibrate, plan and run each case; the raw results (written after every case)."""
+    names = args.cases.split(",")
+    os.environ["AUTOPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="autoplan-regret-cache-")
+    started = time.perf_counter()
+    result: dict = {"worlds": [], "steps": args.steps, "warmup": args.warmup, "wall_s": 0.0}
+    for world in args.worlds:
+        _say(f"world {world}: calibrating (plan calibrate --quick) ...")
+        cluster, calibration = calibrate(world)
+        cases: list[dict] = []
+        entry = {"world": world, "calibration": calibration.get("calibration", {}), "cases": cases, "scores": {}}
+        result["worlds"].append(entry)
+        with tempfile.TemporaryDirectory(prefix=f"regret-w{world}-") as directory:
+            for name in names:
+                _say(f"world {world}: {name}")
+                try:
+                    case = run_case(name, cluster, Path(directory), steps=args.steps, warmup=args.warmup)
+                except Exception as error:  # a case that cannot be planned is reported, the others still run
+                    entry.setdefault("failed", []).append({"case": name, "error": f"{type(error).__name__}: {error}"})
+                    _say(f"  {name} failed: {error}")
+                    continue
+                case["score"] = score_case(case)
+                cases.append(case)
+                entry["scores"] = world_scores(cases)
+                result["wall_s"] = time.perf_counter() - started
+                if args.json_out:
+                    Path(args.json_out).write_text(json.dumps(result, indent=2))
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
@@ -182,34 +212,22 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--save", action="store_true")
-    parser.add_argument("--json-out", default=None, help="also write the raw results here")
+    parser.add_argument("--json-out", default=None, help="also write the raw results here (after every case)")
+    parser.add_argument(
+        "--from-json", nargs="+", default=None, help="draw the page from raw results of earlier runs (their worlds)"
+    )
     args = parser.parse_args()
     check_scored_disjoint()
-    names = args.cases.split(",")
-    os.environ["AUTOPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="autoplan-regret-cache-")
-    started = time.perf_counter()
-    worlds = []
-    for world in args.worlds:
-        _say(f"world {world}: calibrating (plan calibrate --quick) ...")
-        cluster, calibration = calibrate(world)
-        cases = []
-        with tempfile.TemporaryDirectory(prefix=f"regret-w{world}-") as directory:
-            for name in names:
-                _say(f"world {world}: {name}")
-                case = run_case(name, cluster, Path(directory), steps=args.steps, warmup=args.warmup)
-                case["score"] = score_case(case)
-                cases.append(case)
-        worlds.append(
-            {
-                "world": world,
-                "calibration": calibration.get("calibration", {}),
-                "cases": cases,
-                "scores": world_scores(cases),
-            }
-        )
-    result = {"worlds": worlds, "steps": args.steps, "warmup": args.warmup, "wall_s": time.perf_counter() - started}
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2))
+    if args.from_json:
+        runs = [json.loads(Path(path).read_text()) for path in args.from_json]
+        result = {
+            "worlds": [world for run in runs for world in run["worlds"]],
+            "steps": runs[0]["steps"],
+            "warmup": runs[0]["warmup"],
+            "wall_s": sum(run["wall_s"] for run in runs),
+        }
+    else:
+        result = run_worlds(args)
     title, description, table = page(result)
     print(description + "\n\n" + table)
     if args.save:

@@ -21,6 +21,10 @@ def _run(row: dict, run: str) -> str:
     return f"{measured['median_s'] * 1e3:.1f} ({measured['steal'] + measured['foreign']:.0%})"
 
 
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def page(result: dict) -> tuple[str, str, str]:
     """(title, description, tables) of the results page."""
     from regret import __doc__ as method
@@ -39,8 +43,8 @@ def page(result: dict) -> tuple[str, str, str]:
         summary.append(
             f"| {world['world']} | {len(cases)} | {_ratio(scores['auto_regret_max'], limit=1.10)} | "
             f"{_ratio(scores['auto_regret_median'], limit=1.03)} | {over} | {_ratio(scores['tune_regret_max'], limit=1.02)} "
-            f"| {tuned_over} | {scores['spearman']:.2f} | {scores['mape']:.0%} | {scores['rows']} | "
-            f"{scores['memory_error_mean']:.0%} | {scores['memory_within_15']}/{scores['rows']} | "
+            f"| {tuned_over} | {_figure(scores['spearman'], '.2f')} | {_figure(scores['mape'], '.0%')} | {scores['rows']} | "
+            f"{_figure(scores['memory_error_mean'], '.0%')} | {scores['memory_within_15']}/{scores['rows']} | "
             f"{scores['memory_under_10']} |"
         )
     cases_table = [
@@ -68,6 +72,11 @@ def page(result: dict) -> tuple[str, str, str]:
                     f"{_ratio(row['estimate_s'] / measured_b) if measured_b else '-'} | "
                     f"{row['memory_bytes'] / 2**20:.1f} | {'-' if peak is None else f'{peak:.1f}'} |"
                 )
+    failed = [
+        f"- world {world['world']}, {row['case']}: not planned ({row['error']})"
+        for world in result["worlds"]
+        for row in world.get("failed", [])
+    ]
     calibrations = "; ".join(
         f"world {world['world']}: {world['calibration'].get('by', 'plan calibrate')} on "
         f"{world['calibration'].get('date', '?')}"
@@ -91,6 +100,7 @@ def page(result: dict) -> tuple[str, str, str]:
             "## Every candidate, both runs",
             "",
             *runs,
+            *(["", "## Cases that could not be planned", "", *failed] if failed else []),
         ]
     )
     return title, description, tables

@@ -19,7 +19,7 @@ Every sample is the median over ``repeats`` timed runs after a warm-up (:func:`_
 run is a barrier then one operation, timed on rank 0: back-to-back gloo collectives queue behind each
 other and read several times slower than isolated ones. A matmul run is ``_inner_iterations``
 back-to-back products divided out, so an 8×8 product is not timer noise.
-:func:`cost_models.calibration.fit_calibration` fits the samples; :func:`write_cluster_file`
+:func:`cost_models.fitting.calibration.fit_calibration` fits the samples; :func:`write_cluster_file`
 writes the result (JSON or TOML) atomically: a temporary file in the same folder, then ``os.replace``.
 """
 
@@ -43,7 +43,8 @@ import torch
 import torch.distributed as dist
 
 from cost_models.atomic_file import write_text_atomic
-from cost_models.calibration import (
+from cost_models.cluster import Cluster
+from cost_models.fitting.calibration import (
     ALONE_MATMUL_SIZE,
     MATMUL_ALONE_KIND,
     CalibrationResult,
@@ -51,7 +52,6 @@ from cost_models.calibration import (
     fit_calibration,
     to_toml,
 )
-from cost_models.cluster import Cluster
 from executors.training.launch import free_port
 from planner.errors import AutoplanError
 

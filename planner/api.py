@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from cost_models.cluster import Cluster, load_cluster
+from cost_models.mfu_bounds import mfu_bound_note
 from planner.auto import AutoResult, auto_plan
 from planner.baselines.handwritten import check_degrees
 from planner.baselines.handwritten_plan import data_parallel_plan, handwritten_plan, megatron_at_scale
 from planner.baselines.method_options import check_method_options, does_not_fit_message
 from planner.baselines.placement.methods import PLACEMENT_METHODS, run_placement
-from planner.costing.mfu_bounds import mfu_bound_note
 from planner.costing.runtime_profiles import OUR_RUNTIME, RuntimeProfile, runtime_profile
 from planner.costing.setup import CostSetup, default_optimizer, loss_bytes_per_output_element, make_compute_model
 from planner.costing.stage_work import runs_as_ddp

@@ -1,4 +1,4 @@
-"""Calibration fits (cost_models.calibration) and one real gloo run (executors.calibrate)."""
+"""Calibration fits (cost_models.fitting.calibration) and one real gloo run (executors.calibrate)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cost_models.calibration import (
+from cost_models.cluster import Cluster, Link, load_cluster, preset
+from cost_models.communication import all_gather_s, all_reduce_s, p2p_s
+from cost_models.fitting.calibration import (
     CALIBRATED_NAME,
     CalibrationResult,
     Sample,
@@ -23,8 +25,6 @@ from cost_models.calibration import (
     shared_slowdown,
     to_toml,
 )
-from cost_models.cluster import Cluster, Link, load_cluster, preset
-from cost_models.communication import all_gather_s, all_reduce_s, p2p_s
 from executors.calibrate import run_calibration, write_cluster_file
 from planner.errors import AutoplanError
 

@@ -64,12 +64,12 @@ def test_scaling_keeps_launch_overhead() -> None:
     assert half.fwd_s == pytest.approx(0.5e-3 + 1e-6) and half.bwd_s == pytest.approx(1e-3 + 1e-6)
 
 
-def _data_parallel_estimate(graph, setup, *, num_devices: int):
+def _data_parallel_estimate(graph, setup, *, num_devices: int, batch_size: int = 16):
     from planner.baselines.data_parallel import data_parallel
 
     cluster = dataclasses.replace(setup.cluster, num_nodes=max(1, num_devices // setup.cluster.devices_per_node),
                                   devices_per_node=min(num_devices, setup.cluster.devices_per_node))  # fmt: skip
-    return data_parallel(graph, dataclasses.replace(setup, cluster=cluster), batch_size=16)[1]
+    return data_parallel(graph, dataclasses.replace(setup, cluster=cluster), batch_size=batch_size)[1]
 
 
 def test_data_parallel_estimate_hand_worked() -> None:
@@ -104,11 +104,12 @@ def test_data_parallel_estimate_hand_worked() -> None:
 
 
 def test_more_devices_less_compute_more_sync() -> None:
-    graph = captured("gpt", 16, "export", size="tiny")
+    # rows enough that a replica's kernels are past the GPU's launch and dispatch floor
+    graph = captured("gpt", 512, "export", size="tiny")
     cluster = load_cluster("p3.16xlarge", num_nodes=2)
     setup = CostSetup(cluster=cluster, compute=RooflineCompute(device=cluster.device), optimizer="adam-mixed")
-    one_node = _data_parallel_estimate(graph, setup, num_devices=8)
-    two_nodes = _data_parallel_estimate(graph, setup, num_devices=16)
+    one_node = _data_parallel_estimate(graph, setup, num_devices=8, batch_size=512)
+    two_nodes = _data_parallel_estimate(graph, setup, num_devices=16, batch_size=512)
     assert two_nodes.breakdown_s["compute_s"] < one_node.breakdown_s["compute_s"]
     one, two = (estimate.breakdown_s["grad_sync_s"] + estimate.hidden_s["grad_sync_overlapped_s"]
                 for estimate in (one_node, two_nodes))  # fmt: skip

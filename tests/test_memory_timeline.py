@@ -147,13 +147,13 @@ def test_the_estimate_of_a_data_parallel_mlp_is_within_bounds_of_its_measured_pe
     cluster = preset("local-cpu").with_shape(num_nodes=1, devices_per_node=2)
     args = {"hidden": 256, "layers": 4}
     plan = plan_model_file(
-        EXAMPLES / "mlp.py", cluster, batch_size=64, model_args=args, method="data-parallel", optimizer="sgd"
+        EXAMPLES / "mlp.py", cluster, batch_size=64, model_args=args, method="data-parallel", optimizer="sgd", zero="0"
     )
     path = tmp_path / "plan.json"
     save_plan(plan, path)
     out = tmp_path / "peaks.json"
     peaks = run_timing([str(path)], world=2, steps=2, out=out, module="executors.training.memory_peak")[str(path)]
     weights = (256 * 256 + 256) * 2 * 4 * 4  # 4 blocks of two 256x256 linears with biases, float32
-    assert all(peak > 3 * weights for peak in peaks)  # weights, buckets, gradients at least
+    assert all(peak > 3 * weights for peak in peaks), (peaks, weights)  # weights, buckets, gradients at least
     error = plan.estimate.memory_per_device_bytes / max(peaks) - 1
     assert -0.10 <= error <= 0.15, (plan.estimate.memory_per_device_bytes, peaks)

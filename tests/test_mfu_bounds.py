@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from planner.costing.mfu_bounds import PUBLISHED_MFU, mfu_bound_note, published_bound
+from cost_models.mfu_bounds import PUBLISHED_MFU, mfu_bound_note, published_bound
 
 
 def test_each_gpu_and_size_has_one_bound() -> None:

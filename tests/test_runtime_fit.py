@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import Cluster, load_cluster
-from cost_models.runtime_fit import COMPUTE, CONSTANTS, ProbeRow, apply_runtime, fit_runtime, probe_features
+from cost_models.fitting.runtime_fit import COMPUTE, CONSTANTS, ProbeRow, apply_runtime, fit_runtime, probe_features
 from planner.api import plan_prepared, prepare_model_file
 from planner.cli.calibrate_runtime import (
     COMPUTE_PROBE_FILE,

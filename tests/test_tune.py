@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import load_cluster, memory_budget_bytes
-from cost_models.corrections import CorrectionRow, Corrections, apply_corrections, fit_corrections, scale_component
+from cost_models.fitting.corrections import (
+    CorrectionRow,
+    Corrections,
+    apply_corrections,
+    fit_corrections,
+    scale_component,
+)
 from planner.api import _auto, prepare_model_file, tune_prepared
 from planner.cli.main import main
 from planner.errors import AutoplanError

@@ -168,18 +168,20 @@ def data_parallel(
     return (stage,), estimate
 
 
-def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int
-              ) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
+def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int,
+              check: bool = True) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
     """The data-parallel plan run under FSDP at ZeRO ``level`` (:mod:`planner.costing.zero`; ``graph`` the whole
     batch's): priced as it runs (:func:`planner.costing.ddp.fsdp_step`), its memory as FSDP holds it
-    (:func:`planner.costing.zero.fsdp_memory`), refused when that does not fit."""
+    (:func:`planner.costing.zero.fsdp_memory`), refused when that does not fit (``check``)."""
     (stage,) = stages
     devices = len(stage.devices)
     if level == 0 or devices == 1:
-        check_fits(estimate, setup, what=f"data parallel over {devices} devices")
+        if check:
+            check_fits(estimate, setup, what=f"data parallel over {devices} devices")
         return stages, estimate
     stage = replace(stage, zero=level)
     memory = fsdp_memory(stage, graph, setup).total_bytes
     fsdp = ddp_estimate(graph, setup, fsdp_step(stage, graph, setup, m=1), memory_bytes=memory)
-    check_fits(fsdp, setup, what=f"data parallel over {devices} devices under ZeRO-{level} (FSDP)")
+    if check:
+        check_fits(fsdp, setup, what=f"data parallel over {devices} devices under ZeRO-{level} (FSDP)")
     return (stage,), fsdp

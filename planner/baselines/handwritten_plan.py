@@ -117,18 +117,27 @@ def pure_data_parallel(
     """The one-microbatch data-parallel plan (:func:`planner.baselines.data_parallel.data_parallel`: each replica
     runs every operator on its rows) under DDP, or FSDP at ``--zero N``, and the fastest gradient sync the options
     offer; None when the options ask for recomputation, microbatches or a schedule, or when it does not fit."""
+    plain = _pure_data_parallel(graphs, full_graph, setup, options=options)
+    if plain is None or plain.estimate.memory_per_device_bytes > setup.memory_budget_bytes:
+        return None
+    return reprice_data_parallel(plain, full_graph, setup, allow_lossy=options.allow_lossy, forced=options.grad_sync,
+                                 zero=runs_as_fsdp(plain.stages))  # fmt: skip
+
+
+def _pure_data_parallel(
+    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions
+) -> PricedPipeline | None:
+    """:func:`pure_data_parallel` before the fit check and the gradient sync; None when the options rule it out."""
     plain_options = options.remat in ("auto", "off", "off-or-full") and options.microbatches in (None, 1)
     if not plain_options or options.schedule != "auto" or options.degrees is not None:
         return None
     level = 0 if str(options.zero) == "auto" else int(options.zero)
-    try:
+    try:  # a batch the devices cannot split, a layout the replicas cannot run
         stages, estimate = data_parallel(full_graph, setup, batch_size=graphs.batch_size, check=False)
-        stages, estimate = with_zero(stages, estimate, full_graph, setup, level=level)  # refused if it does not fit
     except AutoplanError:
         return None
-    plain = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
-    return reprice_data_parallel(plain, full_graph, setup, allow_lossy=options.allow_lossy, forced=options.grad_sync,
-                                 zero=runs_as_fsdp(stages))  # fmt: skip
+    stages, estimate = with_zero(stages, estimate, full_graph, setup, level=level, check=False)
+    return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
 
 
 def data_parallel_plan(
@@ -143,6 +152,10 @@ def data_parallel_plan(
     pure = pure_data_parallel(graphs, full_graph, setup, options=options)
     if pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s):
         return replace(grid, best=pure, graph=full_graph)
+    if grid.best is None:  # the smallest of the grid's plans and the one-microbatch plan as DDP or FSDP holds it
+        unfit = _pure_data_parallel(graphs, full_graph, setup, options=options)
+        sizes = [size for size in (grid.least_memory_bytes, unfit and unfit.estimate.memory_per_device_bytes) if size]
+        return replace(grid, least_memory_bytes=min(sizes, default=None))
     return grid
 
 

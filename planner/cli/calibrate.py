@@ -1,7 +1,7 @@
 """``plan calibrate [--out FILE]``: measure this machine and write a cluster file.
 
 :func:`calibrate_machine` measures the raw machine (processes, gloo collectives:
-:mod:`executors.calibrate`; the fits: :mod:`cost_models.calibration`), then plans, runs and fits the
+:mod:`executors.calibrate`; the fits: :mod:`cost_models.fitting.calibration`), then plans, runs and fits the
 executor probes (:mod:`planner.cli.calibrate_runtime`) — the one step that needs both the planner
 and the executors, which is why it lives here. The written file is accepted by ``--cluster FILE``.
 """
@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from cost_models.calibration import CalibrationResult
 from cost_models.cluster import Cluster
+from cost_models.fitting.calibration import CalibrationResult
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,8 +94,8 @@ def planning_cluster(name: str, *, num_nodes: int | None, devices_per_node: int 
     ``$AUTOPLAN_CALIBRATE`` is ``0``."""
     import os
 
-    from cost_models.calibration_store import calibration_path, load_calibrated, save_calibrated
     from cost_models.cluster import load_cluster
+    from cost_models.fitting.calibration_store import calibration_path, load_calibrated, save_calibrated
 
     cluster = load_cluster(name, num_nodes=num_nodes, devices_per_node=devices_per_node)
     if not calibrate or os.environ.get(CALIBRATE_ENV, "1") == "0":

@@ -7,15 +7,15 @@ call — is measured here. Each probe is the narrow residual MLP of :mod:`execut
 (arithmetic negligible) planned by a fixed method on ``world`` local processes (:data:`PROBES`:
 data parallel, Megatron tensor parallel and pipelines of 2 stages at several depths and
 microbatch counts), saved, and timed by :func:`executors.step_timing.run_timing`. Its features
-are the estimate's slopes in the runtime constants (:func:`cost_models.runtime_fit.probe_features`,
-re-planning under changed constants), and :func:`cost_models.runtime_fit.fit_runtime` fits them.
+are the estimate's slopes in the runtime constants (:func:`cost_models.fitting.runtime_fit.probe_features`,
+re-planning under changed constants), and :func:`cost_models.fitting.runtime_fit.fit_runtime` fits them.
 
 ``cost_model="profiled"`` fits the constants under the compute model the plans will be priced with
 (operator times profiled here × ``shared_slowdown``, not the roofline: the slopes are then the ones
 that model's estimates have) and adds :data:`COMPUTE_PROBES` — the residual MLP of
 ``examples/mlp.py`` at real widths, whose steps are mostly arithmetic — so the fit also finds how
 much slower the processes compute while they share the cores (``compute_extra``,
-:data:`cost_models.runtime_fit.COMPUTE`).
+:data:`cost_models.fitting.runtime_fit.COMPUTE`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from cost_models.cluster import Cluster
 from cost_models.compute import ProfiledCompute, RooflineCompute
-from cost_models.runtime_fit import CONSTANTS, ProbeRow, RuntimeFit, fit_runtime, probe_features
+from cost_models.fitting.runtime_fit import CONSTANTS, ProbeRow, RuntimeFit, fit_runtime, probe_features
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 

@@ -52,7 +52,7 @@ import numpy as np
 
 from cost_models.cluster import Cluster, Link, preset
 from cost_models.communication import all_gather_s, all_reduce_s, p2p_s
-from cost_models.runtime_fit import RuntimeFit, apply_runtime
+from cost_models.fitting.runtime_fit import RuntimeFit, apply_runtime
 from planner.errors import AutoplanError
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "p2p")

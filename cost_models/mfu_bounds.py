@@ -80,7 +80,7 @@ def mfu_bound_note(*, device_name: str, num_params: float, mfu: float, gemm_effi
     )
     return (
         f"estimated MFU {mfu:.0%} is above the best published for {bound.gpu} and {num_params / _B:.2g}B parameters "
-        f"({bound.mfu:.1%}, {bound.source}; planner.costing.mfu_bounds): the estimate is likely optimistic. The cost "
+        f"({bound.mfu:.1%}, {bound.source}; cost_models.mfu_bounds): the estimate is likely optimistic. The cost "
         f"model prices {ceiling} and the other operators at their roofline, and leaves out what slows real runs "
         "beyond them: kernels the shape model does not cover (embedding and loss backward, fused-kernel "
         "epilogues), stragglers and clock throttling, data loading"

@@ -3,7 +3,7 @@
 ``plan`` on ``--cluster local-cpu`` (this machine's CPU processes) reads the calibration cached for this machine
 and that many processes (:func:`load_calibrated`); without one it runs ``plan calibrate --quick`` once and caches
 the result (:func:`save_calibrated`, ``planner.cli.calibrate.calibrated_cluster``). ``plan tune`` writes what it
-learned (:mod:`cost_models.corrections`) into the same entry, so the next ``plan`` starts closer.
+learned (:mod:`cost_models.fitting.corrections`) into the same entry, so the next ``plan`` starts closer.
 
 An entry is a cluster file (what ``plan calibrate`` writes) at
 ``$AUTOPLAN_CACHE_DIR/calibration/<name>-w<processes>-<machine key>.json`` (else ``~/.cache/autoplan/...``), the
