@@ -66,3 +66,23 @@ def test_the_does_not_fit_figure_is_that_of_the_choices_asked_for() -> None:
         needed[zero] = float(str(error.value).split(" needs ")[1].split(" GiB")[0])
         assert (f"ZeRO-{zero}" in str(error.value)) == (zero == "3")
     assert needed["3"] < needed["0"]
+
+
+@pytest.mark.parametrize("zero", ["2", "3"])
+def test_zero_2_and_3_plan_only_what_fsdp_runs(zero: str) -> None:
+    """A MoE's data-parallel layout splits its experts (no FSDP there): ``--zero 2|3`` plans a layout FSDP runs
+    (every parameter replicated, one stage) or refuses in one line, never a plan that fails its own check."""
+    from cost_models.cluster import preset
+
+    cluster = preset("local-cpu").with_shape(num_nodes=1, devices_per_node=2)
+    args = {"hidden": 128, "experts": 8, "top_k": 2, "layers": 2, "tokens": 64}
+    prepared = prepare_model_file(EXAMPLES / "moe.py", cluster, batch_size=16, model_args=args, zero=zero)
+    for method in ("data-parallel", "auto"):
+        try:
+            plan = plan_prepared(prepared, method)
+        except AutoplanError:
+            continue
+        zeroed = [stage for stage in plan.stages if stage.zero >= 2]
+        assert all(
+            len(plan.stages) == 1 and set(spec) == {"R"} for stage in zeroed for spec in stage.param_placements.values()
+        )

@@ -136,6 +136,9 @@ def _pure_data_parallel(
         stages, estimate = data_parallel(full_graph, setup, batch_size=graphs.batch_size, check=False)
     except AutoplanError:
         return None
+    replicated = all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
+    if level and not replicated:  # FSDP shards whole replicated parameters (a MoE's experts are split already)
+        return None
     stages, estimate = with_zero(stages, estimate, full_graph, setup, level=level, check=False)
     return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
 

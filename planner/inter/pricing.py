@@ -90,7 +90,10 @@ def price_stages(
         drains.append(stage.backward_s + overhead / 2 + (after - link if s < count - 1 else 0.0))
     total, longest = math.fsum(times), _period(times, periods, m=m, schedule=schedule)
     stages = plan_stages(priced, full_graph)
-    if count == 1 and data_parallel_layout(stages[0]):  # DDP or FSDP: each ZeRO level priced as it runs
+    runs_fsdp = count == 1 and data_parallel_layout(stages[0])
+    if not runs_fsdp and any(stage.zero >= 2 for stage in stages):  # only FSDP runs levels 2 and 3: no candidate
+        return None
+    if runs_fsdp:  # DDP or FSDP: each ZeRO level priced as it runs
         stages, priced = _at_best_level(stages[0], priced[0], graph, setup, m=m, zero=tables.options.zero)
     tied_s = shared_param_sync_s(stages, graph, setup) if count > 1 else 0.0
     options = tables.options
