@@ -35,7 +35,8 @@ def describe(which: str, cases: Mapping, *, minutes: float) -> str:
     )
     held = "held out: scored once the memory model was final" if which == "scored" else "the set changes are tried on"
     return (
-        f"**{which.capitalize()} set** ({held}): {listed}. Families: `dp` data parallel (DDP), `fsdp` data parallel "
+        f"**{which.capitalize()} set** ({held}): {listed}. Families: `dp` `--method data-parallel` as planned (DDP, or "
+        f"FSDP at the ZeRO level it finds fastest), `fsdp` data parallel "
         f"`--zero 3`, `tp` megatron `--degrees W,1,1`, `pipe` megatron `--degrees 1,2,W/2 --schedule 1f1b "
         f"--microbatches 4`, `auto`, `hash` (op placement, on a few cases); cluster `local-cpu --devices-per-node W`, "
         f"optimizer sgd, roofline costs.\n\n{MEASURED}\n\nWall time of the run: {minutes:.0f} min."
