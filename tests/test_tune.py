@@ -120,14 +120,10 @@ def test_component_seconds_add_up_to_about_the_replayed_step() -> None:
     assert sum(seconds.values()) <= plan.estimate.step_time_s * 1.2
 
 
-def test_plan_tune_end_to_end_writes_the_plan_its_table_and_the_calibration(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
-    """On the preset's figures (--no-calibrate: no minute of calibration here), into a cache of its own."""
-    monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("AUTOPLAN_CALIBRATE", "1")
-    out = tmp_path / "tuned.json"
-    args = [
+def _tune_args(out: Path, *extra: str) -> list[str]:
+    """``plan tune`` of the small MLP on two local ranks, written to ``out``."""
+    model = ["--model-arg", "hidden=64", "--model-arg", "layers=2"]
+    return [
         "tune",
         str(MLP),
         "--cluster",
@@ -136,20 +132,21 @@ def test_plan_tune_end_to_end_writes_the_plan_its_table_and_the_calibration(
         "2",
         "--batch-size",
         "8",
-        "--model-arg",
-        "hidden=64",
-        "--model-arg",
-        "layers=2",
-        "--candidates",
-        "2",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
+        *model,
         "--out",
         str(out),
-        "--no-calibrate",
+        *extra,
     ]
+
+
+def test_plan_tune_end_to_end_writes_the_plan_its_table_and_the_calibration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """On the preset's figures (--no-calibrate: no minute of calibration here), into a cache of its own."""
+    monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("AUTOPLAN_CALIBRATE", "1")
+    out = tmp_path / "tuned.json"
+    args = _tune_args(out, "--candidates", "2", "--steps", "2", "--warmup", "1", "--no-calibrate")
     assert main(args) == 0
     printed = capsys.readouterr().out
     table = json.loads(out.with_suffix(".tune.json").read_text())
@@ -171,22 +168,7 @@ def test_ctrl_c_during_tune_writes_nothing(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr("planner.cli.tune.measure_locally", interrupted)
     out = tmp_path / "tuned.json"
-    args = [
-        "tune",
-        str(MLP),
-        "--cluster",
-        "local-cpu",
-        "--devices-per-node",
-        "2",
-        "--batch-size",
-        "8",
-        "--model-arg",
-        "hidden=64",
-        "--model-arg",
-        "layers=2",
-        "--out",
-        str(out),
-    ]
+    args = _tune_args(out)
     assert main(args) == 130
     assert not out.exists() and not out.with_suffix(".tune.md").exists()
     assert "interrupted after 0 of 4 candidates: nothing written" in capsys.readouterr().err

@@ -163,8 +163,9 @@ def _at_best_level(stage: Stage, priced: PricedStage, graph: OpGraph, setup: Cos
         if level:
             return fsdp_memory(at, graph, setup, num_microbatches=m).total_bytes
         inputs = frozenset(value.name for value in graph.inputs)
-        found = sharded_stage_memory(at, graph, setup, in_flight=1, num_microbatches=m, last=True,
-                                     data_inputs=inputs, ddp=True)  # fmt: skip
+        found = sharded_stage_memory(
+            at, graph, setup, in_flight=1, num_microbatches=m, last=True, data_inputs=inputs, ddp=True
+        )
         return found.total_bytes
 
     chosen, line = best_level(stage, graph, setup, zero=zero, step_at=step_at, memory_at=memory_at)
