@@ -50,8 +50,9 @@ def worker(case: str, rl_budget_s: float) -> dict:
     example, args, batch, cluster_name, nodes, per_node = CASES[case]
     started = time.perf_counter()
     cluster = load_cluster(cluster_name, num_nodes=nodes, devices_per_node=per_node)
-    prepared = prepare_model_file(ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args,
-                                  rl_budget_s=rl_budget_s)  # fmt: skip
+    prepared = prepare_model_file(
+        ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args, rl_budget_s=rl_budget_s
+    )
     rows = compare(prepared)
     return {
         "case": case,
@@ -75,8 +76,17 @@ def _cell(row: dict, auto_s: float | None) -> str:
 
 
 def table(results: list[dict]) -> str:
-    header = ["case", "batch", "auto step s", "auto plan", *SHOWN, "RL s", "rl ÷ best heuristic", "auto ≤ all",
-              "case s"]  # fmt: skip
+    header = [
+        "case",
+        "batch",
+        "auto step s",
+        "auto plan",
+        *SHOWN,
+        "RL s",
+        "rl ÷ best heuristic",
+        "auto ≤ all",
+        "case s",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for result in results:
         rows = {row["method"]: row for row in result["rows"]}
@@ -90,10 +100,11 @@ def table(results: list[dict]) -> str:
         rl_ratio = rows["rl"]["step_time_s"] / min(heuristic) if heuristic and rows.get("rl", {}).get("fits") else None
         plan = f"{auto['num_stages']} stage(s)" if auto_s else auto["note"][:40]
         lines.append(
-            f"| {result['case']} | {result['batch']} | {auto_s or float('nan'):.4g} | {plan} | " + " | ".join(cells)
+            f"| {result['case']} | {result['batch']} | {auto_s or float('nan'):.4g} | {plan} | "
+            + " | ".join(cells)
             + f" | {rl:.0f} | {'—' if rl_ratio is None else f'{rl_ratio:.3f}'} | {'yes' if ok else '**no**'} | "
             f"{result['total_s']:.0f} |"
-        )  # fmt: skip
+        )
     return "\n".join(lines)
 
 
@@ -130,8 +141,13 @@ def main() -> None:
             + (notes or "- none")
         )
         command = "python benchmarks/compare.py " + " ".join(sys.argv[1:])
-        save_table("compare", title="Every method judged by one simulator", command=command, description=description,
-                   table=text)  # fmt: skip
+        save_table(
+            "compare",
+            title="Every method judged by one simulator",
+            command=command,
+            description=description,
+            table=text,
+        )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,13 @@ class Cell:
     def text(self) -> str:
         if self.outcome == "ok":
             return "✓"
-        label = {"refused": "refused", "internal": "INTERNAL", "mismatch": "MISMATCH", "failed": "failed",
-                 "hang": "hang"}[self.outcome]  # fmt: skip
+        label = {
+            "refused": "refused",
+            "internal": "INTERNAL",
+            "mismatch": "MISMATCH",
+            "failed": "failed",
+            "hang": "hang",
+        }[self.outcome]
         return f"{label}: {self.message}" if self.message else label
 
 
@@ -83,21 +88,36 @@ def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.N
 
     cells = []
     with tempfile.TemporaryDirectory(prefix="autoplan-compat-plans-") as directory:
-        command = [sys.executable, str(Path(__file__).resolve()), "--plan-family", str(path), "--worlds", str(world),
-                   "--methods", ",".join(methods), "--batch-size", str(args.batch_size), "--plans-dir", directory]  # fmt: skip
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--plan-family",
+            str(path),
+            "--worlds",
+            str(world),
+            "--methods",
+            ",".join(methods),
+            "--batch-size",
+            str(args.batch_size),
+            "--plans-dir",
+            directory,
+        ]
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=1800)
         listing = Path(directory) / "planned.json"
         if done.returncode != 0 or not listing.is_file():
             last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-            planned = [{"method": m, "outcome": "internal", "message": f"planning crashed: {last[0]}", "plan_s": 0.0}
-                       for m in methods]  # fmt: skip
+            planned = [
+                {"method": m, "outcome": "internal", "message": f"planning crashed: {last[0]}", "plan_s": 0.0}
+                for m in methods
+            ]
         else:
             planned = json.loads(listing.read_text())
         for record in planned:
             common = {"family": path.stem, "method": record["method"], "world": world}
             if record["outcome"]:
-                cell = Cell(**common, outcome=record["outcome"], message=record["message"], plan_s=record["plan_s"],
-                            run_s=0)  # fmt: skip
+                cell = Cell(
+                    **common, outcome=record["outcome"], message=record["message"], plan_s=record["plan_s"], run_s=0
+                )
             else:
                 cell = run_cell(load_plan(record["plan_file"]), common=common, plan_s=record["plan_s"], args=args)
             cells.append(cell)
@@ -148,16 +168,35 @@ def run_cell(plan, *, common: dict, plan_s: float, args: argparse.Namespace) -> 
     shape = f"{len(plan.stages)} stage(s) {[list(s.mesh_shape) for s in plan.stages]} m={plan.num_microbatches}"
     with tempfile.TemporaryDirectory(prefix="autoplan-compat-") as directory:
         program = write_program(plan, Path(directory))  # what `plan run` launches, without its preflight
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.cluster.num_devices),
-                   "--master-port", str(free_port()), str(program), "--steps", str(args.steps), "--check-parity",
-                   "--timeout-s", str(args.timeout_s)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(plan.cluster.num_devices),
+            "--master-port",
+            str(free_port()),
+            str(program),
+            "--steps",
+            str(args.steps),
+            "--check-parity",
+            "--timeout-s",
+            str(args.timeout_s),
+        ]
         started = time.perf_counter()
         try:
-            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=_env(),
-                                  timeout=args.timeout_s + RUN_MARGIN_S)  # fmt: skip
+            done = subprocess.run(
+                command, capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=args.timeout_s + RUN_MARGIN_S
+            )
         except subprocess.TimeoutExpired:
-            return Cell(**common, outcome="hang", message=f"no result after {args.timeout_s + RUN_MARGIN_S:.0f} s",
-                        plan_s=plan_s, run_s=time.perf_counter() - started, shape=shape)  # fmt: skip
+            return Cell(
+                **common,
+                outcome="hang",
+                message=f"no result after {args.timeout_s + RUN_MARGIN_S:.0f} s",
+                plan_s=plan_s,
+                run_s=time.perf_counter() - started,
+                shape=shape,
+            )
     run_s = time.perf_counter() - started
     outcome, message = judge(done, steps=args.steps)
     return Cell(**common, outcome=outcome, message=message, plan_s=plan_s, run_s=run_s, shape=shape)
@@ -196,14 +235,21 @@ def _env() -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     # PYTHONHASHSEED: one string-hash order for the planning process and the ranks (ModernBERT builds its
     # rotary embeddings by iterating a set of strings, so its graph's order follows the hash seed)
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
-            "PYTHONPATH": path, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}  # fmt: skip
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": path,
+        "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0"),
+    }
 
 
 def _commit() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=ROOT).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     return done.stdout.strip() + ("+dirty" if dirty else "")
 
 
@@ -254,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
     if args.plan_family is not None:
-        records = plan_family(args.plan_family, methods=methods, world=worlds[0], batch_size=args.batch_size,
-                              out_dir=args.plans_dir)  # fmt: skip
+        records = plan_family(
+            args.plan_family, methods=methods, world=worlds[0], batch_size=args.batch_size, out_dir=args.plans_dir
+        )
         (args.plans_dir / "planned.json").write_text(json.dumps(records))
         return 0
     kept = _passed_before(args.resume)
@@ -270,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
             if todo:
                 fresh = sweep_family(path, methods=todo, world=world, args=args)
                 cells.extend(replace(cell, commit=commit) for cell in fresh)
-            _write(cells, args=args, methods=methods, worlds=worlds, command=command,
-                   wall_s=time.perf_counter() - started)  # fmt: skip
+            _write(
+                cells, args=args, methods=methods, worlds=worlds, command=command, wall_s=time.perf_counter() - started
+            )
     passed = sum(c.outcome == "ok" for c in cells)
     print(f"{passed} of {len(cells)} cells pass; wall {time.perf_counter() - started:.0f} s", flush=True)
     return 0 if passed == len(cells) else 1
@@ -284,14 +332,16 @@ def _passed_before(path: Path | None) -> dict[tuple[str, str, int], Cell]:
     return {(c.family, c.method, c.world): c for c in cells if c.outcome == "ok"}
 
 
-def _write(cells: list[Cell], *, args: argparse.Namespace, methods: list[str], worlds: list[int], command: str,
-           wall_s: float) -> None:  # fmt: skip
+def _write(
+    cells: list[Cell], *, args: argparse.Namespace, methods: list[str], worlds: list[int], command: str, wall_s: float
+) -> None:
     if args.out:
         header = _header(command=command.strip(), wall_s=wall_s, commits=sorted({c.commit for c in cells}))
         args.out.write_text(markdown(cells, methods=methods, worlds=worlds, header=header))
     if args.json:
-        args.json.write_text(json.dumps({"command": command, "wall_s": wall_s, "cells": [asdict(c) for c in cells]},
-                                        indent=1))  # fmt: skip
+        args.json.write_text(
+            json.dumps({"command": command, "wall_s": wall_s, "cells": [asdict(c) for c in cells]}, indent=1)
+        )
 
 
 def _header(*, command: str, wall_s: float, commits: list[str]) -> str:
@@ -299,15 +349,19 @@ def _header(*, command: str, wall_s: float, commits: list[str]) -> str:
 
     import torch
 
-    return "\n".join([
-        "# Compatibility", "",
-        "Every model family of `examples/zoo/` planned by each method on `local-cpu` with 2 and 4 CPU ranks (gloo), "
-        "run for two steps with `plan run --check-parity`: loss and every gradient by name against one process. "
-        "✓ = both steps match; otherwise the first line of what went wrong (`refused:` is a plan refused at "
-        "planning time with its reason; `MISMATCH` would be a wrong result). See `benchmarks/compat.py`.", "",
-        f"Made {time.strftime('%Y-%m-%d')} on {platform.node()} ({os.cpu_count()} cores, torch {torch.__version__}) "
-        f"with `{command}` in {wall_s / 60:.1f} min, at commit {', '.join(commits)}.",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "# Compatibility",
+            "",
+            "Every model family of `examples/zoo/` planned by each method on `local-cpu` with 2 and 4 CPU ranks (gloo), "
+            "run for two steps with `plan run --check-parity`: loss and every gradient by name against one process. "
+            "✓ = both steps match; otherwise the first line of what went wrong (`refused:` is a plan refused at "
+            "planning time with its reason; `MISMATCH` would be a wrong result). See `benchmarks/compat.py`.",
+            "",
+            f"Made {time.strftime('%Y-%m-%d')} on {platform.node()} ({os.cpu_count()} cores, torch {torch.__version__}) "
+            f"with `{command}` in {wall_s / 60:.1f} min, at commit {', '.join(commits)}.",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT))
 from quality import CASES, parse_case  # noqa: E402
 from results_page import RESULTS, save_table  # noqa: E402
 
-METHODS = ("auto", "megatron", "uniform-pipeline", "data-parallel", "hash", "critical-path", "multi-objective",
-           "m-etf")  # fmt: skip
+METHODS = ("auto", "megatron", "uniform-pipeline", "data-parallel", "hash", "critical-path", "multi-objective", "m-etf")
 README_CASE = "readme"
 
 
@@ -59,12 +58,17 @@ def worker(case: str) -> dict[str, dict]:
         graph = prepared.graphs.at(plan.batch_size // plan.num_microbatches)
         simulated = simulate_plan(plan, graph, prepared.setup)
         rows[method] = {
-            "estimate_s": plan.estimate.step_time_s, "memory": plan.estimate.memory_per_device_bytes,
-            "sim_s": simulated.step_time_s, "sim_mem": simulated.max_memory_bytes,
+            "estimate_s": plan.estimate.step_time_s,
+            "memory": plan.estimate.memory_per_device_bytes,
+            "sim_s": simulated.step_time_s,
+            "sim_mem": simulated.max_memory_bytes,
             "shape": [[list(stage.mesh_shape), len(stage.nodes)] for stage in plan.stages],
-            "m": plan.num_microbatches, "schedule": plan.schedule,
-            "outputs_sha256": specs_digest({n: list(spec) for stage in plan.stages for n, spec in stage.output_specs.items()}),
-        }  # fmt: skip
+            "m": plan.num_microbatches,
+            "schedule": plan.schedule,
+            "outputs_sha256": specs_digest(
+                {n: list(spec) for stage in plan.stages for n, spec in stage.output_specs.items()}
+            ),
+        }
     return rows
 
 
@@ -128,15 +132,20 @@ def main() -> None:
     if options.save:
         path = RESULTS / f"estimates-{datetime.date.today().isoformat()}.json"
         path.write_text(json.dumps(results, indent=1) + "\n")
-        save_table("estimates", title="Golden estimates: estimate / simulated step per method",
-                   command="python benchmarks/estimates.py " + " ".join(sys.argv[1:]),
-                   description=f"Seconds per step, estimate / simulated (roofline). Every figure: `{path.name}`.",
-                   table=table(results))  # fmt: skip
+        save_table(
+            "estimates",
+            title="Golden estimates: estimate / simulated step per method",
+            command="python benchmarks/estimates.py " + " ".join(sys.argv[1:]),
+            description=f"Seconds per step, estimate / simulated (roofline). Every figure: `{path.name}`.",
+            table=table(results),
+        )
     if options.compare:
         lines, serious = differences(json.loads(Path(options.compare).read_text()), results)
         rows = sum(len(r) for r in results.values())
-        print(f"\n{rows} method×case rows against {options.compare}: {len(lines)} difference(s), {serious} in an "
-              "estimate or a simulated step")  # fmt: skip
+        print(
+            f"\n{rows} method×case rows against {options.compare}: {len(lines)} difference(s), {serious} in an "
+            "estimate or a simulated step"
+        )
         print("\n".join(lines))
         if serious:
             raise SystemExit(1)

@@ -73,8 +73,9 @@ def make_plan(case: str, out: Path) -> Path:
     example, args, batch, method, schedule = CASES[case]
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     options = {} if schedule is None else {"degrees": (1, 2, 1), "schedule": schedule, "microbatches": MICROBATCHES}
-    prepared = prepare_model_file(ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args,
-                                  **options)  # fmt: skip
+    prepared = prepare_model_file(
+        ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args, **options
+    )
     plan = plan_prepared(prepared, method)
     save_plan(plan, out)
     return out
@@ -84,9 +85,26 @@ def run_case(case: str, warmup: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = make_plan(case, Path(tmp) / "plan.json")
         out = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                   "--master-port", str(free_port()), __file__, "--rank-worker", case, "--plan", str(plan_path),
-                   "--out", str(out), "--warmup", str(warmup), "--steps", str(steps)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            __file__,
+            "--rank-worker",
+            case,
+            "--plan",
+            str(plan_path),
+            "--out",
+            str(out),
+            "--warmup",
+            str(warmup),
+            "--steps",
+            str(steps),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
         if done.returncode != 0:
@@ -95,8 +113,18 @@ def run_case(case: str, warmup: int, steps: int) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    header = ["case", "executor", "batch", "ours ms", "hand-written ms", "ratio", f"≤ {TARGET:.2f}",
-              "CPU ms ours / hand", "CPU ratio", "loss ours / hand (step 1)"]  # fmt: skip
+    header = [
+        "case",
+        "executor",
+        "batch",
+        "ours ms",
+        "hand-written ms",
+        "ratio",
+        f"≤ {TARGET:.2f}",
+        "CPU ms ours / hand",
+        "CPU ratio",
+        "loss ours / hand (step 1)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in results:
         ours, hand = statistics.median(r["ours_s"]), statistics.median(r["hand_s"])
@@ -106,7 +134,7 @@ def table(results: list[dict]) -> str:
             f"| {r['case']} | {r['executor']} | {r['batch']} | {ours * 1e3:.1f} | {hand * 1e3:.1f} | {ratio:.3f} | "
             f"{'yes' if ratio <= TARGET else '**no**'} | {ours_cpu * 1e3:.1f} / {hand_cpu * 1e3:.1f} | "
             f"{ours_cpu / hand_cpu:.3f} | {r['loss_ours']:.6g} / {r['loss_hand']:.6g} |"
-        )  # fmt: skip
+        )
     return "\n".join(lines)
 
 
@@ -127,8 +155,11 @@ def main() -> None:
     for case in options.cases.split(","):
         started = time.perf_counter()
         results.append(run_case(case, options.warmup, options.steps))
-        print(table(results[-1:]).splitlines()[-1] + f"  ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(
+            table(results[-1:]).splitlines()[-1] + f"  ({time.perf_counter() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     text = table(results)
     print(text)
     if options.save:
@@ -146,8 +177,13 @@ def main() -> None:
             f"(1 min) before / after the run: {load_before:.1f} / {os.getloadavg()[0]:.1f}.\n\nModels: {models}."
         )
         command = "python benchmarks/executor_overhead.py " + " ".join(sys.argv[1:])
-        save_table("executor_overhead", title="Executor overhead against hand-written torch.distributed",
-                   command=command, description=description, table=text)  # fmt: skip
+        save_table(
+            "executor_overhead",
+            title="Executor overhead against hand-written torch.distributed",
+            command=command,
+            description=description,
+            table=text,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,8 +330,9 @@ def handwritten_pipeline(plan, example: str, model, inputs, loss_fn, rank: int):
     with torch.no_grad():
         boundary = first(micro)
     module = first if rank == 0 else last
-    stage = pipelining.PipelineStage(module, rank, 2, torch.device("cpu"), input_args=(micro if rank == 0 else boundary,),
-                                     group=dist.group.WORLD)  # fmt: skip
+    stage = pipelining.PipelineStage(
+        module, rank, 2, torch.device("cpu"), input_args=(micro if rank == 0 else boundary,), group=dist.group.WORLD
+    )
     schedule_class = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[plan.schedule]
     schedule = schedule_class(stage, n_microbatches=m, loss_fn=lambda output, target: loss_fn(output, (target,)))
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)

@@ -73,10 +73,17 @@ def calibrate(world: int, *, probe_steps: int, directory: Path, cost_model: str)
     from planner.cli.calibrate import calibrate_machine
 
     share = wait_for_quiet(max_share=QUIET_SHARE, timeout_s=QUIET_WAIT_S)
-    log(f"world {world}: calibrating (raw machine, then {probe_steps}-step runtime probes); others took "
-        f"{share:.0%} of the CPU just before")  # fmt: skip
-    result = calibrate_machine(num_processes=world, probe_steps=probe_steps, progress=lambda m: log(f"  {m}"),
-                               cost_model=cost_model, probe_attempts=2)  # fmt: skip
+    log(
+        f"world {world}: calibrating (raw machine, then {probe_steps}-step runtime probes); others took "
+        f"{share:.0%} of the CPU just before"
+    )
+    result = calibrate_machine(
+        num_processes=world,
+        probe_steps=probe_steps,
+        progress=lambda m: log(f"  {m}"),
+        cost_model=cost_model,
+        probe_attempts=2,
+    )
     path = write_cluster_file(result, directory / f"cluster-w{world}.json")
     cluster = result.to_cluster()
     figures = {
@@ -107,8 +114,15 @@ def make_plans(cluster_path: Path, world: int, directory: Path, *, cost_model: s
         if only and name not in only:
             continue
         started = time.perf_counter()
-        prepared = prepare_model_file(case.path, cluster, batch_size=case.batch, model_args=dict(case.args),
-                                      optimizer="sgd", cost_model=cost_model, **case.planner_options(world))  # fmt: skip
+        prepared = prepare_model_file(
+            case.path,
+            cluster,
+            batch_size=case.batch,
+            model_args=dict(case.args),
+            optimizer="sgd",
+            cost_model=cost_model,
+            **case.planner_options(world),
+        )
         plan = plan_prepared(prepared, case.method)
         graph = prepared.graphs.at(case.batch // plan.num_microbatches)
         simulation = simulate_plan(plan, graph, prepared.setup)
@@ -116,14 +130,21 @@ def make_plans(cluster_path: Path, world: int, directory: Path, *, cost_model: s
         path = directory / f"{name}-w{world}.json"
         save_plan(plan, path)
         rows[f"{name}@{world}"] = {
-            "name": name, "path": str(path), "world": world, "method": case.method, "model": case.model,
-            "estimate_s": plan.estimate.step_time_s, "simulated_s": simulation.step_time_s,
+            "name": name,
+            "path": str(path),
+            "world": world,
+            "method": case.method,
+            "model": case.model,
+            "estimate_s": plan.estimate.step_time_s,
+            "simulated_s": simulation.step_time_s,
             "roofline_s": simulate_plan(plan, graph, roofline).step_time_s,
             "estimate_bytes": plan.estimate.memory_per_device_bytes,
             "simulated_bytes": [float(b) for b in simulation.peak_memory_bytes],
-        }  # fmt: skip
-        log(f"  planned {name}@{world}: estimate {plan.estimate.step_time_s * 1e3:.1f} ms "
-            f"({time.perf_counter() - started:.1f} s)")  # fmt: skip
+        }
+        log(
+            f"  planned {name}@{world}: estimate {plan.estimate.step_time_s * 1e3:.1f} ms "
+            f"({time.perf_counter() - started:.1f} s)"
+        )
     return rows
 
 
@@ -150,18 +171,35 @@ def time_attempt(world: int, index: int, rows: dict, *, steps: int, directory: P
     out = directory / f"measured-w{world}-{index}.json"
     waited = time.perf_counter()
     share = wait_for_quiet(max_share=QUIET_SHARE, timeout_s=QUIET_WAIT_S)
-    log(f"world {world} attempt {index}: waited {time.perf_counter() - waited:.0f} s for a quiet machine "
-        f"(others took {share:.0%} of the CPU in the last {3:.0f} s)")  # fmt: skip
+    log(
+        f"world {world} attempt {index}: waited {time.perf_counter() - waited:.0f} s for a quiet machine "
+        f"(others took {share:.0%} of the CPU in the last {3:.0f} s)"
+    )
     load_before, started = os.getloadavg()[0], time.perf_counter()
     measured = run_timing(list(paths.values()), world=world, steps=steps, out=out)
     shares = json.loads(Path(f"{out}.machine.json").read_text())
-    timings = {key: Timing(attempt=index, measured_s=measured[path], steal_share=shares[path]["steal"],
-                           foreign_share=shares[path]["foreign"]) for key, path in paths.items()}  # fmt: skip
-    attempt = Attempt(world=world, index=index, timings=timings, load_before=load_before,
-                      load_after=os.getloadavg()[0], wall_s=time.perf_counter() - started)  # fmt: skip
+    timings = {
+        key: Timing(
+            attempt=index,
+            measured_s=measured[path],
+            steal_share=shares[path]["steal"],
+            foreign_share=shares[path]["foreign"],
+        )
+        for key, path in paths.items()
+    }
+    attempt = Attempt(
+        world=world,
+        index=index,
+        timings=timings,
+        load_before=load_before,
+        load_after=os.getloadavg()[0],
+        wall_s=time.perf_counter() - started,
+    )
     worst = max(t.disturbance for t in timings.values())
-    log(f"world {world} attempt {index}: load {load_before:.2f} -> {attempt.load_after:.2f}, "
-        f"{attempt.wall_s:.0f} s, steal + other processes up to {worst:.0%} of the CPU")  # fmt: skip
+    log(
+        f"world {world} attempt {index}: load {load_before:.2f} -> {attempt.load_after:.2f}, "
+        f"{attempt.wall_s:.0f} s, steal + other processes up to {worst:.0%} of the CPU"
+    )
     return attempt
 
 
@@ -170,8 +208,9 @@ def measure_memory(world: int, rows: dict, *, directory: Path) -> None:
 
     log(f"world {world}: peak memory per rank, one profiled step per plan")
     paths = [row["path"] for row in rows.values()]
-    peaks = run_timing(paths, world=world, steps=2, out=directory / f"memory-w{world}.json",
-                       module="executors.training.memory_peak")  # fmt: skip
+    peaks = run_timing(
+        paths, world=world, steps=2, out=directory / f"memory-w{world}.json", module="executors.training.memory_peak"
+    )
     for row in rows.values():
         row["measured_bytes"] = [float(b or 0) for b in peaks[row["path"]]]
 
@@ -206,8 +245,9 @@ def main() -> None:
                 world, probe_steps=args.probe_steps, directory=directory, cost_model=args.cost_model
             )
             planned = make_plans(cluster_path, world, directory, cost_model=args.cost_model, only=args.only)
-            tries = [time_attempt(world, i + 1, planned, steps=args.steps, directory=directory)
-                     for i in range(args.attempts)]  # fmt: skip
+            tries = [
+                time_attempt(world, i + 1, planned, steps=args.steps, directory=directory) for i in range(args.attempts)
+            ]
             attempts += tries
             kept.update(keep(tries))
             for key, row in planned.items():
@@ -228,8 +268,13 @@ def main() -> None:
     print(head + "\n\n" + body)
     if args.save:
         command = " ".join(["python benchmarks/fidelity.py", *sys.argv[1:]])
-        save_table("fidelity", title="Held-out cost-model fidelity: predicted against measured step time and memory",
-                   command=command, description=DESCRIPTION + "\n\n" + head, table=body)  # fmt: skip
+        save_table(
+            "fidelity",
+            title="Held-out cost-model fidelity: predicted against measured step time and memory",
+            command=command,
+            description=DESCRIPTION + "\n\n" + head,
+            table=body,
+        )
         today = time.strftime("%Y-%m-%d")
         (RESULTS / f"fidelity-{today}.json").write_text(json.dumps(rows, indent=1) + "\n")
         draw(rows, RESULTS / f"fidelity-{today}.png")

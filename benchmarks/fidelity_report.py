@@ -37,15 +37,18 @@ def sets_text() -> str:
         + (f" ({', '.join(f'{k} {v}' for k, v in case.options.items())})" if case.options else "")
         for name, case in SCORED.items()
     )
-    return (f"**Probe set (fitted, never scored)**: {probes}.\n\n**Scored set (held out)**: {scored}. Degrees "
-            "'tensor' = (world, 1, 1), 'pipeline' = (1, 2, world/2).")  # fmt: skip
+    return (
+        f"**Probe set (fitted, never scored)**: {probes}.\n\n**Scored set (held out)**: {scored}. Degrees "
+        "'tensor' = (world, 1, 1), 'pipeline' = (1, 2, world/2)."
+    )
 
 
 def calibration_text(calibrations: Mapping[int, Mapping]) -> str:
     lines = []
     for world, c in calibrations.items():
-        runtime = ", ".join(f"{k} {v:.2f}" if k == "compute_extra" else f"{k} {v * 1e6:.1f} µs"
-                            for k, v in c["runtime"].items())  # fmt: skip
+        runtime = ", ".join(
+            f"{k} {v:.2f}" if k == "compute_extra" else f"{k} {v * 1e6:.1f} µs" for k, v in c["runtime"].items()
+        )
         probes = ", ".join(f"{n} {m * 1e3:.1f}/{p * 1e3:.1f}" for n, m, p in c["probes"])
         lines.append(
             f"- world {world}: {c['peak_gflops']:.1f} GFLOP/s, {c['memory_gbs']:.2f} GB/s, shared slowdown "
@@ -63,36 +66,48 @@ def _by_world(rows: Mapping[str, Mapping]) -> dict[int, dict[str, Mapping]]:
 
 
 def summary_table(rows: Mapping[str, Mapping]) -> str:
-    lines = ["| world | predictor | rows | MAPE | worst row | within 20% | within 30% | Spearman |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| world | predictor | rows | MAPE | worst row | within 20% | within 30% | Spearman |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for world, picked in sorted(_by_world(rows).items()):
         measured = {k: r["measured_s"] for k, r in picked.items()}
         for field, title in (("estimate_s", "estimate"), ("simulated_s", "simulated")):
             s = world_summary(world, {k: r[field] for k, r in picked.items()}, measured)
-            lines.append(f"| {world} | {title} | {s.rows} | {s.mape:.0%} | {s.worst_key} {s.worst_error:+.0%} | "
-                         f"{s.within_20}/{s.rows} | {s.within_30}/{s.rows} | {s.spearman:.2f} |")  # fmt: skip
+            lines.append(
+                f"| {world} | {title} | {s.rows} | {s.mape:.0%} | {s.worst_key} {s.worst_error:+.0%} | "
+                f"{s.within_20}/{s.rows} | {s.within_30}/{s.rows} | {s.spearman:.2f} |"
+            )
     return "Per world (kept attempt):\n\n" + "\n".join(lines)
 
 
 def rows_table(rows: Mapping[str, Mapping]) -> str:
     columns = (("estimate_s", "estimate"), ("simulated_s", "simulated"), ("roofline_s", "roofline simulated"))
-    lines = ["| plan | world | method | steal + other | measured ms | "
-             + " | ".join(f"{t} ms | error" for _, t in columns) + " |",
-             "|---|---|---|---|---|" + "---|---|" * len(columns)]  # fmt: skip
+    lines = [
+        "| plan | world | method | steal + other | measured ms | "
+        + " | ".join(f"{t} ms | error" for _, t in columns)
+        + " |",
+        "|---|---|---|---|---|" + "---|---|" * len(columns),
+    ]
     for key, row in rows.items():
         cells = [f"{row[f] * 1e3:.1f} | {row[f] / row['measured_s'] - 1:+.0%}" for f, _ in columns]
-        lines.append(f"| {key} | {row['world']} | {row['method']} | {row.get('disturbance', 0.0):.0%} | "
-                     f"{row['measured_s'] * 1e3:.1f} | "
-                     + " | ".join(cells) + " |")  # fmt: skip
+        lines.append(
+            f"| {key} | {row['world']} | {row['method']} | {row.get('disturbance', 0.0):.0%} | "
+            f"{row['measured_s'] * 1e3:.1f} | " + " | ".join(cells) + " |"
+        )
     return "Step time per plan:\n\n" + "\n".join(lines)
 
 
 def attempts_table(attempts: Sequence[Attempt], kept: Mapping[str, Timing]) -> str:
-    runs = "; ".join(f"world {a.world} attempt {a.index}: load {a.load_before:.2f} → {a.load_after:.2f}, "
-                     f"{a.wall_s:.0f} s" for a in attempts)  # fmt: skip
+    runs = "; ".join(
+        f"world {a.world} attempt {a.index}: load {a.load_before:.2f} → {a.load_after:.2f}, {a.wall_s:.0f} s"
+        for a in attempts
+    )
     indices = sorted({a.index for a in attempts})
-    lines = ["| plan | " + " | ".join(f"attempt {i}: ms (steal + other)" for i in indices) + " | kept |",
-             "|---|" + "---|" * len(indices) + "---|"]  # fmt: skip
+    lines = [
+        "| plan | " + " | ".join(f"attempt {i}: ms (steal + other)" for i in indices) + " | kept |",
+        "|---|" + "---|" * len(indices) + "---|",
+    ]
     for key, timing in kept.items():
         world = int(key.split("@")[1])
         cells = []
@@ -100,8 +115,9 @@ def attempts_table(attempts: Sequence[Attempt], kept: Mapping[str, Timing]) -> s
             found = [a.timings[key] for a in attempts if a.world == world and a.index == index and key in a.timings]
             t = found[0] if found else None
             mark = "**" if t is timing else ""
-            cells.append(f"{mark}{t.measured_s * 1e3:.1f} ({t.steal_share:.0%} + {t.foreign_share:.0%}){mark}"
-                         if t else "–")  # fmt: skip
+            cells.append(
+                f"{mark}{t.measured_s * 1e3:.1f} ({t.steal_share:.0%} + {t.foreign_share:.0%}){mark}" if t else "–"
+            )
         lines.append(f"| {key} | " + " | ".join(cells) + f" | attempt {timing.attempt} |")
     return (
         "Every timing attempt (kept in bold, the others discarded). Keep rule, fixed before any comparison with the "
@@ -112,8 +128,11 @@ def attempts_table(attempts: Sequence[Attempt], kept: Mapping[str, Timing]) -> s
 
 
 def memory_table(rows: Mapping[str, Mapping]) -> str:
-    lines = ["| plan | measured MiB per rank | estimate MiB | error (vs largest rank) | simulated MiB per rank | "
-             "error (largest) | worst rank error |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| plan | measured MiB per rank | estimate MiB | error (vs largest rank) | simulated MiB per rank | "
+        "error (largest) | worst rank error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     errors, sim_errors = [], []
     for key, row in rows.items():
         measured, simulated = row["measured_bytes"], row["simulated_bytes"]
@@ -167,10 +186,17 @@ def draw(rows: Mapping[str, Mapping], path: Path) -> None:
                 axis.annotate(key.split("@")[0], (x, y), fontsize=7, xytext=(4, -3), textcoords="offset points")
         low, high = min(values) / 1.3, max(values) * 1.3
         axis.plot([low, high], [low, high], color="grey", linestyle="--", label="predicted = measured")
-        axis.fill_between([low, high], [0.8 * low, 0.8 * high], [1.2 * low, 1.2 * high], color="grey", alpha=0.15,
-                          label="±20%")  # fmt: skip
-        axis.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel=f"measured {unit}",
-                 ylabel=f"estimated {unit}")  # fmt: skip
+        axis.fill_between(
+            [low, high], [0.8 * low, 0.8 * high], [1.2 * low, 1.2 * high], color="grey", alpha=0.15, label="±20%"
+        )
+        axis.set(
+            xscale="log",
+            yscale="log",
+            xlim=(low, high),
+            ylim=(low, high),
+            xlabel=f"measured {unit}",
+            ylabel=f"estimated {unit}",
+        )
         ticks = [t for t in (5, 10, 20, 25, 50, 100, 200, 400, 800, 1600) if low <= t <= high]
         for scale_axis in (axis.xaxis, axis.yaxis):
             scale_axis.set_major_locator(FixedLocator(ticks))

@@ -101,8 +101,10 @@ def probe_set(*, profiled: bool = True) -> dict[str, str]:
 
     rows = {}
     for name, (width, layers, activations, batch, method, options) in PROBES.items():
-        rows[name] = (f"{PROBE_MODEL_FILES[0]} width {width}, {layers} blocks of {activations} GELU, batch {batch}, "
-                      f"{method}{extra(options)}")  # fmt: skip
+        rows[name] = (
+            f"{PROBE_MODEL_FILES[0]} width {width}, {layers} blocks of {activations} GELU, batch {batch}, "
+            f"{method}{extra(options)}"
+        )
     if profiled:
         for name, (hidden, layers, batch, method, options) in COMPUTE_PROBES.items():
             rows[name] = (

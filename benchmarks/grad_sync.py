@@ -38,8 +38,9 @@ def rows_for(cluster_name: str, nodes: int, *, batch: int) -> list[list[str]]:
 
     cluster = load_cluster(cluster_name, num_nodes=nodes)
     example, args = MODEL
-    prepared = prepare_model_file(ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args,
-                                  allow_lossy=True)  # fmt: skip
+    prepared = prepare_model_file(
+        ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args, allow_lossy=True
+    )
     base = prepared.options
     rows, exact_s = [], None
     for choice in (*CHOICES, "choose"):
@@ -55,8 +56,16 @@ def rows_for(cluster_name: str, nodes: int, *, batch: int) -> list[list[str]]:
         exact_s = step if choice == "exact" else exact_s
         versus = f"{exact_s / step:.2f}×" if exact_s else "—"
         label = plan.grad_sync.label if choice == "choose" else choice
-        rows.append([f"{cluster_name} × {nodes}", "auto --allow-lossy → " + label if choice == "choose" else choice,
-                     f"{step:.4g}", versus, plan_shape(plan), f"{time.perf_counter() - started:.0f}"])  # fmt: skip
+        rows.append(
+            [
+                f"{cluster_name} × {nodes}",
+                "auto --allow-lossy → " + label if choice == "choose" else choice,
+                f"{step:.4g}",
+                versus,
+                plan_shape(plan),
+                f"{time.perf_counter() - started:.0f}",
+            ]
+        )
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -72,8 +81,9 @@ def main() -> None:
         name, _, nodes = item.partition(":")
         rows += rows_for(name, int(nodes or 1), batch=args.batch)
     header = ["cluster", "gradient sync", "step (s)", "speedup vs exact", "plan", "planning (s)"]
-    table = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-                       *("| " + " | ".join(row) + " |" for row in rows)])  # fmt: skip
+    table = "\n".join(
+        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(row) + " |" for row in rows)]
+    )
     print(table)
     if args.save:
         command = "python benchmarks/grad_sync.py " + " ".join(sys.argv[1:])
@@ -85,8 +95,13 @@ def main() -> None:
             "three all-reduces per bucket and its compute, local SGD's amortised parameter average), not measured. "
             "PowerSGD and local SGD start after 10 exact warm-up steps; the table is the steady state."
         )
-        save_table("grad_sync", title="Gradient sync choices: exact, bf16, PowerSGD, local SGD", command=command,
-                   description=description, table=table)  # fmt: skip
+        save_table(
+            "grad_sync",
+            title="Gradient sync choices: exact, bf16, PowerSGD, local SGD",
+            command=command,
+            description=description,
+            table=table,
+        )
 
 
 if __name__ == "__main__":

@@ -78,8 +78,9 @@ def measure(case: str, *, batch: int, repeats: int) -> list[list[str]]:
     problem, m = grouped_problem(case)
     rng = np.random.default_rng(0)
     started = time.perf_counter()
-    simulate_placements(problem, placements("random", count=1, groups=problem.num_ops, devices=problem.num_devices,
-                                            rng=rng))  # fmt: skip
+    simulate_placements(
+        problem, placements("random", count=1, groups=problem.num_ops, devices=problem.num_devices, rng=rng)
+    )
     first_s = time.perf_counter() - started
     rows = []
     for kind in ("random", "contiguous"):
@@ -93,11 +94,21 @@ def measure(case: str, *, batch: int, repeats: int) -> list[list[str]]:
         )
         batched_rate = batch / statistics.median(batched)
         single_rate = len(few) / statistics.median(single)
-        rows.append([
-            case, str(problem.num_ops), str(problem.num_devices), str(m), kind, f"{batched_rate:,.0f}",
-            f"{single_rate:,.1f}", f"{batched_rate / single_rate:,.0f}×", "yes" if same else "**no**",
-            " ".join(f"{s:.3f}" for s in batched), f"{first_s:.1f}",
-        ])  # fmt: skip
+        rows.append(
+            [
+                case,
+                str(problem.num_ops),
+                str(problem.num_devices),
+                str(m),
+                kind,
+                f"{batched_rate:,.0f}",
+                f"{single_rate:,.1f}",
+                f"{batched_rate / single_rate:,.0f}×",
+                "yes" if same else "**no**",
+                " ".join(f"{s:.3f}" for s in batched),
+                f"{first_s:.1f}",
+            ]
+        )
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -110,8 +121,19 @@ def main() -> None:
     parser.add_argument("--save", action="store_true", help="write the table to benchmarks/results/")
     options = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    header = ["case", "groups", "devices", "microbatches", "placements", "batched /s", "one at a time /s", "ratio",
-              "same step times", f"batched s per {options.batch} (all repeats)", "first call s (compile)"]  # fmt: skip
+    header = [
+        "case",
+        "groups",
+        "devices",
+        "microbatches",
+        "placements",
+        "batched /s",
+        "one at a time /s",
+        "ratio",
+        "same step times",
+        f"batched s per {options.batch} (all repeats)",
+        "first call s (compile)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for case in options.cases.split(","):
         lines += ["| " + " | ".join(row) + " |" for row in measure(case, batch=options.batch, repeats=options.repeats)]
@@ -128,8 +150,9 @@ def main() -> None:
             f"on-disk cache. Load average while measuring: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}."
         )
         command = "python benchmarks/placement_sim.py " + " ".join(sys.argv[1:])
-        save_table("placement_sim", title="Batched placement simulation", command=command, description=description,
-                   table=text)  # fmt: skip
+        save_table(
+            "placement_sim", title="Batched placement simulation", command=command, description=description, table=text
+        )
 
 
 if __name__ == "__main__":

@@ -65,8 +65,18 @@ from results_page import RESULTS, save_table  # noqa: E402
 from scale_cases import MEGATRON_ROWS, Case, run_case  # noqa: E402
 
 # TFLOP/s per GPU of each SC'21 row, by parameters (B): published-measurements.md, Table 1 of the paper
-A100_TFLOPS = {1.7: 137, 3.6: 138, 7.5: 142, 18.4: 135, 39.1: 138, 76.1: 140, 145.6: 148, 310.1: 155, 529.6: 163,
-               1008.0: 163}  # fmt: skip
+A100_TFLOPS = {
+    1.7: 137,
+    3.6: 138,
+    7.5: 142,
+    18.4: 135,
+    39.1: 138,
+    76.1: 140,
+    145.6: 148,
+    310.1: 155,
+    529.6: 163,
+    1008.0: 163,
+}
 # Per SC'21 row, by parameters (B): (microbatch size, --DDP-impl, layers per virtual pipeline stage or None), from
 # Megatron-LM v2.5 examples/sc21/run_table_1.sh (MBS, DDP, --num-layers-per-virtual-pipeline-stage)
 SC21_SCRIPT = {
@@ -122,14 +132,31 @@ class Row:
     def case(self, method: str, *, variant: str) -> Case:
         per_node = 16 if self.cluster == "dgx-2h" else 8
         nodes, devices_per_node = (1, self.gpus) if self.gpus < per_node else (self.gpus // per_node, None)
-        args = {"size": "39b", "layers": self.layers, "hidden": self.hidden, "heads": self.heads, "seq": self.seq,
-                "vocab": VOCAB, **VARIANTS[variant]}  # fmt: skip
+        args = {
+            "size": "39b",
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "seq": self.seq,
+            "vocab": VOCAB,
+            **VARIANTS[variant],
+        }
         fixed = method == "megatron"
-        return Case(name=f"{self.name}-{variant}", model="examples/gpt.py", args=args, cluster=self.cluster, nodes=nodes,
-                    batch=self.batch, method=method, degrees=self.degrees if fixed else None,
-                    remat="on" if fixed else "auto", devices_per_node=devices_per_node,
-                    space="alpa" if fixed else "full", microbatches=self.microbatches if fixed else None,
-                    runtime=self.runtime if fixed else "autoplan")  # fmt: skip
+        return Case(
+            name=f"{self.name}-{variant}",
+            model="examples/gpt.py",
+            args=args,
+            cluster=self.cluster,
+            nodes=nodes,
+            batch=self.batch,
+            method=method,
+            degrees=self.degrees if fixed else None,
+            remat="on" if fixed else "auto",
+            devices_per_node=devices_per_node,
+            space="alpa" if fixed else "full",
+            microbatches=self.microbatches if fixed else None,
+            runtime=self.runtime if fixed else "autoplan",
+        )
 
     @property
     def microbatches(self) -> int:
@@ -140,19 +167,62 @@ def rows() -> list[Row]:
     found = []
     for params, heads, hidden, layers, t, p, gpus, batch in MEGATRON_ROWS:
         micro_batch, ddp, per_virtual = SC21_SCRIPT[params]
-        found.append(Row(name=f"gpt-{params:g}b", params_b=params, heads=heads, hidden=hidden, layers=layers,
-                         degrees=(t, p, gpus // (t * p)), gpus=gpus, batch=batch, seq=A100_SEQ, cluster="dgx-a100",
-                         tflops_per_gpu=A100_TFLOPS[params], source="Megatron-LM SC'21, Table 1",
-                         micro_batch=micro_batch, runtime=RUNTIME_OF_DDP[ddp],
-                         virtual_stages=layers // p // per_virtual if per_virtual else 1))  # fmt: skip
-    found.append(Row(name="gpt-1.2b-v100", params_b=1.2, heads=16, hidden=1536, layers=40, degrees=(1, 1, 1), gpus=1,
-                     batch=V100_BATCH_1GPU, seq=V100_SEQ, cluster="dgx-2h", tflops_per_gpu=39.0,
-                     source="Megatron-LM 2019, single-GPU baseline", micro_batch=V100_BATCH_1GPU,
-                     runtime="megatron-lm-2019", note=f"batch {V100_BATCH_1GPU} assumed (unstated)"))  # fmt: skip
-    found.append(Row(name="gpt-8.3b-v100", params_b=8.3, heads=32, hidden=3072, layers=72, degrees=(8, 1, 64),
-                     gpus=512, batch=512, seq=V100_SEQ, cluster="dgx-2h", tflops_per_gpu=15.1e3 / 512,
-                     source="Megatron-LM 2019, 15.1 PFLOP/s on 512 GPUs", micro_batch=8,
-                     runtime="megatron-lm-2019"))  # fmt: skip
+        found.append(
+            Row(
+                name=f"gpt-{params:g}b",
+                params_b=params,
+                heads=heads,
+                hidden=hidden,
+                layers=layers,
+                degrees=(t, p, gpus // (t * p)),
+                gpus=gpus,
+                batch=batch,
+                seq=A100_SEQ,
+                cluster="dgx-a100",
+                tflops_per_gpu=A100_TFLOPS[params],
+                source="Megatron-LM SC'21, Table 1",
+                micro_batch=micro_batch,
+                runtime=RUNTIME_OF_DDP[ddp],
+                virtual_stages=layers // p // per_virtual if per_virtual else 1,
+            )
+        )
+    found.append(
+        Row(
+            name="gpt-1.2b-v100",
+            params_b=1.2,
+            heads=16,
+            hidden=1536,
+            layers=40,
+            degrees=(1, 1, 1),
+            gpus=1,
+            batch=V100_BATCH_1GPU,
+            seq=V100_SEQ,
+            cluster="dgx-2h",
+            tflops_per_gpu=39.0,
+            source="Megatron-LM 2019, single-GPU baseline",
+            micro_batch=V100_BATCH_1GPU,
+            runtime="megatron-lm-2019",
+            note=f"batch {V100_BATCH_1GPU} assumed (unstated)",
+        )
+    )
+    found.append(
+        Row(
+            name="gpt-8.3b-v100",
+            params_b=8.3,
+            heads=32,
+            hidden=3072,
+            layers=72,
+            degrees=(8, 1, 64),
+            gpus=512,
+            batch=512,
+            seq=V100_SEQ,
+            cluster="dgx-2h",
+            tflops_per_gpu=15.1e3 / 512,
+            source="Megatron-LM 2019, 15.1 PFLOP/s on 512 GPUs",
+            micro_batch=8,
+            runtime="megatron-lm-2019",
+        )
+    )
     return found
 
 
@@ -163,9 +233,14 @@ def plan_summary(plan_json: dict) -> dict:
 
     plan = Plan.from_json(plan_json)
     estimate = plan_json["estimate"]
-    return {"shape": plan_shape(plan), "step_s": estimate["step_time_s"], "mfu": estimate.get("mfu"),
-            "breakdown_s": estimate.get("breakdown_s", {}), "runtime": plan.runtime,
-            "mfu_note": any(note.startswith("estimated MFU") for note in plan.notes)}  # fmt: skip
+    return {
+        "shape": plan_shape(plan),
+        "step_s": estimate["step_time_s"],
+        "mfu": estimate.get("mfu"),
+        "breakdown_s": estimate.get("breakdown_s", {}),
+        "runtime": plan.runtime,
+        "mfu_note": any(note.startswith("estimated MFU") for note in plan.notes),
+    }
 
 
 def run_row(row: Row, *, method: str, variant: str, timeout_s: float, scratch: Path) -> dict:
@@ -183,11 +258,13 @@ def measure(selected: list[Row], *, variants: list[str], auto: bool, timeout_s: 
         for row in selected:
             entry: dict = {"row": row.name, "measured_samples_s": row.measured_samples_s, "runs": {}}
             for variant in variants:
-                entry["runs"][variant] = run_row(row, method="megatron", variant=variant, timeout_s=timeout_s,
-                                                 scratch=Path(scratch))  # fmt: skip
+                entry["runs"][variant] = run_row(
+                    row, method="megatron", variant=variant, timeout_s=timeout_s, scratch=Path(scratch)
+                )
             if auto:
-                entry["auto"] = run_row(row, method="auto", variant=AUTO_VARIANT, timeout_s=timeout_s,
-                                        scratch=Path(scratch))  # fmt: skip
+                entry["auto"] = run_row(
+                    row, method="auto", variant=AUTO_VARIANT, timeout_s=timeout_s, scratch=Path(scratch)
+                )
             results.append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
     return results
@@ -328,16 +405,23 @@ def draw(selected: list[Row], results: list[dict], compared: Compared, *, varian
         now = [_ratio(e["runs"].get(variant), m) for e, m in zip(results, measured, strict=True)]
         series.append((f"{variant}, now", now, marker, None))
         for label in compared.columns:
-            ratios = [compared.ratio(label, r, variant, m) if y is not None else None
-                      for r, m, y in zip(selected, measured, now, strict=True)]  # fmt: skip
+            ratios = [
+                compared.ratio(label, r, variant, m) if y is not None else None
+                for r, m, y in zip(selected, measured, now, strict=True)
+            ]
             series.append((f"{variant}, {label}", ratios, hollow, None))
     auto = [_ratio(e.get("auto"), m) for e, m in zip(results, measured, strict=True)]
     series.append((f"auto's own plan ({AUTO_VARIANT}, our runtime)", auto, "s", "none"))
     for label, ratios, marker, face in series:
         points = [(x, y) for x, y in zip(xs, ratios, strict=True) if y is not None]
         if points:
-            axis.scatter(*zip(*points, strict=True), marker=marker, label=label, facecolors=face,
-                         edgecolors="tab:purple" if face else None)  # fmt: skip
+            axis.scatter(
+                *zip(*points, strict=True),
+                marker=marker,
+                label=label,
+                facecolors=face,
+                edgecolors="tab:purple" if face else None,
+            )
     axis.set_xticks(xs, [row.name for row in selected], rotation=35, ha="right", fontsize=8)
     axis.set(ylabel="estimated ÷ measured throughput", title="Published Megatron-LM runs against our estimate")
     axis.legend(fontsize=6, ncol=2)
@@ -385,22 +469,35 @@ def main() -> None:
     if options.middle:
         columns[options.middle_label] = load_runs(options.middle)
     compared = Compared(columns=columns)
-    sections = [f"### `{variant}`: {VARIANT_TEXT[variant]}\n\n" + table(selected, results, compared, variant=variant)
-                for variant in variants]  # fmt: skip
+    sections = [
+        f"### `{variant}`: {VARIANT_TEXT[variant]}\n\n" + table(selected, results, compared, variant=variant)
+        for variant in variants
+    ]
     if not options.no_auto:
-        sections.append(f"### auto (`{AUTO_VARIANT}`, our runtime) beside the published configuration (`{variants[0]}`)\n\n"
-                        + auto_table(selected, results, variant=variants[0]))  # fmt: skip
+        sections.append(
+            f"### auto (`{AUTO_VARIANT}`, our runtime) beside the published configuration (`{variants[0]}`)\n\n"
+            + auto_table(selected, results, variant=variants[0])
+        )
     text = "\n\n".join(sections)
     print(text)
     print(summary(selected, results, compared, variants=variants))
     if options.save:
         command = "python benchmarks/published.py " + " ".join(sys.argv[1:])
-        description = (_description(options, load_before=load_before) + "\n\n"
-                       + summary(selected, results, compared, variants=variants))  # fmt: skip
-        save_table("published", title="Published training runs against our estimates", command=command,
-                   description=description, table=text)  # fmt: skip
-        draw(selected, results, compared, variants=variants,
-             path=RESULTS / f"published-{time.strftime('%Y-%m-%d')}.png")  # fmt: skip
+        description = (
+            _description(options, load_before=load_before)
+            + "\n\n"
+            + summary(selected, results, compared, variants=variants)
+        )
+        save_table(
+            "published",
+            title="Published training runs against our estimates",
+            command=command,
+            description=description,
+            table=text,
+        )
+        draw(
+            selected, results, compared, variants=variants, path=RESULTS / f"published-{time.strftime('%Y-%m-%d')}.png"
+        )
 
 
 VARIANT_TEXT = {
@@ -414,8 +511,10 @@ VARIANT_TEXT = {
 def _description(options: argparse.Namespace, *, load_before: float) -> str:
     earlier = ""
     if options.before:
-        earlier += (f" Column *before*: the same rows on commit `{options.before_commit}`, which planned them with the "
-                    "planner's own microbatch count and our runtime, the t > 1 rows on the fused model only.")  # fmt: skip
+        earlier += (
+            f" Column *before*: the same rows on commit `{options.before_commit}`, which planned them with the "
+            "planner's own microbatch count and our runtime, the t > 1 rows on the fused model only."
+        )
     if options.middle:
         earlier += f" Column *{options.middle_label}*: an intermediate run (see the command)."
     return (

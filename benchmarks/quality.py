@@ -90,8 +90,10 @@ def parse_case(case: str) -> tuple[str, dict, int, str, int]:
     model, _, where = case.partition("@")
     short, _, devices = where.partition("x")
     if model not in MODELS or short not in CLUSTERS or not devices.isdigit() or int(devices) % DEVICES_PER_NODE:
-        raise SystemExit(f"quality.py: bad case {case!r}: use MODEL@CLUSTERxGPUS, MODEL in {', '.join(MODELS)}, "
-                         f"CLUSTER in {', '.join(CLUSTERS)}, GPUS a multiple of {DEVICES_PER_NODE}")  # fmt: skip
+        raise SystemExit(
+            f"quality.py: bad case {case!r}: use MODEL@CLUSTERxGPUS, MODEL in {', '.join(MODELS)}, "
+            f"CLUSTER in {', '.join(CLUSTERS)}, GPUS a multiple of {DEVICES_PER_NODE}"
+        )
     example, args, batch = MODELS[model]
     return example, args, batch, CLUSTERS[short], int(devices) // DEVICES_PER_NODE
 
@@ -104,8 +106,9 @@ def worker(case: str, rl_budget_s: float) -> dict:
     example, args, batch, cluster_name, nodes = parse_case(case)
     started = time.perf_counter()
     cluster = load_cluster(cluster_name, num_nodes=nodes, devices_per_node=DEVICES_PER_NODE)
-    prepared = prepare_model_file(ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args,
-                                  rl_budget_s=rl_budget_s)  # fmt: skip
+    prepared = prepare_model_file(
+        ROOT / "examples" / f"{example}.py", cluster, batch_size=batch, model_args=args, rl_budget_s=rl_budget_s
+    )
 
     def progress(method: str) -> None:
         print(f"  {case}: {method} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
@@ -188,11 +191,30 @@ def _s(seconds: float | None) -> str:
 
 
 def summary_table(results: list[dict]) -> str:
-    header = ["case", "GPUs", "batch", "bound s", "auto step s", "auto plan", "auto MFU", "auto GiB/dev",
-              "auto search s", "best hand-written", "its step s", "its MFU", "**speedup**", "Alpa-space step s",
-              "**over Alpa space**", "best placement", "auto ≤ all", "case s (CPU s)"]  # fmt: skip
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * 4 + "---|" + "---:|" * 3 + "---|" + "---:|" * 5
-             + "---|---|---:|"]  # fmt: skip
+    header = [
+        "case",
+        "GPUs",
+        "batch",
+        "bound s",
+        "auto step s",
+        "auto plan",
+        "auto MFU",
+        "auto GiB/dev",
+        "auto search s",
+        "best hand-written",
+        "its step s",
+        "its MFU",
+        "**speedup**",
+        "Alpa-space step s",
+        "**over Alpa space**",
+        "best placement",
+        "auto ≤ all",
+        "case s (CPU s)",
+    ]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|---|" + "---:|" * 4 + "---|" + "---:|" * 3 + "---|" + "---:|" * 5 + "---|---|---:|",
+    ]
     for result in results:
         auto, best, bound = auto_row(result), best_handwritten(result), result["bound_s"]
         fitting = [r for r in result["rows"] if r["fits"] and r["step_time_s"] and r["method"] != "auto"]
@@ -200,19 +222,25 @@ def summary_table(results: list[dict]) -> str:
         ok = auto is not None and all(auto["step_time_s"] <= r["step_time_s"] * (1 + 1e-9) for r in fitting)
         gain = speedup(result)
         cells = [
-            result["case"], str(result["devices"]), str(result["batch"]), f"{bound:.4g}",
-            _s(auto and auto["step_time_s"]), auto["plan"] if auto else _no_plan(result, "auto"),
+            result["case"],
+            str(result["devices"]),
+            str(result["batch"]),
+            f"{bound:.4g}",
+            _s(auto and auto["step_time_s"]),
+            auto["plan"] if auto else _no_plan(result, "auto"),
             f"{bound / auto['step_time_s']:.0%}" if auto else "—",
             f"{auto['memory_per_device_bytes'] / GIB:.2f}" if auto else "—",
             f"{auto['search_time_s']:.1f}" if auto else "—",
-            best["method"] if best else "none fits", _s(best and best["step_time_s"]),
+            best["method"] if best else "none fits",
+            _s(best and best["step_time_s"]),
             f"{bound / best['step_time_s']:.0%}" if best else "—",
             f"**{gain:.3f}×**" if gain else "—",
             _s((alpa := alpa_row(result)) and alpa["step_time_s"]),
             f"**{over:.3f}×**" if (over := speedup_over_alpa(result)) else "—",
             f"{placed['method']} {placed['step_time_s'] / auto['step_time_s']:.2f}×" if placed and auto else "—",
-            "yes" if ok else "**no**", f"{result['wall_s']:.0f} ({result['cpu_s']:.0f})",
-        ]  # fmt: skip
+            "yes" if ok else "**no**",
+            f"{result['wall_s']:.0f} ({result['cpu_s']:.0f})",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -231,12 +259,17 @@ def detail_table(results: list[dict]) -> str:
             step = row["step_time_s"]
             ran = step is not None
             cells = [
-                result["case"], row["method"] if row["method"] != "auto" else "**auto**", _s(step),
-                f"{step / auto['step_time_s']:.2f}" if ran and auto else "—", f"{step / bound:.2f}" if ran else "—",
+                result["case"],
+                row["method"] if row["method"] != "auto" else "**auto**",
+                _s(step),
+                f"{step / auto['step_time_s']:.2f}" if ran and auto else "—",
+                f"{step / bound:.2f}" if ran else "—",
                 f"{bound / step:.1%}" if ran else "—",
                 f"{row['memory_per_device_bytes'] / GIB:.2f}" if ran else "—",
-                ("yes" if row["fits"] else "no ✗") if ran else "no plan", f"{row['search_time_s']:.1f}", row["plan"],
-            ]  # fmt: skip
+                ("yes" if row["fits"] else "no ✗") if ran else "no plan",
+                f"{row['search_time_s']:.1f}",
+                row["plan"],
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -254,8 +287,9 @@ def draw(results: list[dict], path: Path, *, title: str) -> None:
     auto = [(a["step_time_s"] / r["bound_s"]) if (a := auto_row(r)) else math.nan for r in results]
     hand = [(b["step_time_s"] / r["bound_s"]) if (b := best_handwritten(r)) else math.nan for r in results]
     gains = [speedup(r) or math.nan for r in results]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(results) + 2), 7.5), sharex=True,
-                                      gridspec_kw={"height_ratios": [2, 1]})  # fmt: skip
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(max(8, 0.55 * len(results) + 2), 7.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
     width = 0.38
     top.bar([i - width / 2 for i in x], hand, width, color="#a0aec0", label="best hand-written (DP, Megatron, uniform)")
     top.bar([i + width / 2 for i in x], auto, width, color="#2b6cb0", label="auto")
@@ -271,8 +305,9 @@ def draw(results: list[dict], path: Path, *, title: str) -> None:
     bottom.bar(list(x), gains, color="#2f855a")
     bottom.axhline(1.0, color="black", linewidth=1)
     valid = [g for g in gains if not math.isnan(g)]
-    bottom.axhline(geomean(valid), color="#2f855a", linestyle="--", linewidth=1,
-                   label=f"geometric mean {geomean(valid):.3f}×")  # fmt: skip
+    bottom.axhline(
+        geomean(valid), color="#2f855a", linestyle="--", linewidth=1, label=f"geometric mean {geomean(valid):.3f}×"
+    )
     bottom.set_ylabel("auto speedup over\nbest hand-written")
     bottom.set_ylim(min([0.95, *valid]), max([1.05, *valid]) * 1.05)
     bottom.legend(fontsize=8, loc="upper left")
@@ -305,8 +340,11 @@ def main() -> None:
     started = time.perf_counter()
     results = []
     for number, case in enumerate(cases, 1):
-        print(f"[{number}/{len(cases)}] {case} ({time.perf_counter() - started:.0f} s so far)", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(
+            f"[{number}/{len(cases)}] {case} ({time.perf_counter() - started:.0f} s so far)",
+            file=sys.stderr,
+            flush=True,
+        )
         results.append(run(case, rl_budget_s))
         print(summary_table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     wall_s = time.perf_counter() - started
@@ -323,10 +361,13 @@ def main() -> None:
 def _geomean_line(results: list[dict], gain_of, what: str) -> str:
     gains = {r["case"]: g for r in results if (g := gain_of(r))}
     values = list(gains.values())
-    return (f"Geometric-mean speedup of auto over {what}: **{geomean(values):.3f}×** over {len(values)} case(s) "
-            f"(min {min(values, default=math.nan):.3f}×, max {max(values, default=math.nan):.3f}×; "
-            f"{sum(v < 1.15 for v in values)} below 1.15×: "
-            + (", ".join(f"{case} {g:.3f}×" for case, g in gains.items() if g < 1.15) or "none") + ").")  # fmt: skip
+    return (
+        f"Geometric-mean speedup of auto over {what}: **{geomean(values):.3f}×** over {len(values)} case(s) "
+        f"(min {min(values, default=math.nan):.3f}×, max {max(values, default=math.nan):.3f}×; "
+        f"{sum(v < 1.15 for v in values)} below 1.15×: "
+        + (", ".join(f"{case} {g:.3f}×" for case, g in gains.items() if g < 1.15) or "none")
+        + ")."
+    )
 
 
 def _save(results: list[dict], summary: str, footer: str, rl_budget_s: float) -> None:
@@ -335,11 +376,14 @@ def _save(results: list[dict], summary: str, footer: str, rl_budget_s: float) ->
     RESULTS.mkdir(parents=True, exist_ok=True)
     draw(results, figure, title="auto vs the best hand-written plan vs the physical bound (simulated)")
     notes = "\n".join(
-        f"- {result['case']} {row['method']}: {row['note']}" for result in results for row in result["rows"]
+        f"- {result['case']} {row['method']}: {row['note']}"
+        for result in results
+        for row in result["rows"]
         if row["note"] and (row["method"] in ("auto", *HANDWRITTEN) or not row["fits"])
-    )  # fmt: skip
-    models = "; ".join(f"{name}: {example}.py {json.dumps(args)}, batch {batch}"
-                       for name, (example, args, batch) in MODELS.items())  # fmt: skip
+    )
+    models = "; ".join(
+        f"{name}: {example}.py {json.dumps(args)}, batch {batch}" for name, (example, args, batch) in MODELS.items()
+    )
     description = (
         "Every method plans the same prepared model (`planner.compare.compare`, what `plan compare` runs) and every "
         "plan is replayed by the discrete-event simulator (`cost_models/simulator.py`): step times are simulated, "
@@ -361,13 +405,20 @@ def _save(results: list[dict], summary: str, footer: str, rl_budget_s: float) ->
         "## Every method, every case\n\n"
         "*× auto*: simulated step ÷ auto's; *× bound*: ÷ the physical bound; ✗: the simulated peak exceeds the "
         "device's memory (the step is shown but the plan is not counted); *plan*: stages×[meshes] and microbatches "
-        "(placement baselines: devices holding operators).\n\n" + detail_table(results)
+        "(placement baselines: devices holding operators).\n\n"
+        + detail_table(results)
         + "\n\nNotes the comparison printed: every method with no plan or a plan that does not fit, and where the "
-        "estimate of auto or a hand-written plan differs from the simulation by more than 10%, why:\n\n" + (notes or "- none")
-    )  # fmt: skip
+        "estimate of auto or a hand-written plan differs from the simulation by more than 10%, why:\n\n"
+        + (notes or "- none")
+    )
     command = "python benchmarks/quality.py " + " ".join(sys.argv[1:])
-    save_table("quality", title="Plan quality: auto against every baseline", command=command,
-               description=description, table=tables)  # fmt: skip
+    save_table(
+        "quality",
+        title="Plan quality: auto against every baseline",
+        command=command,
+        description=description,
+        table=tables,
+    )
 
 
 if __name__ == "__main__":

@@ -52,14 +52,25 @@ def worker(case: str, *, budget_s: float, seed: int, iterations: int | None) -> 
     for name, place in HEURISTICS.items():
         assignment = place(problem)
         heuristics[name] = simulate_assignment(problem, assignment).step_time_s if fits(problem, assignment) else None
-    result = rl_placement(problem, budget_s=float("inf") if iterations else budget_s, seed=seed,
-                          max_iterations=iterations)  # fmt: skip
+    result = rl_placement(
+        problem, budget_s=float("inf") if iterations else budget_s, seed=seed, max_iterations=iterations
+    )
     kept = kept_updates(result.iterations)
-    return {"case": case, "num_ops": problem.num_ops, "microbatches": m, "heuristics": heuristics,
-            "rl_step_s": result.step_time_s, "assignment": list(result.assignment), "iterations": result.iterations,
-            "simulations": result.num_simulations, "time_s": result.time_s, "updates": [k + 1 for k in kept],
-            "mean_reward": [result.mean_reward[k] for k in kept], "elapsed_s": [result.elapsed_s[k] for k in kept],
-            "best_step_s": [result.best_step_s[k] for k in kept]}  # fmt: skip
+    return {
+        "case": case,
+        "num_ops": problem.num_ops,
+        "microbatches": m,
+        "heuristics": heuristics,
+        "rl_step_s": result.step_time_s,
+        "assignment": list(result.assignment),
+        "iterations": result.iterations,
+        "simulations": result.num_simulations,
+        "time_s": result.time_s,
+        "updates": [k + 1 for k in kept],
+        "mean_reward": [result.mean_reward[k] for k in kept],
+        "elapsed_s": [result.elapsed_s[k] for k in kept],
+        "best_step_s": [result.best_step_s[k] for k in kept],
+    }
 
 
 def kept_updates(count: int) -> list[int]:
@@ -108,8 +119,12 @@ def figure(results: list[dict], path: Path) -> None:
     axes[0].set(xlabel="seconds", ylabel="mean reward of the update's samples, −√(R'/T₁)", title="reward vs seconds")
     axes[1].set(xlabel="policy updates", ylabel="mean reward", xscale="log", title="reward vs updates")
     axes[2].axhline(TARGET, color="black", linestyle="--", linewidth=0.8, label="10% faster than the best heuristic")
-    axes[2].set(xlabel="seconds", ylabel="fastest placement so far ÷ best heuristic", ylim=(0.6, 1.2),
-                title="best placement vs seconds")  # fmt: skip
+    axes[2].set(
+        xlabel="seconds",
+        ylabel="fastest placement so far ÷ best heuristic",
+        ylim=(0.6, 1.2),
+        title="best placement vs seconds",
+    )
     axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -127,11 +142,29 @@ def main() -> None:
     options = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     if options.worker:
-        print(json.dumps(worker(options.worker, budget_s=options.budget_s, seed=options.seed,
-                                iterations=options.rl_iterations)))  # fmt: skip
+        print(
+            json.dumps(
+                worker(options.worker, budget_s=options.budget_s, seed=options.seed, iterations=options.rl_iterations)
+            )
+        )
         return
-    header = ["case", "ops", "microbatches", "rl step s", "÷ hash", "÷ critical-path", "÷ multi-objective", "÷ m-etf",
-              "best heuristic", "rl ÷ best", "≥ 10% faster", "updates", "simulations", "rl s", "same placement again"]  # fmt: skip
+    header = [
+        "case",
+        "ops",
+        "microbatches",
+        "rl step s",
+        "÷ hash",
+        "÷ critical-path",
+        "÷ multi-objective",
+        "÷ m-etf",
+        "best heuristic",
+        "rl ÷ best",
+        "≥ 10% faster",
+        "updates",
+        "simulations",
+        "rl s",
+        "same placement again",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     results = []
     for case in options.cases.split(","):
@@ -161,8 +194,9 @@ def main() -> None:
             f"[json](rl_curves-{today}.json)."
         )
         command = "python benchmarks/rl_curves.py " + " ".join(sys.argv[1:])
-        save_table("rl_curves", title="RL placement learning curves", command=command, description=description,
-                   table=text)  # fmt: skip
+        save_table(
+            "rl_curves", title="RL placement learning curves", command=command, description=description, table=text
+        )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,15 @@ MEGATRON_ROWS = (
     (529.6, 128, 20480, 105, 8, 35, 2520, 2520),
     (1008.0, 160, 25600, 128, 8, 64, 3072, 3072),
 )
-LLAMA_405B = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "intermediate": 53248, "vocab": 128256,
-              "seq": 8192}  # fmt: skip
+LLAMA_405B = {
+    "layers": 126,
+    "hidden": 16384,
+    "heads": 128,
+    "kv_heads": 8,
+    "intermediate": 53248,
+    "vocab": 128256,
+    "seq": 8192,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,30 +68,85 @@ def _gpt_args(heads: int, hidden: int, layers: int) -> dict:
 def megatron_cases() -> list[Case]:
     cases = []
     for params, heads, hidden, layers, t, p, gpus, batch in MEGATRON_ROWS:
-        cases.append(Case(name=f"gpt-{params:g}b", model="examples/gpt.py", args=_gpt_args(heads, hidden, layers),
-                          cluster="dgx-a100", nodes=gpus // 8, batch=batch, method="megatron",
-                          degrees=(t, p, gpus // (t * p)), remat="on"))  # fmt: skip
-    cases.append(Case(name="llama-405b", model="examples/zoo/hf_llama.py", args=LLAMA_405B, cluster="dgx-h100",
-                      nodes=1024, batch=2048, method="megatron", degrees=(8, 16, 64), remat="on"))  # fmt: skip
+        cases.append(
+            Case(
+                name=f"gpt-{params:g}b",
+                model="examples/gpt.py",
+                args=_gpt_args(heads, hidden, layers),
+                cluster="dgx-a100",
+                nodes=gpus // 8,
+                batch=batch,
+                method="megatron",
+                degrees=(t, p, gpus // (t * p)),
+                remat="on",
+            )
+        )
+    cases.append(
+        Case(
+            name="llama-405b",
+            model="examples/zoo/hf_llama.py",
+            args=LLAMA_405B,
+            cluster="dgx-h100",
+            nodes=1024,
+            batch=2048,
+            method="megatron",
+            degrees=(8, 16, 64),
+            remat="on",
+        )
+    )
     return cases
 
 
 def auto_cases() -> list[Case]:
-    gpt39 = Case(name="gpt-39b", model="examples/gpt.py", args={"size": "39b"}, cluster="p3.16xlarge", nodes=8,
-                 batch=256, method="auto")  # fmt: skip
+    gpt39 = Case(
+        name="gpt-39b",
+        model="examples/gpt.py",
+        args={"size": "39b"},
+        cluster="p3.16xlarge",
+        nodes=8,
+        batch=256,
+        method="auto",
+    )
     rows = {row[0]: row for row in MEGATRON_ROWS}
     found = [gpt39]
     for params in (1.7, 7.5, 39.1, 145.6, 1008.0):
         _, heads, hidden, layers, _, _, gpus, batch = rows[params]
-        found.append(Case(name=f"gpt-{params:g}b", model="examples/gpt.py", args=_gpt_args(heads, hidden, layers),
-                          cluster="dgx-a100", nodes=gpus // 8, batch=batch, method="auto"))  # fmt: skip
+        found.append(
+            Case(
+                name=f"gpt-{params:g}b",
+                model="examples/gpt.py",
+                args=_gpt_args(heads, hidden, layers),
+                cluster="dgx-a100",
+                nodes=gpus // 8,
+                batch=batch,
+                method="auto",
+            )
+        )
     return found
 
 
 def command(case: Case, out: Path) -> list[str]:
-    line = [sys.executable, "-m", "planner", case.model, "--cluster", case.cluster, "--nodes", str(case.nodes),
-            "--batch-size", str(case.batch), "--method", case.method, "--remat", case.remat, "--jobs", "2",
-            "--json", "--out", str(out)]  # fmt: skip
+    line = [
+        sys.executable,
+        "-m",
+        "planner",
+        case.model,
+        "--cluster",
+        case.cluster,
+        "--nodes",
+        str(case.nodes),
+        "--batch-size",
+        str(case.batch),
+        "--method",
+        case.method,
+        "--remat",
+        case.remat,
+        "--jobs",
+        "2",
+        "--json",
+        "--out",
+        str(out),
+    ]
     for key, value in case.args.items():
         line += ["--model-arg", f"{key}={value}"]
     if case.degrees is not None:
@@ -106,8 +168,14 @@ def run_case(case: Case, *, timeout_s: float, scratch: Path) -> dict:
     wrapper = [sys.executable, str(Path(__file__).resolve()), "--measure", json.dumps(command(case, out))]
     started = time.perf_counter()
     try:
-        result = subprocess.run(wrapper, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        result = subprocess.run(
+            wrapper,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=ROOT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
     except subprocess.TimeoutExpired:
         return {"case": case, "error": f"stopped after {timeout_s:.0f} s", "wall_s": time.perf_counter() - started}
     measured = json.loads(result.stdout.strip().splitlines()[-1])

@@ -96,8 +96,10 @@ def table(rows: list[dict]) -> str:
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['size']} | {r['cluster']} | {r['devices']} | | | | | **{r['total_s']:.1f}** | | | "
-                         f"{r['error']} | | | | | | |")  # fmt: skip
+            lines.append(
+                f"| {r['size']} | {r['cluster']} | {r['devices']} | | | | | **{r['total_s']:.1f}** | | | "
+                f"{r['error']} | | | | | | |"
+            )
             continue
         lines.append(
             f"| {r['size']} | {r['cluster']} | {r['devices']} | {r['capture_s']:.1f} | {r['ilp_s']:.1f} | "
@@ -128,8 +130,12 @@ def draw(rows: list[dict], path: Path) -> None:
                 sizes = [PARAMS_B.get(r["size"], float("nan")) for r in found]
                 axis.plot(sizes, [r["total_s"] for r in found], marker="o", label=f"{cluster}, {devices} GPUs")
     axis.axhline(60, color="grey", linestyle="--", label="target: 60 s")
-    axis.set(xscale="log", xlabel="GPT parameters (billions)", ylabel="auto search, end to end (s)",
-             title="Search time against model size (plans that fit)")  # fmt: skip
+    axis.set(
+        xscale="log",
+        xlabel="GPT parameters (billions)",
+        ylabel="auto search, end to end (s)",
+        title="Search time against model size (plans that fit)",
+    )
     axis.legend(fontsize=7)
     figure.tight_layout()
     try:
@@ -201,8 +207,7 @@ def run_scale(options: argparse.Namespace) -> None:
             "plan); peak RSS is the largest process (the planner or its capture child). Megatron rows are the "
             "published (t, p, d) with full recomputation (`--remat on`), GPT seq 2048, vocab 51200."
         )
-        save_table("search_time-scale", title="Planning at scale", command=command, description=description,
-                   table=text)  # fmt: skip
+        save_table("search_time-scale", title="Planning at scale", command=command, description=description, table=text)
         draw_scale(rows, RESULTS / f"search_time-scale-{time.strftime('%Y-%m-%d')}.png")
 
 

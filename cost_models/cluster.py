@@ -225,9 +225,14 @@ def _local_cpu() -> Cluster:
 
 
 def _gpu_cluster(
-    name: str, device: DeviceSpec, intra_node: Link, inter_node: Link, *, devices_per_node: int = 8,
+    name: str,
+    device: DeviceSpec,
+    intra_node: Link,
+    inter_node: Link,
+    *,
+    devices_per_node: int = 8,
     nics_per_node: int | None = None,
-) -> Cluster:  # fmt: skip
+) -> Cluster:
     return Cluster(
         name=name,
         num_nodes=1,

@@ -155,8 +155,9 @@ class RooflineCompute:
             return self._flat_time(node, shards=shards)
         if math.prod(output_shards.values()) > shards:  # an output split without a compute split: not a share
             output_shards = {}
-        shape = matmul_shape(node, output_shape=local_output_shape(node.output, output_shards),
-                             flops=node.flops_fwd / shards)  # fmt: skip
+        shape = matmul_shape(
+            node, output_shape=local_output_shape(node.output, output_shards), flops=node.flops_fwd / shards
+        )
         if shape is None:  # a vector product: the flat roofline
             return self._flat_time(node, shards=shards)
         return self._matmul_time(node, shape, shards=shards)

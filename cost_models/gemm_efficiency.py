@@ -62,8 +62,15 @@ from planner.ir.graph import OpNode, TensorMeta
 # Background User's Guide, §2.3 "Typical Tile Dimensions in cuBLAS and Performance"; the same shapes name
 # the cuBLAS kernels, e.g. ampere_fp16_s16816gemm_fp16_256x128_ldg8_f2f_stages_64x3_nn).
 CUBLAS_TILES: tuple[tuple[int, int], ...] = (
-    (256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64),
-)  # fmt: skip
+    (256, 128),
+    (128, 256),
+    (128, 128),
+    (256, 64),
+    (64, 256),
+    (128, 64),
+    (64, 128),
+    (64, 64),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,8 +120,15 @@ class KernelSpec:
             )
         except (KeyError, TypeError, ValueError) as error:
             raise AutoplanError(f"{where}: device.kernels is missing or has a wrong field ({error})") from None
-        positive = (spec.num_sms, spec.l2_bandwidth, spec.gemm_efficiency, spec.attention_fwd_efficiency,
-                    spec.attention_bwd_efficiency, *spec.gemm_reference, *(n for t in spec.tiles for n in t))  # fmt: skip
+        positive = (
+            spec.num_sms,
+            spec.l2_bandwidth,
+            spec.gemm_efficiency,
+            spec.attention_fwd_efficiency,
+            spec.attention_bwd_efficiency,
+            *spec.gemm_reference,
+            *(n for t in spec.tiles for n in t),
+        )
         zero_or_more = (spec.k_prologue, spec.host_forward_s, spec.host_backward_s)
         norm = spec.norm_memory_efficiency
         if min(positive) <= 0 or min(zero_or_more) < 0 or not spec.tiles or (norm is not None and norm <= 0):
@@ -204,9 +218,13 @@ def matmul_shape(node: OpNode, *, output_shape: Sequence[int], flops: float) -> 
     return GemmShape(math.prod(output_shape[:-2]), output_shape[-2], n, k)
 
 
-_CAUSAL_POSITION = {"scaled_dot_product_attention": 5, "_scaled_dot_product_flash_attention": 4,
-                    "_scaled_dot_product_efficient_attention": 6, "_scaled_dot_product_flash_attention_for_cpu": 4,
-                    "_scaled_dot_product_cudnn_attention": 6}  # fmt: skip
+_CAUSAL_POSITION = {
+    "scaled_dot_product_attention": 5,
+    "_scaled_dot_product_flash_attention": 4,
+    "_scaled_dot_product_efficient_attention": 6,
+    "_scaled_dot_product_flash_attention_for_cpu": 4,
+    "_scaled_dot_product_cudnn_attention": 6,
+}
 
 
 def is_causal(node: OpNode) -> bool:

@@ -175,9 +175,13 @@ def simulate(graph: TaskGraph, *, record: bool = False) -> SimResult:
         for dep in set(deps):
             dependents[dep].append(task)
     state = _State(
-        free=[True] * len(resources), ready=[[] for _ in resources], is_ready=[False] * n, ready_at=[0.0] * n,
-        cursor=[0] * len(resources), start=[math.nan] * n,
-    )  # fmt: skip
+        free=[True] * len(resources),
+        ready=[[] for _ in resources],
+        is_ready=[False] * n,
+        ready_at=[0.0] * n,
+        cursor=[0] * len(resources),
+        start=[math.nan] * n,
+    )
     events: list[tuple[float, int]] = []
     memory = [r.base_memory_bytes for r in resources]
     peak = list(memory)
@@ -261,10 +265,14 @@ def _result(graph: TaskGraph, state: _State, *, makespan: float, peak: list[floa
     spans = ()
     if record:
         spans = tuple(
-            Span(task=graph.names[t], resource=graph.resources[graph.resource_of[t]].name, start_s=state.start[t],
-                 end_s=state.start[t] + graph.duration_s[t])
+            Span(
+                task=graph.names[t],
+                resource=graph.resources[graph.resource_of[t]].name,
+                start_s=state.start[t],
+                end_s=state.start[t] + graph.duration_s[t],
+            )
             for t in range(len(graph))
-        )  # fmt: skip
+        )
     return SimResult(
         step_time_s=makespan,
         busy_s=tuple(busy),

@@ -59,12 +59,19 @@ class DataParallelRunner:
         self.level, runs = stage.zero, stage.recomputed_runs()
         self.module: GraphModule | LayeredGraphModule
         if self.level:  # FSDP shards layer by layer: one child module per layer group
-            self.module = LayeredGraphModule(graph, segment, groups=fsdp_groups(graph, stage.nodes, runs=runs),
-                                             params=params, buffers=buffers, device=workload.device,
-                                             checkpointed=runs)  # fmt: skip
+            self.module = LayeredGraphModule(
+                graph,
+                segment,
+                groups=fsdp_groups(graph, stage.nodes, runs=runs),
+                params=params,
+                buffers=buffers,
+                device=workload.device,
+                checkpointed=runs,
+            )
         else:
-            self.module = GraphModule(graph, segment, params=params, buffers=buffers, device=workload.device,
-                                      checkpointed=runs)  # fmt: skip
+            self.module = GraphModule(
+                graph, segment, params=params, buffers=buffers, device=workload.device, checkpointed=runs
+            )
         self.group = dist.new_group(list(stage.devices))
         self.subgroup = local_sgd_subgroup(plan, stage.devices)  # every rank creates the node groups
         self.rank = dist.get_rank()

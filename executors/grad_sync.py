@@ -73,8 +73,9 @@ class SyncOptions:
         """The plan's; a zero-bubble schedule adds weight gradients up itself, not through autograd's
         accumulation (torch's ``stage_backward_weight``): no hook sees them, so its buckets go after the backward."""
         overlap = plan.schedule != "zero-bubble"
-        return cls(optimizer=plan.optimizer, grad_sync=plan.grad_sync,
-                   num_backward=plan.num_microbatches if overlap else None)  # fmt: skip
+        return cls(
+            optimizer=plan.optimizer, grad_sync=plan.grad_sync, num_backward=plan.num_microbatches if overlap else None
+        )
 
 
 def bucket_plan(stage: Stage, graph: OpGraph, *, optimizer: str) -> list[tuple[GradEntry, ...]]:
@@ -117,8 +118,14 @@ class _Launched:
 
 
 class GradReducer:
-    def __init__(self, *, params: Mapping[str, nn.Parameter], buckets: Sequence[tuple[GradEntry, ...]],
-                 mesh: DeviceMesh, options: SyncOptions) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        params: Mapping[str, nn.Parameter],
+        buckets: Sequence[tuple[GradEntry, ...]],
+        mesh: DeviceMesh,
+        options: SyncOptions,
+    ) -> None:
         self.params, self.mesh, self.grad_sync = params, mesh, options.grad_sync
         self.buckets = [bucket for bucket in buckets if all(entry.name in params for entry in bucket)]
         self.num_backward = options.num_backward
@@ -170,15 +177,17 @@ class GradReducer:
         dtypes = {tensor.dtype for tensor in locals_}
         if len(dtypes) > 1:  # one dtype per collective: the others are left to the fallback
             first = locals_[0].dtype
-            chosen, locals_ = zip(*[(e, t) for e, t in zip(chosen, locals_, strict=True) if t.dtype == first],
-                                  strict=True)  # fmt: skip
+            chosen, locals_ = zip(
+                *[(e, t) for e, t in zip(chosen, locals_, strict=True) if t.dtype == first], strict=True
+            )
         members, offset = [], 0
         for entry, tensor in zip(chosen, locals_, strict=True):
             members.append((entry.name, offset, tensor.numel()))
             offset += tensor.numel()
         flat = torch.cat([tensor.reshape(-1) for tensor in locals_]) if locals_ else torch.empty(0)
-        launched = _Launched(flat=flat, members=members, early=early,
-                             sources=[self.params[entry.name].grad for entry in chosen])  # fmt: skip
+        launched = _Launched(
+            flat=flat, members=members, early=early, sources=[self.params[entry.name].grad for entry in chosen]
+        )
         if not members:
             return launched
         axes = bucket[0].axes
@@ -212,9 +221,11 @@ class GradReducer:
     def _powersgd_state(self, axis: int, group: Any) -> Any:
         if axis not in self._states:
             self._states[axis] = powerSGD_hook.PowerSGDState(
-                process_group=group, matrix_approximation_rank=self.grad_sync.rank,
-                start_powerSGD_iter=self.grad_sync.warmup_steps, random_seed=0,
-            )  # fmt: skip
+                process_group=group,
+                matrix_approximation_rank=self.grad_sync.rank,
+                start_powerSGD_iter=self.grad_sync.warmup_steps,
+                random_seed=0,
+            )
         return self._states[axis]
 
     def finish(self, *, divided_by: float = 1.0) -> None:
@@ -227,16 +238,25 @@ class GradReducer:
             for pending in launched.pending:
                 pending.wait()
             if launched.early:
-                replaced = [name for (name, _, _), grad in zip(launched.members, launched.sources, strict=True)
-                            if self.params[name].grad is not grad]  # fmt: skip
+                replaced = [
+                    name
+                    for (name, _, _), grad in zip(launched.members, launched.sources, strict=True)
+                    if self.params[name].grad is not grad
+                ]
                 assert not replaced, f"gradients replaced after their bucket went out: {replaced}"
             if launched.early and divided_by != 1 and launched.members:
                 launched.flat.div_(divided_by)
             for name, offset, numel in launched.members:
                 param = self.params[name]
                 local = launched.flat[offset : offset + numel].view(param.grad.to_local().shape)
-                param.grad = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                                shape=param.shape, stride=param.stride())  # fmt: skip
+                param.grad = DTensor.from_local(
+                    local,
+                    param.device_mesh,
+                    param.placements,
+                    run_check=False,
+                    shape=param.shape,
+                    stride=param.stride(),
+                )
         counts = {n for n, c in self._count.items() if c not in (0, self.num_backward)} if self.overlap else set()
         assert not counts, f"gradients accumulated an unexpected number of times this step: {sorted(counts)}"
         self._reset()
@@ -303,12 +323,17 @@ def register_ddp_hook(
     if grad_sync.kind == "bf16":
         ddp.register_comm_hook(group, bf16_hook if gloo else default_hooks.bf16_compress_hook)
     elif grad_sync.kind == "powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=grad_sync.rank,
-                                            start_powerSGD_iter=grad_sync.warmup_steps, random_seed=0)  # fmt: skip
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group,
+            matrix_approximation_rank=grad_sync.rank,
+            start_powerSGD_iter=grad_sync.warmup_steps,
+            random_seed=0,
+        )
         ddp.register_comm_hook(state, completed(powerSGD_hook.powerSGD_hook) if gloo else powerSGD_hook.powerSGD_hook)
     elif grad_sync.kind == "local-sgd":
-        state = post_localSGD_hook.PostLocalSGDState(process_group=group, subgroup=subgroup,
-                                                     start_localSGD_iter=grad_sync.warmup_steps)  # fmt: skip
+        state = post_localSGD_hook.PostLocalSGDState(
+            process_group=group, subgroup=subgroup, start_localSGD_iter=grad_sync.warmup_steps
+        )
         ddp.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
         return PeriodicModelAverager(period=grad_sync.period, warmup_steps=grad_sync.warmup_steps, process_group=group)
     return None

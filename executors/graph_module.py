@@ -207,8 +207,9 @@ class Run:
     outputs: tuple[str, ...]
 
 
-def _program(graph: OpGraph, nodes: tuple[OpNode, ...], checkpointed: Sequence[Sequence[str]], *,
-             needed: Sequence[str]) -> tuple[OpNode | Run, ...]:  # fmt: skip
+def _program(
+    graph: OpGraph, nodes: tuple[OpNode, ...], checkpointed: Sequence[Sequence[str]], *, needed: Sequence[str]
+) -> tuple[OpNode | Run, ...]:
     """The segment's nodes in order, each checkpointed run as one :class:`Run`."""
     position = {node.name: index for index, node in enumerate(nodes)}
     starts: dict[int, tuple[str, ...]] = {}
@@ -227,8 +228,9 @@ def _program(graph: OpGraph, nodes: tuple[OpNode, ...], checkpointed: Sequence[S
         members = nodes[index : index + len(starts[index])]
         assert tuple(node.name for node in members) == starts[index], "a checkpointed run is consecutive"
         made = {node.name for node in members}
-        inputs = dict.fromkeys(value for node in members for value in node.inputs if value not in made and value
-                               not in held)  # fmt: skip
+        inputs = dict.fromkeys(
+            value for node in members for value in node.inputs if value not in made and value not in held
+        )
         later = {value for node in nodes[index + len(members) :] for value in node.inputs} | set(needed)
         outputs = tuple(node.name for node in members if node.name in later)
         program.append(Run(nodes=tuple(members), inputs=tuple(inputs), outputs=outputs))
@@ -241,9 +243,17 @@ class LayeredGraphModule(nn.Module):
     :func:`executors.data_parallel.fsdp_groups`): each child holds the parameters only its group reads, the
     root those several groups read (tied embeddings). ``forward`` is the segment's, run child by child."""
 
-    def __init__(self, graph: OpGraph, segment: Segment, *, groups: Sequence[Sequence[str]],
-                 params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor], device: str = "cpu",
-                 checkpointed: Sequence[Sequence[str]] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        graph: OpGraph,
+        segment: Segment,
+        *,
+        groups: Sequence[Sequence[str]],
+        params: Mapping[str, torch.Tensor],
+        buffers: Mapping[str, torch.Tensor],
+        device: str = "cpu",
+        checkpointed: Sequence[Sequence[str]] = (),
+    ) -> None:
         super().__init__()
         self.segment = segment
         readers: dict[str, set[int]] = {}
@@ -258,8 +268,11 @@ class LayeredGraphModule(nn.Module):
             later = {value for other in groups[index + 1 :] for name in other for value in graph.node(name).inputs}
             made = set(group)
             part = make_segment(graph, group, needed_after=[v for v in (*later, *segment.outputs) if v in made])
-            part = replace(part, inputs=part.inputs + tuple(n for n in part.params if n in shared),
-                           params=tuple(n for n in part.params if n not in shared))  # fmt: skip
+            part = replace(
+                part,
+                inputs=part.inputs + tuple(n for n in part.params if n in shared),
+                params=tuple(n for n in part.params if n not in shared),
+            )
             runs = [run for run in checkpointed if run and run[0] in made]
             parts.append(GraphModule(graph, part, params=params, buffers=buffers, device=device, checkpointed=runs))
         self.parts = nn.ModuleList(parts)

@@ -29,10 +29,21 @@ class Reference:
     """The single-process run: ``step(batch)`` returns the loss, the gradients by name and their norm
     (after clipping to ``max_grad_norm`` when given, as the parallel run clips)."""
 
-    def __init__(self, model: nn.Module, *, num_inputs: int, loss_data: Callable[[tuple[Any, ...]], tuple[Any, ...]],
-                 loss_fn: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer, batch_size: int,
-                 precision: Precision, dropout: bool = True, chunks: int = 1, max_grad_norm: float | None = None,
-                 scheduler: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        num_inputs: int,
+        loss_data: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+        loss_fn: Callable[..., torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        batch_size: int,
+        precision: Precision,
+        dropout: bool = True,
+        chunks: int = 1,
+        max_grad_norm: float | None = None,
+        scheduler: Any = None,
+    ) -> None:
         self.model, self.num_inputs, self.loss_data, self.loss_fn = model, num_inputs, loss_data, loss_fn
         self.dropout, self.precision, self.max_grad_norm = dropout, precision, max_grad_norm
         if not dropout:
@@ -100,9 +111,16 @@ class ParityResult:
         )
 
 
-def compare(loss: float, reference_loss: float, grads: Mapping[str, torch.Tensor],
-            reference: Mapping[str, torch.Tensor], *, rtol: float = RTOL, atol: float = ATOL,
-            norms: tuple[float, float] | None = None) -> ParityResult:  # fmt: skip
+def compare(
+    loss: float,
+    reference_loss: float,
+    grads: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    *,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    norms: tuple[float, float] | None = None,
+) -> ParityResult:
     """Loss, every gradient and (when given) the gradient norms ``(ours, reference)`` within
     ``|a − b| ≤ atol + rtol·|b|``."""
     ok = abs(loss - reference_loss) <= atol + rtol * abs(reference_loss)
@@ -120,5 +138,13 @@ def compare(loss: float, reference_loss: float, grads: Mapping[str, torch.Tensor
         if excess > worst_excess:
             worst, worst_excess = name, excess
     ok = ok and not missing and worst_excess <= 0
-    return ParityResult(loss_diff=abs(loss - reference_loss), max_grad_diff=max_diff, worst=worst, missing=missing,
-                        ok=ok, rtol=rtol, atol=atol, grad_norm_diff=norm_diff)  # fmt: skip
+    return ParityResult(
+        loss_diff=abs(loss - reference_loss),
+        max_grad_diff=max_diff,
+        worst=worst,
+        missing=missing,
+        ok=ok,
+        rtol=rtol,
+        atol=atol,
+        grad_norm_diff=norm_diff,
+    )

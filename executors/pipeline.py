@@ -52,9 +52,14 @@ def stage_segments(graph: OpGraph, plan: Plan, *, loss_inputs: tuple[str, ...]) 
     stage_of = {name: stage.index for stage in plan.stages for name in stage.nodes}
     segments = []
     for position, stage in enumerate(plan.stages):
-        later = [value for node in graph.nodes if stage_of[node.name] > position for value in node.inputs
-                 if graph.value_kind(value).value in ("node", "input")
-                 and (value not in stage_of or stage_of[value] <= position)]  # fmt: skip
+        later = [
+            value
+            for node in graph.nodes
+            if stage_of[node.name] > position
+            for value in node.inputs
+            if graph.value_kind(value).value in ("node", "input")
+            and (value not in stage_of or stage_of[value] <= position)
+        ]
         last = position == len(plan.stages) - 1
         needed = list(graph.outputs) if last else [*later, *loss_inputs]
         segment = make_segment(graph, stage.nodes, needed_after=needed)
@@ -112,26 +117,40 @@ class PipelineRunner:
         for stage in mine:
             index, last = stage.index, stage.index == count - 1
             part = build_stage(
-                stage=stage, graph=graph, segment=segments[index], mesh=meshes[index], model_params=params,
-                model_buffers=buffers, device=workload.device, wire_dtype=workload.precision.wire_dtype,
+                stage=stage,
+                graph=graph,
+                segment=segments[index],
+                mesh=meshes[index],
+                model_params=params,
+                model_buffers=buffers,
+                device=workload.device,
+                wire_dtype=workload.precision.wire_dtype,
                 loss=self._loss() if last else None,
                 loss_inputs=tuple(segments[-1].inputs.index(name) for name in loss_inputs) if last else (),
                 sync=SyncOptions.of(plan),
-            )  # fmt: skip
+            )
             self.parts.append(part)
             microbatch = plan.batch_size // m
-            pipeline_stages.append(pipelining.PipelineStage(
-                part.module, index, count, torch.device(workload.device),
-                input_args=_examples(workload, graph, segments[index].inputs, batch_size=microbatch),
-                output_args=_examples(workload, graph, segments[index].outputs, batch_size=microbatch)
-                if not last
-                else torch.zeros(1, device=workload.device),
-                group=groups[position],
-            ))  # fmt: skip
+            pipeline_stages.append(
+                pipelining.PipelineStage(
+                    part.module,
+                    index,
+                    count,
+                    torch.device(workload.device),
+                    input_args=_examples(workload, graph, segments[index].inputs, batch_size=microbatch),
+                    output_args=_examples(workload, graph, segments[index].outputs, batch_size=microbatch)
+                    if not last
+                    else torch.zeros(1, device=workload.device),
+                    group=groups[position],
+                )
+            )
         schedule_class = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
         one = plan.schedule in ("gpipe", "1f1b")  # single-stage schedule classes take the stage, not a list
-        self.schedule = schedule_class(pipeline_stages[0] if one else pipeline_stages, n_microbatches=m,
-                                       loss_fn=lambda output, target: output.sum())  # fmt: skip
+        self.schedule = schedule_class(
+            pipeline_stages[0] if one else pipeline_stages,
+            n_microbatches=m,
+            loss_fn=lambda output, target: output.sum(),
+        )
         self.is_first = mine[0].index == 0
         self.is_last = mine[-1].index == count - 1
 
@@ -161,8 +180,7 @@ class PipelineRunner:
                 loss = torch.cat([value.detach().reshape(1) for value in losses]).mean()
             for part in self.parts:  # the schedule divided the gradients by m after the backward (scale_grads)
                 part.sync_grads(divided_by=self.plan.num_microbatches)
-        sync_shared_grads(self.parts, self.shared, rank=self.rank, device=self.workload.device,
-                          metas=self.param_metas)  # fmt: skip
+        sync_shared_grads(self.parts, self.shared, rank=self.rank, device=self.workload.device, metas=self.param_metas)
         last_stage = self.plan.stages[-1]
         dist.broadcast(loss, src=last_stage.devices[0])
         return float(loss)
@@ -176,8 +194,9 @@ class PipelineRunner:
         return grads
 
 
-def _examples(workload: Workload, graph: OpGraph, names: tuple[str, ...], *, batch_size: int
-              ) -> tuple[torch.Tensor, ...]:  # fmt: skip
+def _examples(
+    workload: Workload, graph: OpGraph, names: tuple[str, ...], *, batch_size: int
+) -> tuple[torch.Tensor, ...]:
     """Empty tensors with each boundary value's shape and dtype (no shape inference needed)."""
     from planner.ir.node_call import torch_dtype
 

@@ -143,10 +143,14 @@ def build_routes(plan: Plan, graph: OpGraph, *, trainable: set[str]) -> Routes:
         if not graph.node(value).outputs:
             raise AutoplanError(f"node {value} returns no tensor but is read on rank {min(ranks)}: cannot send it")
     return Routes(
-        tasks=tasks, producer=producer, readers={v: tuple(sorted(r)) for v, r in readers.items()},
-        grad_elements=elements, grad_sends={t: tuple(s) for t, s in sends.items()},
-        holders={name: frozenset(ranks) for name, ranks in holders.items()}, loss_rank=loss_rank,
-    )  # fmt: skip
+        tasks=tasks,
+        producer=producer,
+        readers={v: tuple(sorted(r)) for v, r in readers.items()},
+        grad_elements=elements,
+        grad_sends={t: tuple(s) for t, s in sends.items()},
+        holders={name: frozenset(ranks) for name, ranks in holders.items()},
+        loss_rank=loss_rank,
+    )
 
 
 @dataclass(kw_only=True)
@@ -323,8 +327,11 @@ class PlacementRunner:
                 work.wait()
             for index, grad in zip(self.routes.grad_elements[name], buffers, strict=True):
                 grads[index] = grad if grads[index] is None else grads[index] + grad
-        pairs = [(out, grad.to(out.dtype)) for out, grad in zip(outs, grads, strict=True)
-                 if grad is not None and out.requires_grad]  # fmt: skip
+        pairs = [
+            (out, grad.to(out.dtype))
+            for out, grad in zip(outs, grads, strict=True)
+            if grad is not None and out.requires_grad
+        ]
         if pairs:
             torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
 
@@ -347,8 +354,12 @@ class PlacementRunner:
     def _post_recv(self, src: int, metas: tuple[TensorMeta, ...] | list[TensorMeta | None]) -> Incoming:
         """Receive buffers for ``metas``; a None (an output nobody reads) is an empty placeholder, not sent."""
         wire = self.workload.precision.wire_dtype
-        buffers = [torch.empty(meta.shape if meta else (0,), dtype=wire(torch_dtype(meta.dtype)) if meta else None,
-                               device=self.device) for meta in metas]  # fmt: skip
+        buffers = [
+            torch.empty(
+                meta.shape if meta else (0,), dtype=wire(torch_dtype(meta.dtype)) if meta else None, device=self.device
+            )
+            for meta in metas
+        ]
         return buffers, [dist.irecv(buffer, src=src) for buffer, meta in zip(buffers, metas, strict=True) if meta]
 
     def _drain(self) -> None:

@@ -85,8 +85,9 @@ def check_optimizer(name: str) -> None:
         raise AutoplanError(f"--optimizer must be one of {', '.join(RUN_OPTIMIZERS)}, got {name!r}")
 
 
-def make_optimizer(name: str, params: list[nn.Parameter], *, lr: float, weight_decay: float = 0.0
-                   ) -> torch.optim.Optimizer:  # fmt: skip
+def make_optimizer(
+    name: str, params: list[nn.Parameter], *, lr: float, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
     """The torch optimizer a plan's optimizer name stands for (fp32 state in every case)."""
     check_optimizer(name)
     if not params:  # a rank that holds no parameter (an idle device of a placement) steps nothing

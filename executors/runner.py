@@ -93,9 +93,15 @@ class TensorParallelRunner:
         mesh = build_meshes(plan, device_type=workload.device.split(":")[0])[0]
         params, buffers = model_tensors(model)
         self.part = build_stage(
-            stage=stage, graph=graph, segment=segment, mesh=mesh, model_params=params,
-            model_buffers=buffers, device=workload.device, sync=SyncOptions.of(plan),
-        )  # fmt: skip
+            stage=stage,
+            graph=graph,
+            segment=segment,
+            mesh=mesh,
+            model_params=params,
+            model_buffers=buffers,
+            device=workload.device,
+            sync=SyncOptions.of(plan),
+        )
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.part.params.values())

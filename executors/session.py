@@ -147,20 +147,33 @@ class Workload:
 
 
 def load_workload(
-    plan: Plan, *, seed: int, device: str, dropout: bool = True, precision: Precision | None = None,
-    build_fn: Callable[[], torch.nn.Module] | None = None, model_file: ModelFile | None = None,
-) -> Workload:  # fmt: skip
+    plan: Plan,
+    *,
+    seed: int,
+    device: str,
+    dropout: bool = True,
+    precision: Precision | None = None,
+    build_fn: Callable[[], torch.nn.Module] | None = None,
+    model_file: ModelFile | None = None,
+) -> Workload:
     """Rebuild the plan's model and check it is the model the plan was made for; ``dropout=False``
     runs it with every dropout probability 0 (what ``--check-parity`` compares)."""
     if plan.model.file is None:
         raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
     model_file = model_file or load_model_file(plan.model.file)  # a program passes the file it already imported
     workload = Workload(
-        plan=plan, model_file=model_file, model_args=dict(plan.model.args), seed=seed, device=device,
+        plan=plan,
+        model_file=model_file,
+        model_args=dict(plan.model.args),
+        seed=seed,
+        device=device,
         graph=None,  # type: ignore[arg-type]
-        loss_fn=model_file.loss_fn or default_loss, uses_inputs_in_loss=model_file.loss_fn is not None,
-        dropout=dropout, precision=precision or Precision(name="fp32"), build_fn=build_fn,
-    )  # fmt: skip
+        loss_fn=model_file.loss_fn or default_loss,
+        uses_inputs_in_loss=model_file.loss_fn is not None,
+        dropout=dropout,
+        precision=precision or Precision(name="fp32"),
+        build_fn=build_fn,
+    )
     workload.graph = _capture(workload, plan.batch_size)
     targets = instantiate_targets(model_file, batch_size=plan.batch_size, model_args=workload.model_args)
     workload.target_metas = tuple(tensor_meta(t) for t in targets)

@@ -42,11 +42,14 @@ class ShardedStageModule(nn.Module):
     """Whole tensors in, whole tensors out; DTensors inside; optionally the loss at the end."""
 
     def __init__(
-        self, inner: GraphModule, sharding: StageSharding | SingleDeviceSharding, *,
+        self,
+        inner: GraphModule,
+        sharding: StageSharding | SingleDeviceSharding,
+        *,
         loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None,
         loss_inputs: tuple[int, ...] = (),
         wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.sharding = sharding
@@ -59,8 +62,9 @@ class ShardedStageModule(nn.Module):
         outputs = self.inner(*(self.sharding.enter(v) for v in values))
         whole = tuple(self.sharding.leave(v) for v in outputs)
         if self._loss is None:  # sent to the next stage: point-to-point sends need contiguous tensors
-            whole = tuple(_own_tensor(self._to_wire(v).contiguous()) if isinstance(v, torch.Tensor) else v
-                          for v in whole)  # fmt: skip
+            whole = tuple(
+                _own_tensor(self._to_wire(v).contiguous()) if isinstance(v, torch.Tensor) else v for v in whole
+            )
             return whole if len(whole) != 1 else whole[0]
         return self._loss(whole, tuple(values[i] for i in self._loss_inputs))
 
@@ -134,11 +138,19 @@ def param_specs(stage: Stage, graph: OpGraph, names: Sequence[str]) -> dict[str,
 
 
 def build_stage(
-    *, stage: Stage, graph: OpGraph, segment: Segment, mesh: DeviceMesh, model_params: Mapping[str, Any],
-    model_buffers: Mapping[str, Any], device: str,
-    loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None, loss_inputs: tuple[int, ...] = (),
-    wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None, sync: SyncOptions | None = None,
-) -> StagePart:  # fmt: skip
+    *,
+    stage: Stage,
+    graph: OpGraph,
+    segment: Segment,
+    mesh: DeviceMesh,
+    model_params: Mapping[str, Any],
+    model_buffers: Mapping[str, Any],
+    device: str,
+    loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None,
+    loss_inputs: tuple[int, ...] = (),
+    wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
+    sync: SyncOptions | None = None,
+) -> StagePart:
     """The part of ``stage`` this rank runs, every node as the plan's record of it says; ``sync``: how it
     reduces its gradients (:meth:`executors.grad_sync.SyncOptions.of` the plan; None: exact, bucketed by
     4-byte gradients, after the backward)."""
@@ -150,8 +162,15 @@ def build_stage(
     specs = param_specs(stage, graph, segment.params)
     params = sharding.distribute_params({name: model_params[name] for name in segment.params}, specs)
     buffers = sharding.distribute_buffers({name: model_buffers[name] for name in segment.buffers})
-    inner = GraphModule(graph, segment, params=params, buffers=buffers, call_node=sharding.call_node, device=device,
-                        checkpointed=stage.recomputed_runs())  # fmt: skip
+    inner = GraphModule(
+        graph,
+        segment,
+        params=params,
+        buffers=buffers,
+        call_node=sharding.call_node,
+        device=device,
+        checkpointed=stage.recomputed_runs(),
+    )
     module = ShardedStageModule(inner, sharding, loss=loss, loss_inputs=loss_inputs, wire_dtype=wire_dtype)
     named = dict(inner.named_graph_parameters())
     zero = None
@@ -162,10 +181,18 @@ def build_stage(
     reducer = None
     if len(stage.devices) > 1:
         sync = sync or SyncOptions(optimizer="adam-fp32")
-        reducer = GradReducer(params=named, buckets=bucket_plan(stage, graph, optimizer=sync.optimizer), mesh=mesh,
-                              options=sync)  # fmt: skip
-    return StagePart(stage=stage, segment=segment, module=module, sharding=sharding,
-                     params=zero.optimized() if zero else named, reducer=reducer, zero=zero)  # fmt: skip
+        reducer = GradReducer(
+            params=named, buckets=bucket_plan(stage, graph, optimizer=sync.optimizer), mesh=mesh, options=sync
+        )
+    return StagePart(
+        stage=stage,
+        segment=segment,
+        module=module,
+        sharding=sharding,
+        params=zero.optimized() if zero else named,
+        reducer=reducer,
+        zero=zero,
+    )
 
 
 class ZeroOptimizerShards:
@@ -224,8 +251,9 @@ def zero_placements(param: DTensor, axes: Sequence[int]) -> tuple[Placement, ...
     return tuple(Shard(free[0]) if axis in axes else placement for axis, placement in enumerate(param.placements))
 
 
-def sync_shared_grads(parts: Sequence[StagePart], shared: Sequence[str], *, rank: int, device: str,
-                      metas: Mapping[str, torch.Tensor]) -> None:  # fmt: skip
+def sync_shared_grads(
+    parts: Sequence[StagePart], shared: Sequence[str], *, rank: int, device: str, metas: Mapping[str, torch.Tensor]
+) -> None:
     """Sum each shared parameter's gradient over the stages that read it (every rank takes part; ``parts``
     are this rank's stages, several under an interleaved schedule, each reported by its first device)."""
     for name in shared:

@@ -74,22 +74,41 @@ def time_plans(paths: Sequence[str], *, steps: int, warmup: int = WARMUP_STEPS) 
                 times.append(float(elapsed))
         used = torch.tensor(own_cpu_ticks() - ours, dtype=torch.float64)
         dist.all_reduce(used)  # every rank's CPU time over the timed steps
-        MACHINE[path] = {**machine_shares(ticks, cpu_ticks(), ours_ticks=float(used)),
-                         "wall_s": time.perf_counter() - wall}  # fmt: skip
+        MACHINE[path] = {
+            **machine_shares(ticks, cpu_ticks(), ours_ticks=float(used)),
+            "wall_s": time.perf_counter() - wall,
+        }
         measured[path] = statistics.median(times)
     return measured
 
 
 def run_timing(
-    paths: Sequence[str], *, world: int, steps: int, out: Path, timeout_s: float = 1800.0,
+    paths: Sequence[str],
+    *,
+    world: int,
+    steps: int,
+    out: Path,
+    timeout_s: float = 1800.0,
     module: str = "executors.step_timing",
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Launch one torchrun job of ``world`` processes (one thread each) timing every plan; ``module``:
     another job with the same arguments (``executors.training.memory_peak``: peak memory per rank)."""
     from executors.training.launch import free_port
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
-               str(free_port()), "-m", module, str(out), str(steps), *paths]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(world),
+        "--master-port",
+        str(free_port()),
+        "-m",
+        module,
+        str(out),
+        str(steps),
+        *paths,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)

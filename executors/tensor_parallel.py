@@ -82,10 +82,13 @@ class StageSharding:
         }
         self.edges = {name: _edges(graph.node(name), record, strategies) for name, record in strategies.items()}
         self.gathered_outputs = {  # a gathered output's gradient comes back partial, to be reduce-scattered
-            name: tuple(Partial() if text == GATHERED else placement
-                        for text, placement in zip(record.output_spec, self.outputs[name], strict=True))
-            for name, record in strategies.items() if GATHERED in record.output_spec
-        }  # fmt: skip
+            name: tuple(
+                Partial() if text == GATHERED else placement
+                for text, placement in zip(record.output_spec, self.outputs[name], strict=True)
+            )
+            for name, record in strategies.items()
+            if GATHERED in record.output_spec
+        }
         held = (ValueKind.PARAM, ValueKind.BUFFER)
         self.held_inputs = {  # positions of parameters and buffers: placed once, not per call
             name: frozenset(i for i, value in enumerate(graph.node(name).inputs) if graph.value_kind(value) in held)
@@ -127,8 +130,10 @@ class StageSharding:
     def call_node(self, node: OpNode, tensors: list[Any]) -> Any:
         wanted = self.input_placements[node.name]
         held, edges = self.held_inputs[node.name], self.edges[node.name]
-        inputs = [self._hold(tensor, placements) if i in held else self._arrive(tensor, placements, edges[i])
-                  for i, (tensor, placements) in enumerate(zip(tensors, wanted, strict=True))]  # fmt: skip
+        inputs = [
+            self._hold(tensor, placements) if i in held else self._arrive(tensor, placements, edges[i])
+            for i, (tensor, placements) in enumerate(zip(tensors, wanted, strict=True))
+        ]
         if node.target in self.inplace and inputs and isinstance(inputs[0], DTensor) and inputs[0].requires_grad:
             inputs[0] = inputs[0].clone()  # relu_ on the edge's own view: write into a copy instead
         if node.op_name in AVOID_DTENSOR or node.kind == NodeKind.ATTENTION or self._rows_on_shards(node, inputs):
@@ -189,9 +194,10 @@ class StageSharding:
         placements = self.outputs.get(node.name, self._replicated) if on_shards else self._replicated
         local = [
             tensor.to_local(grad_placements=_local_grad_placements(tensor, placements))
-            if isinstance(tensor, DTensor) else tensor
+            if isinstance(tensor, DTensor)
+            else tensor
             for tensor in inputs
-        ]  # fmt: skip
+        ]
         result = call_node_plain(node, local, device=self.device)
         shapes = iter(node.outputs)
 
@@ -199,8 +205,14 @@ class StageSharding:
             if not isinstance(value, torch.Tensor):
                 return value
             meta = next(shapes)
-            return DTensor.from_local(value, self.mesh, placements, run_check=False, shape=torch.Size(meta.shape),
-                                      stride=_contiguous_stride(meta.shape))  # fmt: skip
+            return DTensor.from_local(
+                value,
+                self.mesh,
+                placements,
+                run_check=False,
+                shape=torch.Size(meta.shape),
+                stride=_contiguous_stride(meta.shape),
+            )
 
         return tree_map(wrap, result)
 
@@ -283,8 +295,9 @@ class _GradAsPlanned(torch.autograd.Function):
             keep = all(ctx.mesh.get_local_rank(axis) == 0 for axis in made_partial)
             local = grad.to_local() if keep else torch.zeros_like(grad.to_local())
             placements = [Partial() if axis in made_partial else now for axis, (now, _) in enumerate(pairs)]
-            grad = DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=grad.shape,
-                                      stride=grad.stride())  # fmt: skip
+            grad = DTensor.from_local(
+                local, ctx.mesh, placements, run_check=False, shape=grad.shape, stride=grad.stride()
+            )
         return grad.redistribute(ctx.mesh, ctx.placements), None
 
 
@@ -311,12 +324,19 @@ def _edges(node: OpNode, record: NodeSharding, strategies: Mapping[str, NodeShar
         held, wanted = to_placements(source), to_placements(spec)
         gathered = [axis for axis, text in enumerate(source) if text == GATHERED]
         partial = tuple(Partial() if axis in gathered else placement for axis, placement in enumerate(held))
-        own_pin = tuple(Partial() if text == GATHERED and axis in gathered else placement
-                        for axis, (text, placement) in enumerate(zip(spec, wanted, strict=True)))  # fmt: skip
+        own_pin = tuple(
+            Partial() if text == GATHERED and axis in gathered else placement
+            for axis, (text, placement) in enumerate(zip(spec, wanted, strict=True))
+        )
         local = [axis for axis in gathered if spec[axis].startswith("S") and spec.count(spec[axis]) == 1]
         sliced = tuple(wanted[axis] if axis in local else placement for axis, placement in enumerate(held))
-        edges.append(_Edge(source_pin=partial if gathered else None, sliced=sliced if local else None,
-                           own_pin=own_pin if GATHERED in spec else None))  # fmt: skip
+        edges.append(
+            _Edge(
+                source_pin=partial if gathered else None,
+                sliced=sliced if local else None,
+                own_pin=own_pin if GATHERED in spec else None,
+            )
+        )
     return edges
 
 
@@ -353,8 +373,10 @@ class SingleDeviceSharding:
     def distribute_params(
         self, params: Mapping[str, torch.Tensor], placements: Mapping[str, Sequence[str]]
     ) -> dict[str, nn.Parameter]:
-        return {name: tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor)
-                for name, tensor in params.items()}  # fmt: skip
+        return {
+            name: tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor)
+            for name, tensor in params.items()
+        }
 
     def distribute_buffers(self, buffers: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return dict(buffers)
@@ -390,8 +412,13 @@ def full_tensor(value: Any) -> torch.Tensor:
 def observed_kind(op_name: str) -> str | None:
     """CommDebugMode's collective (functional, or c10d's ``allreduce_``: the gradient buckets of
     :mod:`executors.grad_sync`) -> the cost model's kind (None: not a collective we price)."""
-    for key, kind in (("all_reduce", "all_reduce"), ("allreduce", "all_reduce"), ("all_gather", "all_gather"),
-                      ("all_to_all", "all_to_all"), ("reduce_scatter", "reduce_scatter")):  # fmt: skip
+    for key, kind in (
+        ("all_reduce", "all_reduce"),
+        ("allreduce", "all_reduce"),
+        ("all_gather", "all_gather"),
+        ("all_to_all", "all_to_all"),
+        ("reduce_scatter", "reduce_scatter"),
+    ):
         if key in op_name:
             return kind
     return None

@@ -60,13 +60,18 @@ class UnevenPipelineRunner:
             return loss_fn(flat_outputs(outputs), inputs)
 
         self.part = build_stage(
-            stage=stage, graph=self.graph, segment=self.segments[self.index], mesh=meshes[self.index],
-            model_params=params, model_buffers=buffers, device=workload.device,
+            stage=stage,
+            graph=self.graph,
+            segment=self.segments[self.index],
+            mesh=meshes[self.index],
+            model_params=params,
+            model_buffers=buffers,
+            device=workload.device,
             wire_dtype=workload.precision.wire_dtype,
             loss=loss if last else None,
             loss_inputs=tuple(self.segments[-1].inputs.index(n) for n in loss_inputs) if last else (),
             sync=SyncOptions.of(plan),
-        )  # fmt: skip
+        )
         self.owned = set(stage.param_placements)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -86,8 +91,13 @@ class UnevenPipelineRunner:
             if self.index == len(self.plan.stages) - 1:
                 loss = torch.stack([outputs.detach() for _, outputs in saved]).mean()
             self.part.sync_grads()
-        sync_shared_grads([self.part] if self.part is not None else [], self.shared, rank=dist.get_rank(),
-                          device=self.workload.device, metas=self.param_metas)  # fmt: skip
+        sync_shared_grads(
+            [self.part] if self.part is not None else [],
+            self.shared,
+            rank=dist.get_rank(),
+            device=self.workload.device,
+            metas=self.param_metas,
+        )
         dist.broadcast(loss, src=self.plan.stages[-1].devices[0])
         return float(loss)
 

@@ -92,8 +92,9 @@ class Prepared:
 def _auto(prepared: Prepared) -> tuple[AutoResult, float]:
     if prepared.auto is None:
         started = time.perf_counter()
-        result = auto_plan(prepared.graphs, prepared.graph, prepared.setup, options=prepared.options,
-                           progress=prepared.progress)  # fmt: skip
+        result = auto_plan(
+            prepared.graphs, prepared.graph, prepared.setup, options=prepared.options, progress=prepared.progress
+        )
         prepared.auto = (result, time.perf_counter() - started)
     return prepared.auto
 
@@ -105,15 +106,24 @@ def _run_method(name: str, prepared: Prepared) -> tuple[PricedPipeline, SearchSt
         raise AutoplanError(f"--grad-sync {options.grad_sync.label}: op placements ({name}) sync no gradients")
     if name in PLACEMENT_METHODS:
         started = time.perf_counter()
-        chosen, notes = run_placement(name, prepared.graphs, setup, batch_size=prepared.batch_size,
-                                      microbatches=prepared.microbatches, rl_budget_s=prepared.rl_budget_s,
-                                      rl_iterations=prepared.rl_iterations, seed=prepared.seed, progress=prepared.progress)  # fmt: skip
+        chosen, notes = run_placement(
+            name,
+            prepared.graphs,
+            setup,
+            batch_size=prepared.batch_size,
+            microbatches=prepared.microbatches,
+            rl_budget_s=prepared.rl_budget_s,
+            rl_iterations=prepared.rl_iterations,
+            seed=prepared.seed,
+            progress=prepared.progress,
+        )
         return chosen, SearchStats(time_s=time.perf_counter() - started), notes
     if name in HANDWRITTEN_ALONE:
         return _run_handwritten(name, prepared)
     result, search_s = _auto(prepared)
-    stats = SearchStats(time_s=search_s, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s,
-                        price_s=result.price_s)  # fmt: skip
+    stats = SearchStats(
+        time_s=search_s, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s, price_s=result.price_s
+    )
     compared = ", ".join(f"{method} {p.estimate.step_time_s:.4g} s" for method, p in sorted(result.priced.items()))
     notes = (f"compared under the same cost model: {compared}; chosen: {result.chosen_by}",)
     return result.best, stats, notes
@@ -130,8 +140,13 @@ def _run_handwritten(name: str, prepared: Prepared) -> tuple[PricedPipeline, Sea
     found = run(prepared.graphs, prepared.graph, prepared.setup, options=options, progress=prepared.progress)
     if found.best is None:
         raise AutoplanError(does_not_fit_message(name, options, prepared.setup, found.least_memory_bytes))
-    stats = SearchStats(time_s=time.perf_counter() - started, ilp_solves=found.num_solves, ilp_s=found.tables_s,
-                        dp_s=found.score_s, price_s=found.price_s)  # fmt: skip
+    stats = SearchStats(
+        time_s=time.perf_counter() - started,
+        ilp_solves=found.num_solves,
+        ilp_s=found.tables_s,
+        dp_s=found.score_s,
+        price_s=found.price_s,
+    )
     note = f"stage problems priced: {found.stages_built} built, {found.stages_reused} reused by shape"
     return found.best, stats, (note,)
 
@@ -209,9 +224,19 @@ def prepare(
     forced = _forced_grad_sync(grad_sync, allow_lossy=allow_lossy)
     profile = runtime_profile(runtime)
     remat, zero = search_space(space, remat=remat, zero=zero, schedule=schedule, allow_lossy=allow_lossy)
-    pipeline = PipelineOptions(max_stages=max_stages, microbatches=microbatches, schedule=schedule, remat=remat,
-                               zero=zero, ilp_time_limit_s=ilp_time_limit_s, degrees=degrees, jobs=jobs,
-                               allow_lossy=allow_lossy, grad_sync=forced, space=space)  # fmt: skip
+    pipeline = PipelineOptions(
+        max_stages=max_stages,
+        microbatches=microbatches,
+        schedule=schedule,
+        remat=remat,
+        zero=zero,
+        ilp_time_limit_s=ilp_time_limit_s,
+        degrees=degrees,
+        jobs=jobs,
+        allow_lossy=allow_lossy,
+        grad_sync=forced,
+        space=space,
+    )
     counts = microbatch_counts(batch_size, microbatches, data_degree=None if degrees is None else degrees[2])
     allowed_slots(remat, zero)
     if not 0 < memory_fraction <= 1:
@@ -223,8 +248,14 @@ def prepare(
     started = time.perf_counter()
     # at scale the Megatron grid reaches one row per replica (megatron_at_scale): capture down to one row
     one_row = is_large(cluster) and degrees is None and microbatches is None
-    graphs = capture_graphs(model, example_inputs, batch_size=batch_size, smallest=1 if one_row else batch_size // counts[-1],
-                             tracer=tracer, jobs=jobs)  # fmt: skip
+    graphs = capture_graphs(
+        model,
+        example_inputs,
+        batch_size=batch_size,
+        smallest=1 if one_row else batch_size // counts[-1],
+        tracer=tracer,
+        jobs=jobs,
+    )
     graph = graphs.full
     captured = time.perf_counter()
     ref = dict(model_ref or {})
@@ -238,14 +269,30 @@ def prepare(
             ref.get("file"), ref.get("args", {}), graph, batch_size=batch_size
         ),
     )
-    model_json = ModelRef(fingerprint=graph.fingerprint(), num_params=graph.num_params, file=ref.get("file"),
-                          args=ref.get("args", {}), tracer=tracer)  # fmt: skip
+    model_json = ModelRef(
+        fingerprint=graph.fingerprint(),
+        num_params=graph.num_params,
+        file=ref.get("file"),
+        args=ref.get("args", {}),
+        tracer=tracer,
+    )
     return Prepared(
-        graph=graph, graphs=graphs, setup=setup, model=model_json, batch_size=batch_size, options=pipeline,
-        microbatches=microbatches, rl_budget_s=rl_budget_s, rl_iterations=rl_iterations, seed=seed, capture_s=captured - started,
+        graph=graph,
+        graphs=graphs,
+        setup=setup,
+        model=model_json,
+        batch_size=batch_size,
+        options=pipeline,
+        microbatches=microbatches,
+        rl_budget_s=rl_budget_s,
+        rl_iterations=rl_iterations,
+        seed=seed,
+        capture_s=captured - started,
         captured_before_s=graphs.capture_s,
-        cost_s=time.perf_counter() - captured, notes=(f"compute times: {cost_model}",), progress=progress,
-    )  # fmt: skip
+        cost_s=time.perf_counter() - captured,
+        notes=(f"compute times: {cost_model}",),
+        progress=progress,
+    )
 
 
 def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
@@ -258,8 +305,9 @@ def plan_prepared(prepared: Prepared, method: str = "auto") -> Plan:
     return _finish_plan(prepared, method, chosen, stats, method_notes)
 
 
-def _finish_plan(prepared: Prepared, method: str, chosen: PricedPipeline, stats: SearchStats,
-                 method_notes: tuple[str, ...]) -> Plan:  # fmt: skip
+def _finish_plan(
+    prepared: Prepared, method: str, chosen: PricedPipeline, stats: SearchStats, method_notes: tuple[str, ...]
+) -> Plan:
     """The validated plan of a priced candidate: notes, batch statistics and what sequence parallelism saved."""
     graphs = prepared.graphs
     result = Plan(
@@ -309,13 +357,15 @@ def candidate_plan(prepared: Prepared, name: str) -> Plan:
     result, search_s = _auto(prepared)
     if name == result.chosen_by:
         return plan_prepared(prepared, "auto")
-    stats = SearchStats(time_s=search_s, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s,
-                        price_s=result.price_s)  # fmt: skip
+    stats = SearchStats(
+        time_s=search_s, ilp_solves=result.num_solves, ilp_s=result.ilp_s, dp_s=result.dp_s, price_s=result.price_s
+    )
     return _finish_plan(prepared, "auto", result.priced[name], stats, (f"auto's {name} candidate (not its pick)",))
 
 
-def tune_prepared(prepared: Prepared, *, measure: Callable[[str, Plan], Measurement],
-                  candidates: int = DEFAULT_CANDIDATES) -> TuneResult:  # fmt: skip
+def tune_prepared(
+    prepared: Prepared, *, measure: Callable[[str, Plan], Measurement], candidates: int = DEFAULT_CANDIDATES
+) -> TuneResult:
     """Plan, run up to ``candidates`` distinct candidates with ``measure(name, plan)`` (the caller runs them: the
     planner starts no process; ``planner.cli.tune.measure_locally`` runs them on this machine) and keep the measured
     fastest that fits, with the corrections the measurements support (:mod:`planner.tuning`). AutoplanError when
@@ -331,18 +381,28 @@ def tune_prepared(prepared: Prepared, *, measure: Callable[[str, Plan], Measurem
         reasons = "; ".join(f"{row.name}: {row.measurement.error or 'over the memory budget'}" for row in rows)
         raise AutoplanError(f"no candidate ran within its memory budget ({reasons})")
     corrections = learn(rows, prepared.graphs.at, prepared.setup)
-    return TuneResult(rows=tuple(rows), chosen=chosen, plan=tuned_plan(rows, chosen), corrections=corrections,
-                      auto_name=rows[0].name)  # fmt: skip
+    return TuneResult(
+        rows=tuple(rows), chosen=chosen, plan=tuned_plan(rows, chosen), corrections=corrections, auto_name=rows[0].name
+    )
 
 
 def tune(
-    model: torch.nn.Module, example_inputs: Sequence[Any], cluster: Cluster | str, *, batch_size: int,
-    measure: Callable[[str, Plan], Measurement], candidates: int = DEFAULT_CANDIDATES, **options: Any,
-) -> TuneResult:  # fmt: skip
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    cluster: Cluster | str,
+    *,
+    batch_size: int,
+    measure: Callable[[str, Plan], Measurement],
+    candidates: int = DEFAULT_CANDIDATES,
+    **options: Any,
+) -> TuneResult:
     """:func:`plan`, then the measured loop of :func:`tune_prepared`: e.g. ``tune(model, inputs, "local-cpu",
     batch_size=8, measure=planner.cli.tune.measure_locally)``."""
-    return tune_prepared(prepare(model, example_inputs, cluster, batch_size=batch_size, **options), measure=measure,
-                         candidates=candidates)  # fmt: skip
+    return tune_prepared(
+        prepare(model, example_inputs, cluster, batch_size=batch_size, **options),
+        measure=measure,
+        candidates=candidates,
+    )
 
 
 def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:
@@ -363,9 +423,14 @@ def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:
 
 
 def plan(
-    model: torch.nn.Module, example_inputs: Sequence[Any], cluster: Cluster | str, *, batch_size: int,
-    method: str = "auto", **options: Any,
-) -> Plan:  # fmt: skip
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    cluster: Cluster | str,
+    *,
+    batch_size: int,
+    method: str = "auto",
+    **options: Any,
+) -> Plan:
     """Find a parallel plan for training ``model`` on ``cluster`` with global ``batch_size``.
 
     ``example_inputs`` are one step's inputs at ``batch_size``. The model may live on the
@@ -406,9 +471,13 @@ def _estimate_notes(setup: CostSetup, *, mfu: float, num_params: float) -> tuple
 
 
 def prepare_model_file(
-    path: str | Path, cluster: Cluster | str, *, batch_size: int, model_args: dict[str, Any] | None = None,
+    path: str | Path,
+    cluster: Cluster | str,
+    *,
+    batch_size: int,
+    model_args: dict[str, Any] | None = None,
     **options: Any,
-) -> Prepared:  # fmt: skip
+) -> Prepared:
     """:func:`prepare` for a model file, built on the meta device."""
     model_file = load_model_file(path)
     args = dict(model_args or {})
@@ -418,9 +487,14 @@ def prepare_model_file(
 
 
 def plan_model_file(
-    path: str | Path, cluster: Cluster | str, *, batch_size: int, model_args: dict[str, Any] | None = None,
-    method: str = "auto", **options: Any,
-) -> Plan:  # fmt: skip
+    path: str | Path,
+    cluster: Cluster | str,
+    *,
+    batch_size: int,
+    model_args: dict[str, Any] | None = None,
+    method: str = "auto",
+    **options: Any,
+) -> Plan:
     """:func:`plan` for a model file, built on the meta device."""
     if method not in METHODS:
         raise AutoplanError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")

@@ -46,9 +46,15 @@ DP_CANDIDATES = 3
 
 
 def _add_megatron_at_scale(
-    priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], graphs: MicrobatchGraphs, full_graph: OpGraph,
-    setup: CostSetup, *, options: PipelineOptions, progress: Progress | None,
-) -> None:  # fmt: skip
+    priced: dict[str, PricedPipeline],
+    graph_of: dict[str, OpGraph],
+    graphs: MicrobatchGraphs,
+    full_graph: OpGraph,
+    setup: CostSetup,
+    *,
+    options: PipelineOptions,
+    progress: Progress | None,
+) -> None:
     """On a large cluster the Megatron candidate is :func:`megatron_at_scale`'s (deep pipelines, hundreds of
     microbatches: Megatron's published configurations), as ``--method megatron`` runs it there."""
     found = megatron_at_scale(graphs, full_graph, setup, options=options, progress=progress)
@@ -57,9 +63,14 @@ def _add_megatron_at_scale(
 
 
 def _add_pure_data_parallel(
-    priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], graphs: MicrobatchGraphs, full_graph: OpGraph,
-    setup: CostSetup, *, options: PipelineOptions,
-) -> None:  # fmt: skip
+    priced: dict[str, PricedPipeline],
+    graph_of: dict[str, OpGraph],
+    graphs: MicrobatchGraphs,
+    full_graph: OpGraph,
+    setup: CostSetup,
+    *,
+    options: PipelineOptions,
+) -> None:
     """The one-microbatch data-parallel plan replaces the grid's data-parallel candidate when it is faster, as
     ``--method data-parallel`` chooses (:func:`planner.baselines.handwritten_plan.data_parallel_plan`)."""
     pure = pure_data_parallel(graphs, full_graph, setup, options=options)
@@ -69,9 +80,14 @@ def _add_pure_data_parallel(
 
 
 def _add_schedule_variants(
-    priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], pipelines: dict[str, Pipelines], *,
-    full_graph: OpGraph, tables: LayerTables, mode: str,
-) -> None:  # fmt: skip
+    priced: dict[str, PricedPipeline],
+    graph_of: dict[str, OpGraph],
+    pipelines: dict[str, Pipelines],
+    *,
+    full_graph: OpGraph,
+    tables: LayerTables,
+    mode: str,
+) -> None:
     """Each hand-written method's plan with its own schedule variants (Megatron: interleaved; as it is run alone),
     and the ``rescheduled`` candidate: the fastest pipelines of every method under every variant schedule
     (:mod:`planner.inter.schedule_variants`). A named multi-stage schedule keeps only the plans that use it."""
@@ -85,8 +101,9 @@ def _add_schedule_variants(
         if found is not None and best is found[0]:
             priced[method], graph_of[method] = best, found[1].graph
     everything = [entry for entries in pipelines.values() for entry in entries]
-    found = best_rescheduled(everything, full_graph=full_graph, tables=tables,
-                             schedules=method_schedules("rescheduled", mode))  # fmt: skip
+    found = best_rescheduled(
+        everything, full_graph=full_graph, tables=tables, schedules=method_schedules("rescheduled", mode)
+    )
     if found is not None:
         priced["rescheduled"], graph_of["rescheduled"] = found[0], found[1].graph
     if mode in MULTI_STAGE_SCHEDULES:
@@ -139,9 +156,16 @@ def auto_plan(
     handwritten_started = time.perf_counter()
     at_scale = is_large(setup.cluster) and options.degrees is None  # Megatron's candidate: as run alone there
     methods = tuple(method for method in HANDWRITTEN if not (at_scale and method == "megatron"))
-    for method, found in best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees,
-                                          zero=options.zero, methods=methods, max_stages=options.max_stages,
-                                          allow_lossy=options.allow_lossy).items():  # fmt: skip
+    for method, found in best_handwritten(
+        settings,
+        setup,
+        remat=options.remat,
+        degrees=options.degrees,
+        zero=options.zero,
+        methods=methods,
+        max_stages=options.max_stages,
+        allow_lossy=options.allow_lossy,
+    ).items():
         candidates.extend((method, candidate.setting, list(candidate.specs)) for candidate in found)
     handwritten_s = time.perf_counter() - handwritten_started
     priced: dict[str, PricedPipeline] = {}
@@ -150,12 +174,29 @@ def auto_plan(
     for done, (method, setting, specs) in enumerate(candidates):
         if progress is not None:
             progress("pricing candidates", done, len(candidates))
-        result = price_stages(full_graph=full_graph, graph=setting.graph, layers=setting.layers, tables=tables,
-                              specs=specs, m=setting.num_microbatches, schedule=setting.schedule,
-                              refine=method == "stage-dp")  # fmt: skip
+        result = price_stages(
+            full_graph=full_graph,
+            graph=setting.graph,
+            layers=setting.layers,
+            tables=tables,
+            specs=specs,
+            m=setting.num_microbatches,
+            schedule=setting.schedule,
+            refine=method == "stage-dp",
+        )
         if result is not None and len(specs) > 1:
-            pipelines.setdefault(method, []).append((result, Candidate(graph=setting.graph, layers=setting.layers, specs=tuple(specs),
-                                                        num_microbatches=setting.num_microbatches, refine=method == "stage-dp")))  # fmt: skip
+            pipelines.setdefault(method, []).append(
+                (
+                    result,
+                    Candidate(
+                        graph=setting.graph,
+                        layers=setting.layers,
+                        specs=tuple(specs),
+                        num_microbatches=setting.num_microbatches,
+                        refine=method == "stage-dp",
+                    ),
+                )
+            )
         if result is not None and (
             method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s
         ):
@@ -165,13 +206,19 @@ def auto_plan(
         _add_megatron_at_scale(priced, graph_of, graphs, full_graph, setup, options=options, progress=progress)
     _add_pure_data_parallel(priced, graph_of, graphs, full_graph, setup, options=options)
     if not priced and options.schedule in MULTI_STAGE_SCHEDULES:
-        raise AutoplanError(f"no pipeline fits under --schedule {options.schedule} (it needs at least two stages of "
-                            "equal size and, for interleaved, twice as many layers): try --schedule auto")  # fmt: skip
+        raise AutoplanError(
+            f"no pipeline fits under --schedule {options.schedule} (it needs at least two stages of "
+            "equal size and, for interleaved, twice as many layers): try --schedule auto"
+        )
     if not priced:
         raise AutoplanError(_does_not_fit(settings, setup, options))
     chosen_by = min(priced, key=lambda method: priced[method].estimate.step_time_s)  # the figure every command prints
     return AutoResult(
-        best=priced[chosen_by], chosen_by=chosen_by, priced=priced, num_solves=tables.num_solves,
-        ilp_s=searched - started - search_dp_s, dp_s=search_dp_s + handwritten_s,
+        best=priced[chosen_by],
+        chosen_by=chosen_by,
+        priced=priced,
+        num_solves=tables.num_solves,
+        ilp_s=searched - started - search_dp_s,
+        dp_s=search_dp_s + handwritten_s,
         price_s=time.perf_counter() - searched - handwritten_s,
-    )  # fmt: skip
+    )

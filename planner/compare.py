@@ -103,9 +103,17 @@ def _row(prepared: Prepared, method: str) -> ComparisonRow:
     try:
         plan = plan_prepared(prepared, method)
     except AutoplanError as error:
-        return ComparisonRow(method=method, fits=False, step_time_s=None, simulated_step_time_s=None,
-                             memory_per_device_bytes=None, simulated_memory_bytes=None, bubble_fraction=None,
-                             search_time_s=time.perf_counter() - started, note=str(error))  # fmt: skip
+        return ComparisonRow(
+            method=method,
+            fits=False,
+            step_time_s=None,
+            simulated_step_time_s=None,
+            memory_per_device_bytes=None,
+            simulated_memory_bytes=None,
+            bubble_fraction=None,
+            search_time_s=time.perf_counter() - started,
+            note=str(error),
+        )
     setup = prepared.setup
     graph = prepared.graphs.at(plan.batch_size // plan.num_microbatches)
     lowered = lower_plan(plan, graph, setup)
@@ -113,8 +121,10 @@ def _row(prepared: Prepared, method: str) -> ComparisonRow:
     budget = setup.memory_budget_bytes * (1 + MEMORY_SLACK)
     note = explain_gap(plan, result, lambda **off: simulate_lowered(lowered, **off).step_time_s, lowered.totals_s)
     if result.max_memory_bytes > budget:
-        note = (f"the replay peaks at {result.max_memory_bytes / GIB:.2f} GiB, over the "
-                f"{setup.memory_budget_bytes / GIB:.2f} GiB budget; " + note).rstrip("; ")  # fmt: skip
+        note = (
+            f"the replay peaks at {result.max_memory_bytes / GIB:.2f} GiB, over the "
+            f"{setup.memory_budget_bytes / GIB:.2f} GiB budget; " + note
+        ).rstrip("; ")
     return ComparisonRow(
         method=method,
         fits=plan.estimate.memory_per_device_bytes <= budget,
@@ -148,8 +158,10 @@ def explain_gap(
     if len(plan.stages) == 1 and totals_s and charged:
         mine = ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {value:.3g} s" for key, value in charged.items())
         ops = ", ".join(f"{key.removesuffix('_s')} {value:.3g} s" for key, value in totals_s.items())
-        parts.append(f"the estimate charges {mine}; the simulated operators charge {ops} (their own collectives "
-                     "and resharding, which the method's formula leaves out)")  # fmt: skip
+        parts.append(
+            f"the estimate charges {mine}; the simulated operators charge {ops} (their own collectives "
+            "and resharding, which the method's formula leaves out)"
+        )
     if plan.num_microbatches > 1 and len(plan.stages) > 1 and plan.schedule != "dataflow":
         parts.append(
             "the estimate is Σt + (m−1)·max t with the sync amortised per microbatch and transfers inside stage "

@@ -26,8 +26,9 @@ def problems(draw: st.DrawFn) -> PlacementProblem:
         for u in draw(st.sets(st.integers(0, v - 1), min_size=1, max_size=min(v, 3))):
             edges[u, v] = draw(BYTES)
     links = st.lists(st.lists(st.sampled_from([1e-3, 2e-3, 0.0]), min_size=d, max_size=d), min_size=d, max_size=d)
-    bandwidth = st.lists(st.lists(st.sampled_from([1e9, 2.5e9, np.inf]), min_size=d, max_size=d), min_size=d,
-                         max_size=d)  # fmt: skip
+    bandwidth = st.lists(
+        st.lists(st.sampled_from([1e9, 2.5e9, np.inf]), min_size=d, max_size=d), min_size=d, max_size=d
+    )
     return PlacementProblem(
         names=tuple(f"op{i}" for i in range(n)),
         fwd_s=tuple(draw(st.lists(SECONDS, min_size=n, max_size=n))),
@@ -73,11 +74,19 @@ def test_gpt_placements_match_the_simulator(gpt_placement_problem: PlacementProb
 
 def test_an_empty_batch_and_the_batch_split_over_threads_agree() -> None:
     problem = PlacementProblem(
-        names=("a", "b", "c"), fwd_s=(1.0, 2.0, 1.0), bwd_s=(2.0, 4.0, 2.0), step_s=(0.1, 0.1, 0.1),
-        state_bytes=(1.0, 1.0, 1.0), activation_bytes=(2.0, 2.0, 2.0), edges=((0, 1, 1e6), (1, 2, 1e6)),
-        device_speed=(1.0, 1.0), device_memory_bytes=(1e9, 1e9), num_microbatches=2,
-        link_latency_s=((0.0, 0.5), (0.5, 0.0)), link_bandwidth=((np.inf, 1e9), (1e9, np.inf)),
-    )  # fmt: skip
+        names=("a", "b", "c"),
+        fwd_s=(1.0, 2.0, 1.0),
+        bwd_s=(2.0, 4.0, 2.0),
+        step_s=(0.1, 0.1, 0.1),
+        state_bytes=(1.0, 1.0, 1.0),
+        activation_bytes=(2.0, 2.0, 2.0),
+        edges=((0, 1, 1e6), (1, 2, 1e6)),
+        device_speed=(1.0, 1.0),
+        device_memory_bytes=(1e9, 1e9),
+        num_microbatches=2,
+        link_latency_s=((0.0, 0.5), (0.5, 0.0)),
+        link_bandwidth=((np.inf, 1e9), (1e9, np.inf)),
+    )
     assert simulate_placements(problem, np.zeros((0, 3), dtype=np.int64)).step_time_s.shape == (0,)
     rows = np.array([[a, b, c] for a in range(2) for b in range(2) for c in range(2)] * 8)  # 64 rows: threads
     batch = simulate_placements(problem, rows).step_time_s
@@ -85,8 +94,12 @@ def test_an_empty_batch_and_the_batch_split_over_threads_agree() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False) | st.sampled_from([1e16, -1e16, 0.1, 1e-3]),
-                max_size=40))  # fmt: skip
+@given(
+    st.lists(
+        st.floats(min_value=-1e12, max_value=1e12, allow_nan=False) | st.sampled_from([1e16, -1e16, 0.1, 1e-3]),
+        max_size=40,
+    )
+)
 def test_the_compiled_fsum_is_math_fsum(values: list[float]) -> None:
     array = np.array([*values, 123.0])  # a value past ``count``, which must not be summed
     assert fsum_prefix(array, len(values), np.empty(len(values) + 1)) == math.fsum(values)

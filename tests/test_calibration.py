@@ -139,8 +139,10 @@ def test_matmul_and_memory_fits() -> None:
 
 def test_eager_operator_overhead_raises_the_kernel_overhead() -> None:
     """A tiny operator costs the framework's dispatch and autograd, not just the matmul intercept."""
-    matmul = [Sample(kind="matmul", num_devices=1, num_bytes=12, seconds=1e-6 + 2 * m**3 / 5e10, flops=2.0 * m**3)
-              for m in (8, 1024)]  # fmt: skip
+    matmul = [
+        Sample(kind="matmul", num_devices=1, num_bytes=12, seconds=1e-6 + 2 * m**3 / 5e10, flops=2.0 * m**3)
+        for m in (8, 1024)
+    ]
     memory = [Sample(kind="memory_copy", num_devices=1, num_bytes=2**28, seconds=2**28 / 8e9)]
     eager = [Sample(kind="op_overhead", num_devices=1, num_bytes=0, seconds=1.2e-5)]
     common = {"num_processes": 1, "hostname": "h", "torch_version": "0", "date": "2024-01-01"}
@@ -160,8 +162,13 @@ def test_shared_slowdown_is_the_reference_matmul_with_all_running_over_alone() -
     assert shared_slowdown(shared, [matmul("matmul_alone", 512, 5e-3)]) == 1.0  # noise cannot speed it up
     assert shared_slowdown(shared, []) == 1.0
     memory = [Sample(kind="memory_copy", num_devices=1, num_bytes=2**28, seconds=2**28 / 8e9)]
-    result = fit_calibration([*shared, matmul("matmul_alone", 512, 1.4e-3), *memory], num_processes=4, hostname="h",
-                             torch_version="0", date="2024-01-01")  # fmt: skip
+    result = fit_calibration(
+        [*shared, matmul("matmul_alone", 512, 1.4e-3), *memory],
+        num_processes=4,
+        hostname="h",
+        torch_version="0",
+        date="2024-01-01",
+    )
     assert result.shared_slowdown == pytest.approx(3.0)
     assert replace(result, links={"all_reduce": TRUE_LINK}).to_cluster().device.shared_slowdown == pytest.approx(3.0)
 

@@ -99,8 +99,9 @@ def test_pipeline_pairs_leaving_a_node_share_its_nics() -> None:
     dgx = load_cluster("dgx-a100", num_nodes=2)
 
     def crossing_s(cluster, pairs: int) -> float:
-        return stage_transfer_s(1e9, cluster=cluster, sender_size=pairs, receiver_size=pairs, sender_nodes=1,
-                                crosses_nodes=True)  # fmt: skip
+        return stage_transfer_s(
+            1e9, cluster=cluster, sender_size=pairs, receiver_size=pairs, sender_nodes=1, crosses_nodes=True
+        )
 
     # one NIC: 8 pairs move the bytes no faster than one pair (the regroup inside the receiver aside)
     assert crossing_s(p3, 8) > 0.9 * crossing_s(p3, 1)

@@ -71,8 +71,9 @@ def test_auto_is_at_least_as_fast_as_every_method_by_the_estimate_it_prints() ->
 )
 def test_simulator_agrees_with_the_estimate_or_says_why(example, args, batch_size, cluster, nodes) -> None:
     """The replay agrees with each plan's estimate within GAP_LIMIT, or the row says why."""
-    prepared = prepare_model_file(EXAMPLES / f"{example}.py", load_cluster(cluster, num_nodes=nodes),
-                                  batch_size=batch_size, model_args=args)  # fmt: skip
+    prepared = prepare_model_file(
+        EXAMPLES / f"{example}.py", load_cluster(cluster, num_nodes=nodes), batch_size=batch_size, model_args=args
+    )
     for row in compare(prepared, ("auto", "megatron", "uniform-pipeline", "data-parallel")):
         if row.plan is None:
             continue
@@ -84,8 +85,13 @@ def test_simulator_agrees_with_the_estimate_or_says_why(example, args, batch_siz
 
 
 def test_degrees_evaluate_one_megatron_configuration() -> None:
-    prepared = prepare_model_file(GPT, load_cluster("p3.16xlarge", num_nodes=1, devices_per_node=8), batch_size=16,
-                                  model_args={"size": "tiny"}, degrees=(2, 2, 2))  # fmt: skip
+    prepared = prepare_model_file(
+        GPT,
+        load_cluster("p3.16xlarge", num_nodes=1, devices_per_node=8),
+        batch_size=16,
+        model_args={"size": "tiny"},
+        degrees=(2, 2, 2),
+    )
     plan = plan_prepared(prepared, "megatron")
     assert len(plan.stages) == 2
     assert all(len(stage.devices) == 4 and stage.mesh_shape == (2, 2) for stage in plan.stages)
@@ -97,8 +103,20 @@ def test_degrees_evaluate_one_megatron_configuration() -> None:
 
 def test_cli_compare_json_and_figure(tmp_path: Path, capsys) -> None:
     figure = tmp_path / "compare.png"
-    args = [GPT, "--cluster", "p3.16xlarge", "--devices-per-node", "2", "--batch-size", "4",
-            "--methods", "auto,data-parallel,hash,critical-path", "--json", "--figure", str(figure)]  # fmt: skip
+    args = [
+        GPT,
+        "--cluster",
+        "p3.16xlarge",
+        "--devices-per-node",
+        "2",
+        "--batch-size",
+        "4",
+        "--methods",
+        "auto,data-parallel,hash,critical-path",
+        "--json",
+        "--figure",
+        str(figure),
+    ]
     assert main(["compare", *args]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["method"] for row in rows] == ["auto", "data-parallel", "hash", "critical-path"]
@@ -137,8 +155,23 @@ def test_cli_compare_bad_input_is_one_line(extra, message, capsys) -> None:
 
 
 def test_rl_with_a_fixed_number_of_updates_gives_the_same_plan(tmp_path: Path) -> None:
-    args = [GPT, "--cluster", "p3.16xlarge", "--devices-per-node", "2", "--batch-size", "4", "--method", "rl",
-            "--rl-iterations", "20", "--rl-budget-s", "1e-9", "--seed", "5"]  # fmt: skip
+    args = [
+        GPT,
+        "--cluster",
+        "p3.16xlarge",
+        "--devices-per-node",
+        "2",
+        "--batch-size",
+        "4",
+        "--method",
+        "rl",
+        "--rl-iterations",
+        "20",
+        "--rl-budget-s",
+        "1e-9",
+        "--seed",
+        "5",
+    ]
     plans = []
     for k in range(2):
         out = tmp_path / f"rl{k}.json"

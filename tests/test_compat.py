@@ -49,8 +49,20 @@ def test_internal_errors_ask_for_a_bug_report() -> None:
 def test_sweep_slice(tmp_path: Path) -> None:
     """Plan, run two steps and check parity for a slice of the zoo, as the whole sweep does."""
     out, data = tmp_path / "compat.md", tmp_path / "compat.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "compat.py"), "--families", "nn_strided_cnn,nn_lstm",
-               "--methods", "data-parallel,megatron", "--worlds", "2", "--out", str(out), "--json", str(data)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "compat.py"),
+        "--families",
+        "nn_strided_cnn,nn_lstm",
+        "--methods",
+        "data-parallel,megatron",
+        "--worlds",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+        str(data),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     cells = json.loads(data.read_text())["cells"]
     assert len(cells) == 4

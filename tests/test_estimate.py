@@ -67,8 +67,11 @@ def test_scaling_keeps_launch_overhead() -> None:
 def _data_parallel_estimate(graph, setup, *, num_devices: int, batch_size: int = 16):
     from planner.baselines.data_parallel import data_parallel
 
-    cluster = dataclasses.replace(setup.cluster, num_nodes=max(1, num_devices // setup.cluster.devices_per_node),
-                                  devices_per_node=min(num_devices, setup.cluster.devices_per_node))  # fmt: skip
+    cluster = dataclasses.replace(
+        setup.cluster,
+        num_nodes=max(1, num_devices // setup.cluster.devices_per_node),
+        devices_per_node=min(num_devices, setup.cluster.devices_per_node),
+    )
     return data_parallel(graph, dataclasses.replace(setup, cluster=cluster), batch_size=batch_size)[1]
 
 
@@ -111,7 +114,9 @@ def test_more_devices_less_compute_more_sync() -> None:
     one_node = _data_parallel_estimate(graph, setup, num_devices=8, batch_size=512)
     two_nodes = _data_parallel_estimate(graph, setup, num_devices=16, batch_size=512)
     assert two_nodes.breakdown_s["compute_s"] < one_node.breakdown_s["compute_s"]
-    one, two = (estimate.breakdown_s["grad_sync_s"] + estimate.hidden_s["grad_sync_overlapped_s"]
-                for estimate in (one_node, two_nodes))  # fmt: skip
+    one, two = (
+        estimate.breakdown_s["grad_sync_s"] + estimate.hidden_s["grad_sync_overlapped_s"]
+        for estimate in (one_node, two_nodes)
+    )
     assert two > one  # crosses the 25 Gbit/s link
     assert two_nodes.memory_per_device_bytes < one_node.memory_per_device_bytes

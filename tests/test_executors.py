@@ -94,21 +94,44 @@ UNEVEN = {4: {"gpt-uneven-1-2": ("gpt", (0,), (1, 2)), "mlp-uneven-2-1": ("mlp",
 # plan where the method does not choose them). FSDP's ZeRO-1/2/3 on data-parallel plans, ZeRO-1 on sharded and
 # pipeline stages; full and selective (attention) recomputation; GPT and Hugging Face GPT-2 (tied embeddings)
 MEMORY = {
-    2: {"gpt-fsdp1-full-m2": ("gpt_unfused", "data-parallel", {"zero": 1}, {"remat": "full", "microbatches": 2}),
-        "gpt2-fsdp3-attention-m2": ("gpt2_eager", "data-parallel", {"zero": 3}, {"remat": "attention", "microbatches": 2})},
-    4: {"gpt-tp2d-zero1-attention": ("gpt_unfused", "megatron", {"degrees": (2, 1, 2), "zero": 1, "remat": "attention"},
-                                     {}),
-        "gpt2-pp-zero1-full": ("gpt2_eager", "megatron", {"degrees": (1, 2, 2), "zero": 1, "remat": "full",
-                                                           "schedule": "gpipe", "microbatches": 2}, {})},
-}  # fmt: skip
+    2: {
+        "gpt-fsdp1-full-m2": ("gpt_unfused", "data-parallel", {"zero": 1}, {"remat": "full", "microbatches": 2}),
+        "gpt2-fsdp3-attention-m2": (
+            "gpt2_eager",
+            "data-parallel",
+            {"zero": 3},
+            {"remat": "attention", "microbatches": 2},
+        ),
+    },
+    4: {
+        "gpt-tp2d-zero1-attention": (
+            "gpt_unfused",
+            "megatron",
+            {"degrees": (2, 1, 2), "zero": 1, "remat": "attention"},
+            {},
+        ),
+        "gpt2-pp-zero1-full": (
+            "gpt2_eager",
+            "megatron",
+            {"degrees": (1, 2, 2), "zero": 1, "remat": "full", "schedule": "gpipe", "microbatches": 2},
+            {},
+        ),
+    },
+}
 # a plan with one node's stored strategy changed: (plan it edits, node, the output spec of its new strategy)
 # sequence-parallel GPT plans edited: the first norm keeps its shards (its R* readers gather on the edge), or q
 # reads the gathered norm plainly (R, its own all-reduce; the norm still reduce-scatters what comes back)
-EDITED = {2: {"mlp-tp-gelu-replicated": ("mlp-tp", "gelu", ("R",)),
-              "gpt-tp-norm-sharded": ("gpt-tp", "layer_norm", ("S(1)",)),
-              "gpt-tp-q-plain": ("gpt-tp", "linear", ("S(2)",))}}  # fmt: skip
-COLLECTIVE_CASES = {2: ["mlp-tp", "gpt-tp", "mlp-tp-gelu-replicated", "gpt-tp-norm-sharded", "gpt-unfused-tp"],
-                    4: ["mlp-tp2d", "gpt-tp2d"]}  # fmt: skip
+EDITED = {
+    2: {
+        "mlp-tp-gelu-replicated": ("mlp-tp", "gelu", ("R",)),
+        "gpt-tp-norm-sharded": ("gpt-tp", "layer_norm", ("S(1)",)),
+        "gpt-tp-q-plain": ("gpt-tp", "linear", ("S(2)",)),
+    }
+}
+COLLECTIVE_CASES = {
+    2: ["mlp-tp", "gpt-tp", "mlp-tp-gelu-replicated", "gpt-tp-norm-sharded", "gpt-unfused-tp"],
+    4: ["mlp-tp2d", "gpt-tp2d"],
+}
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the zoo's HF models are built from configs
@@ -154,8 +177,12 @@ def uneven_plan(model: str, *, world: int, devices: tuple[tuple[int, ...], tuple
     a two-device stage taking the (2, 1, 1) Megatron plan's specs for its nodes."""
     file, args, batch = MODELS[model]
     two = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
-    split = plan_prepared(prepare_model_file(EXAMPLES / file, two, batch_size=batch, model_args=args,
-                                             degrees=(1, 2, 1), schedule="gpipe", microbatches=2), "megatron")  # fmt: skip
+    split = plan_prepared(
+        prepare_model_file(
+            EXAMPLES / file, two, batch_size=batch, model_args=args, degrees=(1, 2, 1), schedule="gpipe", microbatches=2
+        ),
+        "megatron",
+    )
     tensor_parallel = plan_prepared(
         prepare_model_file(EXAMPLES / file, two, batch_size=batch // 2, model_args=args, degrees=(2, 1, 1)), "megatron"
     ).stages[0]
@@ -164,15 +191,28 @@ def uneven_plan(model: str, *, world: int, devices: tuple[tuple[int, ...], tuple
         specs = tensor_parallel if len(on) == 2 else stage  # a one-device stage keeps its own strategies
         strategies = {n: specs.strategies[n] for n in stage.nodes}
         params = {p: specs.param_placements[p] if len(on) == 2 else ("R",) for p in stage.param_placements}
-        stages.append(replace(stage, devices=on, mesh_shape=(len(on),), strategies=strategies,
-                              param_placements=params, explanation=()))  # fmt: skip
+        stages.append(
+            replace(
+                stage, devices=on, mesh_shape=(len(on),), strategies=strategies, param_placements=params, explanation=()
+            )
+        )
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
     return replace(split, cluster=cluster, stages=tuple(stages))
 
 
 def torchrun(world: int, worker: str, out: Path, plans: list[Path]) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-               "--master-port", str(free_port()), str(ROOT / "tests" / worker), str(out), *map(str, plans)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(world),
+        "--master-port",
+        str(free_port()),
+        str(ROOT / "tests" / worker),
+        str(out),
+        *map(str, plans),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
 
@@ -188,8 +228,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
         collective_plans = [plans[key] for key in COLLECTIVE_CASES[world]]
         counted = torchrun(world, "collectives_worker.py", directory / "collectives.json", collective_plans)
         collectives = json.loads((directory / "collectives.json").read_text()) if counted.returncode == 0 else None
-        results[world] = {"plans": plans, "parity": parity, "collectives": collectives,
-                          "log": done.stderr[-4000:], "collectives_log": counted.stderr[-4000:]}  # fmt: skip
+        results[world] = {
+            "plans": plans,
+            "parity": parity,
+            "collectives": collectives,
+            "log": done.stderr[-4000:],
+            "collectives_log": counted.stderr[-4000:],
+        }
     return results
 
 
@@ -253,18 +298,27 @@ def test_the_executor_runs_an_edited_strategy_as_stored(runs: dict) -> None:
 def test_the_rows_case_splits_a_linear_input_dim_over_both_axes(runs: dict) -> None:
     """The plan the rows case runs still has what it is there for: a linear reading a leading dim split twice."""
     plan = load_plan(runs[4]["plans"]["transformer_lm-rows-2d"])
-    twice = [name for stage in plan.stages for name, record in stage.strategies.items()
-             if name.startswith("linear") and record.input_specs[0] is not None and len(record.input_specs[0]) == 2
-             and len(set(record.input_specs[0])) == 1 and record.input_specs[0][0] not in ("R", "S(0)")]  # fmt: skip
+    twice = [
+        name
+        for stage in plan.stages
+        for name, record in stage.strategies.items()
+        if name.startswith("linear")
+        and record.input_specs[0] is not None
+        and len(record.input_specs[0]) == 2
+        and len(set(record.input_specs[0])) == 1
+        and record.input_specs[0][0] not in ("R", "S(0)")
+    ]
     assert twice, "the planner no longer picks a doubly split linear input here: choose another case"
 
 
 def test_the_schedule_cases_run_the_schedule_they_name(runs: dict) -> None:
     """The interleaved and zero-bubble parity cases are what they say (a canary for plans that drift)."""
-    for world, key, schedule, several in ((2, "gpt-interleaved", "interleaved", True),
-                                          (2, "llama-zero-bubble", "zero-bubble", False),
-                                          (4, "gpt-zero-bubble", "zero-bubble", False),
-                                          (4, "llama-interleaved", "interleaved", True)):  # fmt: skip
+    for world, key, schedule, several in (
+        (2, "gpt-interleaved", "interleaved", True),
+        (2, "llama-zero-bubble", "zero-bubble", False),
+        (4, "gpt-zero-bubble", "zero-bubble", False),
+        (4, "llama-interleaved", "interleaved", True),
+    ):
         plan = load_plan(runs[world]["plans"][key])
         assert plan.schedule == schedule, key
         assert plan.num_pipeline_ranks >= 2 and (plan.virtual_stages >= 2 or not several), key
@@ -278,8 +332,11 @@ def test_the_sequence_parallel_cases_are_sequence_parallel(runs: dict) -> None:
         assert all(stage.uses_sequence_parallelism for stage in plan.stages), key
     bert = load_plan(runs[4]["plans"]["bert-sp-tp2d"]).stages[0]
     gathered = {name for name, record in bert.strategies.items() if "R*" in record.output_spec}
-    readers = {name for name, record in bert.strategies.items() if "R*" not in record.output_spec
-               and any(spec is not None and "S(1)" in spec for spec in record.input_specs)}  # fmt: skip
+    readers = {
+        name
+        for name, record in bert.strategies.items()
+        if "R*" not in record.output_spec and any(spec is not None and "S(1)" in spec for spec in record.input_specs)
+    }
     assert gathered and readers
 
 
@@ -290,8 +347,9 @@ def test_the_executor_gathers_on_the_edge_when_a_norm_keeps_its_shards(runs: dic
     run = runs[2]
     assert run["collectives"] is not None, f"the world-2 collectives job failed:\n{run['collectives_log']}"
     base, edited = (run["collectives"][str(run["plans"][key])] for key in ("gpt-tp", "gpt-tp-norm-sharded"))
-    more = {phase: Counter(edited[phase]["charged"]) - Counter(base[phase]["charged"])
-            for phase in ("forward", "backward")}  # fmt: skip
+    more = {
+        phase: Counter(edited[phase]["charged"]) - Counter(base[phase]["charged"]) for phase in ("forward", "backward")
+    }
     assert more == {"forward": Counter(all_gather=2), "backward": Counter(all_reduce=3)}
 
 

@@ -34,8 +34,9 @@ MEGATRON_SP = ["--cluster", "dgx-a100", "--batch-size", "8", "--method", "megatr
 @functools.cache
 def megatron_plan() -> Plan:
     """GPT tiny, tensor 2 × data 4 on one DGX A100, one stage, one microbatch: Megatron with sequence parallelism."""
-    return plan_model_file(EXAMPLES / "gpt.py", load_cluster("dgx-a100", num_nodes=1), batch_size=8,
-                           method="megatron", degrees=(2, 1, 4))  # fmt: skip
+    return plan_model_file(
+        EXAMPLES / "gpt.py", load_cluster("dgx-a100", num_nodes=1), batch_size=8, method="megatron", degrees=(2, 1, 4)
+    )
 
 
 def test_a_sequence_parallel_stage_says_what_it_saved_as_an_independent_re_pricing_finds() -> None:
@@ -47,20 +48,30 @@ def test_a_sequence_parallel_stage_says_what_it_saved_as_an_independent_re_prici
     stage = plan.stages[0]
     assert plan.num_microbatches == 1 and stage.uses_sequence_parallelism
     setup, graph = plan_setup(plan), captured("gpt", 8)
-    mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
-                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    mesh = StageMesh(
+        cluster=setup.cluster,
+        devices=stage.devices,
+        mesh_shape=stage.mesh_shape,
+        activation_itemsize=setup.activation_itemsize,
+    )
     with_sp = build_stage_problem(graph, setup, mesh)
     plain = build_stage_problem(graph, setup, mesh, IntraOpOptions(sequence_parallel=False))
-    chosen = tuple(next(i for i, s in enumerate(with_sp.strategies[v])
-                        if record_of(graph.node(name), s) == stage.strategies[name])
-                   for v, name in enumerate(with_sp.variables))  # fmt: skip
+    chosen = tuple(
+        next(i for i, s in enumerate(with_sp.strategies[v]) if record_of(graph.node(name), s) == stage.strategies[name])
+        for v, name in enumerate(with_sp.variables)
+    )
     sequence = [v for v, c in enumerate(chosen) if is_sequence_parallel(with_sp.strategies[v][c])]
     assert sequence, "some nodes use sequence-parallel strategies"
     # a kept node's other strategies cost 1 s, far above any step here: a larger penalty (1e3) spreads the costs over
     # eight decades, and HiGHS then stops at a worse point it calls optimal (found once host dispatch made many ties)
-    costs = tuple(row if v in sequence else tuple(
-        c if s == with_sp.strategies[v][chosen[v]] else 1.0 for s, c in zip(plain.strategies[v], row, strict=True))
-        for v, row in enumerate(plain.problem.node_costs))  # fmt: skip
+    costs = tuple(
+        row
+        if v in sequence
+        else tuple(
+            c if s == with_sp.strategies[v][chosen[v]] else 1.0 for s, c in zip(plain.strategies[v], row, strict=True)
+        )
+        for v, row in enumerate(plain.problem.node_costs)
+    )
     pinned = dataclasses.replace(plain.problem, node_costs=costs, memory_budget=None)
     other = solve_strategy_ilp(pinned, time_limit_s=20).choice
     chosen_s, other_s = evaluate(with_sp.problem, chosen)[0], evaluate(plain.problem, other)[0]
@@ -70,8 +81,9 @@ def test_a_sequence_parallel_stage_says_what_it_saved_as_an_independent_re_prici
     assert chosen_s + saving["saved_s"] <= other_s * (1 + 1e-12)  # (several next bests may tie: bytes not compared)
     assert saving["saved_s"] > 0 and saving["saved_bytes"] > 0  # faster and smaller, as Korthikanti et al. find
     best_plain = solve_unconstrained(plain.problem).objective  # no stage without sequence parallelism is faster
-    keep_rest = tuple(c if v not in sequence else megatron_choice(plain, sequence_parallel=False)[v]
-                      for v, c in enumerate(chosen))  # fmt: skip
+    keep_rest = tuple(
+        c if v not in sequence else megatron_choice(plain, sequence_parallel=False)[v] for v, c in enumerate(chosen)
+    )
     assert best_plain - chosen_s <= saving["saved_s"] <= evaluate(plain.problem, keep_rest)[0] - chosen_s
     row = plan_choices(plan).stages[0]
     assert row.sequence_parallel and [s.kind for s in row.savings][-1] == "sequence parallel"
@@ -80,8 +92,17 @@ def test_a_sequence_parallel_stage_says_what_it_saved_as_an_independent_re_prici
 
 def test_forced_recomputation_and_zero_show_what_they_saved() -> None:
     cluster = load_cluster("dgx-a100", num_nodes=1, devices_per_node=4)
-    plan = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, model_args={"attention": "unfused"},
-                           method="megatron", degrees=(2, 1, 2), remat="attention", zero=1, microbatches=2)  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        cluster,
+        batch_size=8,
+        model_args={"attention": "unfused"},
+        method="megatron",
+        degrees=(2, 1, 2),
+        remat="attention",
+        zero=1,
+        microbatches=2,
+    )
     stage = plan.stages[0]
     assert stage.remat == "attention" and stage.zero == 1
     row = plan_choices(plan).stages[0]
@@ -89,32 +110,55 @@ def test_forced_recomputation_and_zero_show_what_they_saved() -> None:
     memory = next(s for s in row.savings if s.kind == "recomputation and ZeRO")
     stored = stage.memory_saving
     assert memory.choice == "selective recomputation (attention), ZeRO-1" == stored["choice"]
-    assert (memory.saved_s, memory.saved_bytes, memory.next_best) == (stored["saved_s"], stored["saved_bytes"],
-                                                                      stored["next_best"])  # fmt: skip
+    assert (memory.saved_s, memory.saved_bytes, memory.next_best) == (
+        stored["saved_s"],
+        stored["saved_bytes"],
+        stored["next_best"],
+    )
     assert memory.next_best != memory.choice and (memory.saved_s, memory.saved_bytes) != (0, 0)
     assert "saved: recomputation and ZeRO (selective recomputation (attention), ZeRO-1)" in choices_text(
-        plan_choices(plan))  # fmt: skip
+        plan_choices(plan)
+    )
 
 
 def test_one_device_stages_compare_no_zero_levels() -> None:
     """ZeRO on one device shards nothing: it is no alternative, and an older plan's comparison with it is dropped."""
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
-    plan = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, model_args={"attention": "unfused"},
-                           method="megatron", degrees=(1, 2, 1), microbatches=2, schedule="gpipe")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        cluster,
+        batch_size=8,
+        model_args={"attention": "unfused"},
+        method="megatron",
+        degrees=(1, 2, 1),
+        microbatches=2,
+        schedule="gpipe",
+    )
     assert all(len(stage.devices) == 1 for stage in plan.stages)
     for stage in plan.stages:
         assert "ZeRO-" not in stage.memory_saving.get("next_best", "")
-    bogus = {"choice": "no recomputation, no ZeRO", "next_best": "no recomputation, ZeRO-1", "saved_s": 0.0,
-             "saved_bytes": 0.0}  # fmt: skip
+    bogus = {
+        "choice": "no recomputation, no ZeRO",
+        "next_best": "no recomputation, ZeRO-1",
+        "saved_s": 0.0,
+        "saved_bytes": 0.0,
+    }
     old = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, memory_saving=bogus) for s in plan.stages))
     assert memory_saving_of(old.stages[0]) is None
     assert "memory:" not in plan_summary(old) and "ZeRO-1" not in choices_text(plan_choices(old))
 
 
 def test_an_interleaved_plan_says_what_its_schedule_saved_as_its_note_does() -> None:
-    plan = plan_model_file(EXAMPLES / "gpt.py", load_cluster("dgx-a100", num_nodes=1), batch_size=32,
-                           model_args={"layers": 8}, method="megatron", degrees=(2, 2, 2), microbatches=8,
-                           schedule="interleaved")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        load_cluster("dgx-a100", num_nodes=1),
+        batch_size=32,
+        model_args={"layers": 8},
+        method="megatron",
+        degrees=(2, 2, 2),
+        microbatches=8,
+        schedule="interleaved",
+    )
     assert plan.schedule == "interleaved" and len(plan.stages) > 2
     (schedule,) = plan_choices(plan).plan_savings
     note = next(n for n in plan.notes if n.startswith("schedule interleaved"))
@@ -125,9 +169,16 @@ def test_an_interleaved_plan_says_what_its_schedule_saved_as_its_note_does() -> 
 
 
 def test_a_lossy_gradient_sync_says_what_it_saved_against_exact() -> None:
-    plan = plan_model_file(EXAMPLES / "gpt.py", load_cluster("p3.16xlarge", num_nodes=2), batch_size=16,
-                           method="megatron", degrees=(8, 1, 2), optimizer="adam-fp32", allow_lossy=True,
-                           grad_sync="bf16")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        load_cluster("p3.16xlarge", num_nodes=2),
+        batch_size=16,
+        method="megatron",
+        degrees=(8, 1, 2),
+        optimizer="adam-fp32",
+        allow_lossy=True,
+        grad_sync="bf16",
+    )
     (sync,) = plan_choices(plan).plan_savings
     assert (sync.choice, sync.next_best, sync.saved_bytes) == ("bf16", "exact", None)
     assert sync.saved_s == plan.estimate.savings["grad_sync_saved_s"]

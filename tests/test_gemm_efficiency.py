@@ -29,19 +29,36 @@ A100_PEAK = 312e12
 def _linear(m: int, n: int, k: int, *, dtype: str = "bfloat16") -> OpNode:
     x, w = TensorMeta(shape=(1, m, k), dtype=dtype), TensorMeta(shape=(n, k), dtype=dtype)
     y = TensorMeta(shape=(1, m, n), dtype=dtype)
-    return OpNode(name="linear", target="aten.linear.default", kind=NodeKind.MATMUL, inputs=("x", "w"),
-                  input_metas=(x, w), outputs=(y,), params=("w",), args=(TensorArg(0), TensorArg(1)),
-                  flops_fwd=2 * m * n * k, flops_bwd=4 * m * n * k,
-                  bytes_moved=x.nbytes + w.nbytes + y.nbytes)  # fmt: skip
+    return OpNode(
+        name="linear",
+        target="aten.linear.default",
+        kind=NodeKind.MATMUL,
+        inputs=("x", "w"),
+        input_metas=(x, w),
+        outputs=(y,),
+        params=("w",),
+        args=(TensorArg(0), TensorArg(1)),
+        flops_fwd=2 * m * n * k,
+        flops_bwd=4 * m * n * k,
+        bytes_moved=x.nbytes + w.nbytes + y.nbytes,
+    )
 
 
 def _attention(*, causal: bool) -> OpNode:
     q = TensorMeta(shape=(4, 16, 2048, 128), dtype="bfloat16")
     flops = 4 * 4 * 16 * 2048 * 2048 * 128
-    return OpNode(name="sdpa", target="aten.scaled_dot_product_attention.default", kind=NodeKind.ATTENTION,
-                  inputs=("q", "k", "v"), input_metas=(q, q, q), outputs=(q,),
-                  args=(TensorArg(0), TensorArg(1), TensorArg(2), None, 0.0, causal),
-                  flops_fwd=flops, flops_bwd=2 * flops, bytes_moved=4 * q.nbytes)  # fmt: skip
+    return OpNode(
+        name="sdpa",
+        target="aten.scaled_dot_product_attention.default",
+        kind=NodeKind.ATTENTION,
+        inputs=("q", "k", "v"),
+        input_metas=(q, q, q),
+        outputs=(q,),
+        args=(TensorArg(0), TensorArg(1), TensorArg(2), None, 0.0, causal),
+        flops_fwd=flops,
+        flops_bwd=2 * flops,
+        bytes_moved=4 * q.nbytes,
+    )
 
 
 def test_one_tile_more_than_the_sms_takes_two_waves() -> None:
@@ -84,8 +101,14 @@ def test_matmul_shapes_of_linear_and_batched_matmul() -> None:
     )
     a = TensorMeta(shape=(8, 64, 32), dtype="bfloat16")
     b = TensorMeta(shape=(8, 32, 16), dtype="bfloat16")
-    bmm = OpNode(name="bmm", target="aten.bmm.default", kind=NodeKind.MATMUL, inputs=("a", "b"), input_metas=(a, b),
-                 outputs=(TensorMeta(shape=(8, 64, 16), dtype="bfloat16"),))  # fmt: skip
+    bmm = OpNode(
+        name="bmm",
+        target="aten.bmm.default",
+        kind=NodeKind.MATMUL,
+        inputs=("a", "b"),
+        input_metas=(a, b),
+        outputs=(TensorMeta(shape=(8, 64, 16), dtype="bfloat16"),),
+    )
     assert matmul_shape(bmm, output_shape=(8, 64, 16), flops=2 * 8 * 64 * 16 * 32) == GemmShape(8, 64, 16, 32)
     assert backward_shapes(GemmShape(1, 4096, 1024, 512)) == (
         GemmShape(1, 4096, 512, 1024),
@@ -132,8 +155,16 @@ def test_memory_bound_operators_run_at_achievable_bandwidth() -> None:
     device = preset("dgx-a100").device
     assert 0.8 < device.memory_efficiency < 0.95  # measured streaming share, not the data sheet's peak
     x = TensorMeta(shape=(8, 2048, 4096), dtype="bfloat16")
-    gelu = OpNode(name="gelu", target="aten.gelu.default", kind=NodeKind.ELEMENTWISE, inputs=("x",),
-                  input_metas=(x,), outputs=(x,), flops_fwd=0, bytes_moved=2 * x.nbytes)  # fmt: skip
+    gelu = OpNode(
+        name="gelu",
+        target="aten.gelu.default",
+        kind=NodeKind.ELEMENTWISE,
+        inputs=("x",),
+        input_metas=(x,),
+        outputs=(x,),
+        flops_fwd=0,
+        bytes_moved=2 * x.nbytes,
+    )
     time = RooflineCompute(device=device).node_time(gelu)
     achievable = device.memory_bandwidth * device.memory_efficiency
     assert time.fwd_s == pytest.approx(2 * x.nbytes / achievable + device.kernel_overhead_s)

@@ -38,8 +38,15 @@ def test_grad_sync_round_trips_through_json_and_the_command_line_form() -> None:
 
 def test_a_plan_keeps_its_grad_sync_and_an_old_plan_loads_as_exact() -> None:
     cluster = load_cluster("local-cpu", num_nodes=2, devices_per_node=1)
-    plan = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=8, model_args={"hidden": 32, "layers": 1},
-                           method="data-parallel", allow_lossy=True, grad_sync="local-sgd:4")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "mlp.py",
+        cluster,
+        batch_size=8,
+        model_args={"hidden": 32, "layers": 1},
+        method="data-parallel",
+        allow_lossy=True,
+        grad_sync="local-sgd:4",
+    )
     assert plan.grad_sync == GradSync.parse("local-sgd:4")
     data = json.loads(plan.dumps())
     assert Plan.from_json(data).grad_sync == plan.grad_sync
@@ -54,12 +61,27 @@ def test_a_lossy_choice_needs_allow_lossy_and_a_plan_that_runs_it() -> None:
     with pytest.raises(AutoplanError, match="--allow-lossy"):
         plan_model_file(EXAMPLES / "mlp.py", one_node, batch_size=8, model_args=args, grad_sync="bf16")
     with pytest.raises(AutoplanError, match="cannot run --grad-sync local-sgd:4"):  # replicas all on one node
-        plan_model_file(EXAMPLES / "mlp.py", one_node, batch_size=8, model_args=args, method="data-parallel",
-                        allow_lossy=True, grad_sync="local-sgd:4")  # fmt: skip
-    pipeline = plan_model_file(EXAMPLES / "mlp.py", one_node, batch_size=8, model_args=args, method="megatron",
-                               degrees=(1, 2, 1), microbatches=2)  # fmt: skip
-    assert "only a one-stage data-parallel plan" in refusal(GradSync.parse("local-sgd:4"), pipeline.stages, zero=False,
-                                                           cluster=one_node, ddp=False)  # fmt: skip
+        plan_model_file(
+            EXAMPLES / "mlp.py",
+            one_node,
+            batch_size=8,
+            model_args=args,
+            method="data-parallel",
+            allow_lossy=True,
+            grad_sync="local-sgd:4",
+        )
+    pipeline = plan_model_file(
+        EXAMPLES / "mlp.py",
+        one_node,
+        batch_size=8,
+        model_args=args,
+        method="megatron",
+        degrees=(1, 2, 1),
+        microbatches=2,
+    )
+    assert "only a one-stage data-parallel plan" in refusal(
+        GradSync.parse("local-sgd:4"), pipeline.stages, zero=False, cluster=one_node, ddp=False
+    )
     assert refusal(GradSync.parse("powersgd:4"), pipeline.stages, zero=False, cluster=one_node, ddp=False) is None
 
 
@@ -75,8 +97,11 @@ def test_the_wait_past_the_backward_counts_compression_and_recomputation() -> No
     from planner.costing.overlap import SyncSegment
 
     # buckets ready at 1 s and 3 s of a 4 s backward, 1.5 s and 2 s of all-reduce: the step waits 1 s
-    segments = [SyncSegment(backward_s=1, all_reduce_s=1.5), SyncSegment(backward_s=2, all_reduce_s=2),
-                SyncSegment(backward_s=1, all_reduce_s=0)]  # fmt: skip
+    segments = [
+        SyncSegment(backward_s=1, all_reduce_s=1.5),
+        SyncSegment(backward_s=2, all_reduce_s=2),
+        SyncSegment(backward_s=1, all_reduce_s=0),
+    ]
     assert after_backward_s(segments, backward_s=4) == pytest.approx(1.0)
     # a recomputed forward of 2 s runs first: both buckets go out 2 s later, the wait stays 1 s
     assert after_backward_s(segments, backward_s=6) == pytest.approx(1.0)
@@ -103,16 +128,28 @@ def test_the_executor_packs_the_buckets_the_cost_model_prices() -> None:
     charged = [segment.all_reduce_s for segment in lowered.sync_segments[0] if segment.all_reduce_s > 0]
     itemsize = 4  # adam-fp32 on CPU
     link = plan.cluster.intra_node
-    expected = [sum(all_reduce_s(sum(e.numel for e in bucket) * itemsize, num_devices=stage.mesh_shape[axis],
-                                 link=link) for axis in bucket[0].axes) for bucket in buckets]  # fmt: skip
+    expected = [
+        sum(
+            all_reduce_s(sum(e.numel for e in bucket) * itemsize, num_devices=stage.mesh_shape[axis], link=link)
+            for axis in bucket[0].axes
+        )
+        for bucket in buckets
+    ]
     assert charged == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(("degrees", "microbatches"), [((2, 1, 8), 2), ((8, 1, 2), 1)])
 def test_a_sharded_stage_is_priced_as_the_simulator_overlaps_it(degrees, microbatches) -> None:
     cluster = load_cluster("p3.16xlarge", num_nodes=2)
-    plan = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args={"size": "tiny"},
-                           method="megatron", degrees=degrees, microbatches=microbatches)  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        cluster,
+        batch_size=16,
+        model_args={"size": "tiny"},
+        method="megatron",
+        degrees=degrees,
+        microbatches=microbatches,
+    )
     graph = captured("gpt", 16 // plan.num_microbatches, "export", size="tiny")
     lowered = lower_plan(plan, graph, plan_setup(plan))
     assert lowered.sync_segments[0], "a stage with data-parallel axes reduces buckets in its last backward"
@@ -121,8 +158,16 @@ def test_a_sharded_stage_is_priced_as_the_simulator_overlaps_it(degrees, microba
 
 def test_a_pipeline_syncs_each_stage_after_its_own_last_backward() -> None:
     cluster = load_cluster("dgx-a100", num_nodes=1, devices_per_node=8)
-    plan = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args={"size": "tiny"},
-                           method="megatron", degrees=(2, 2, 2), microbatches=4, schedule="1f1b")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        cluster,
+        batch_size=16,
+        model_args={"size": "tiny"},
+        method="megatron",
+        degrees=(2, 2, 2),
+        microbatches=4,
+        schedule="1f1b",
+    )
     graph = captured("gpt", 4, "export", size="tiny")
     lowered = lower_plan(plan, graph, plan_setup(plan))
     assert set(lowered.sync_segments) == {0, 1}
@@ -161,9 +206,17 @@ def test_bf16_halves_four_byte_gradients_and_saves_nothing_on_two_byte_ones() ->
 @pytest.mark.parametrize("choice", ["bf16", "powersgd:4"])
 def test_a_compressed_sharded_plan_is_priced_as_the_simulator_runs_it(choice) -> None:
     cluster = load_cluster("p3.16xlarge", num_nodes=2)
-    plan = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args={"size": "tiny"},
-                           method="megatron", degrees=(8, 1, 2), optimizer="adam-fp32", allow_lossy=True,
-                           grad_sync=choice)  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        cluster,
+        batch_size=16,
+        model_args={"size": "tiny"},
+        method="megatron",
+        degrees=(8, 1, 2),
+        optimizer="adam-fp32",
+        allow_lossy=True,
+        grad_sync=choice,
+    )
     assert plan.grad_sync == GradSync.parse(choice)
     graph = captured("gpt", 16 // plan.num_microbatches, "export", size="tiny")
     lowered = lower_plan(plan, graph, plan_setup(plan))
@@ -174,12 +227,20 @@ def test_a_compressed_sharded_plan_is_priced_as_the_simulator_runs_it(choice) ->
 
 def test_a_local_sgd_plan_is_priced_as_the_simulator_runs_it() -> None:
     cluster = load_cluster("p3.16xlarge", num_nodes=2)
-    plan = plan_model_file(EXAMPLES / "resnet.py", cluster, batch_size=64, method="megatron", degrees=(1, 1, 16),
-                           allow_lossy=True, grad_sync="local-sgd:16")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "resnet.py",
+        cluster,
+        batch_size=64,
+        method="megatron",
+        degrees=(1, 1, 16),
+        allow_lossy=True,
+        grad_sync="local-sgd:16",
+    )
     graph = captured("resnet", 64 // plan.num_microbatches, "export")
     setup = plan_setup(plan)
-    sync = stage_sync(plan.stages[0], graph, {n.name: 0.0 for n in graph.nodes}, setup, grad_sync=plan.grad_sync,
-                      ddp=True)  # fmt: skip
+    sync = stage_sync(
+        plan.stages[0], graph, {n.name: 0.0 for n in graph.nodes}, setup, grad_sync=plan.grad_sync, ddp=True
+    )
     assert sync.amortised_s > 0  # the parameters averaged over both nodes every 16 steps
     simulated = simulate_lowered(lower_plan(plan, graph, setup)).step_time_s
     assert simulated == pytest.approx(plan.estimate.step_time_s, rel=1e-6)
@@ -190,8 +251,9 @@ def test_auto_prices_a_data_parallel_local_sgd_plan_once() -> None:
     """Regression: the data-parallel candidate, already priced under local SGD, was repriced as if exact (its
     saving subtracted twice: a negative step on GPT-1.3B, dgx-a100 × 8)."""
     cluster = load_cluster("p3.16xlarge", num_nodes=2)
-    prepared = prepare_model_file(EXAMPLES / "resnet.py", cluster, batch_size=64, allow_lossy=True,
-                                  grad_sync="local-sgd:16")  # fmt: skip
+    prepared = prepare_model_file(
+        EXAMPLES / "resnet.py", cluster, batch_size=64, allow_lossy=True, grad_sync="local-sgd:16"
+    )
     plan = plan_prepared(prepared, "auto")
     assert plan.grad_sync == GradSync.parse("local-sgd:16") and len(plan.stages) == 1
     graph = captured("resnet", 64 // plan.num_microbatches, "export")
@@ -222,16 +284,34 @@ def test_golden_gpt_1_3b_on_four_p3_nodes_compresses_its_cross_node_sync_only_wh
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--grad-sync", "bf16"], "--grad-sync bf16 changes the gradients the optimizer sees: add --allow-lossy"),
-     (["--allow-lossy", "--grad-sync", "powersgd"], "use exact, bf16, powersgd:R or local-sgd:H"),
-     (["--allow-lossy", "--grad-sync", "local-sgd:4", "--method", "data-parallel"],
-      "cannot run --grad-sync local-sgd:4")],
-)  # fmt: skip
+    [
+        (["--grad-sync", "bf16"], "--grad-sync bf16 changes the gradients the optimizer sees: add --allow-lossy"),
+        (["--allow-lossy", "--grad-sync", "powersgd"], "use exact, bf16, powersgd:R or local-sgd:H"),
+        (
+            ["--allow-lossy", "--grad-sync", "local-sgd:4", "--method", "data-parallel"],
+            "cannot run --grad-sync local-sgd:4",
+        ),
+    ],
+)
 def test_the_command_line_refuses_a_lossy_sync_in_one_line(extra, message, capsys, tmp_path) -> None:
     from planner.cli.main import main
 
-    args = [str(EXAMPLES / "mlp.py"), "--cluster", "local-cpu", "--devices-per-node", "2", "--batch-size", "8",
-            "--model-arg", "hidden=32", "--model-arg", "layers=1", "--out", str(tmp_path / "p.json"), *extra]  # fmt: skip
+    args = [
+        str(EXAMPLES / "mlp.py"),
+        "--cluster",
+        "local-cpu",
+        "--devices-per-node",
+        "2",
+        "--batch-size",
+        "8",
+        "--model-arg",
+        "hidden=32",
+        "--model-arg",
+        "layers=1",
+        "--out",
+        str(tmp_path / "p.json"),
+        *extra,
+    ]
     assert main(args) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("plan: warning:")]
     assert len(err) == 1 and message in err[0], err
@@ -242,10 +322,28 @@ def test_the_summary_says_what_a_lossy_sync_changed_and_saved(capsys, tmp_path) 
     from planner.cli.main import main
 
     out = tmp_path / "p.json"
-    args = [str(EXAMPLES / "mlp.py"), "--cluster", "local-cpu", "--batch-size", "8", "--model-arg", "hidden=32",
-            "--model-arg", "layers=1", "--nodes", "2", "--devices-per-node", "1", "--method", "data-parallel",
-            "--allow-lossy",
-            "--grad-sync", "powersgd:4", "--out", str(out)]  # fmt: skip
+    args = [
+        str(EXAMPLES / "mlp.py"),
+        "--cluster",
+        "local-cpu",
+        "--batch-size",
+        "8",
+        "--model-arg",
+        "hidden=32",
+        "--model-arg",
+        "layers=1",
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "1",
+        "--method",
+        "data-parallel",
+        "--allow-lossy",
+        "--grad-sync",
+        "powersgd:4",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "gradient sync powersgd:4 (lossy" in printed and "rank-4 PowerSGD" in printed

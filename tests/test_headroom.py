@@ -102,13 +102,11 @@ def _one_a100(reserve: int | None) -> Cluster:
 
 
 def test_a_plan_that_filled_the_whole_device_is_refused() -> None:
-    whole = plan_model_file(EXAMPLES / "mlp.py", _one_a100(0), batch_size=8, method="data-parallel",
-                            model_args=BIG_MLP)  # fmt: skip
+    whole = plan_model_file(EXAMPLES / "mlp.py", _one_a100(0), batch_size=8, method="data-parallel", model_args=BIG_MLP)
     need = whole.estimate.memory_per_device_bytes
     assert memory_budget_bytes(load_cluster("dgx-a100")) < need <= 80 * GIB  # fit under the old rule
     with pytest.raises(AutoplanError) as error:
-        plan_model_file(EXAMPLES / "mlp.py", _one_a100(None), batch_size=8, method="data-parallel",
-                        model_args=BIG_MLP)  # fmt: skip
+        plan_model_file(EXAMPLES / "mlp.py", _one_a100(None), batch_size=8, method="data-parallel", model_args=BIG_MLP)
     assert str(error.value) == (
         f"does not fit: the smallest data-parallel plan needs {gib_text(need)} GiB per device, the budget is 72.6 GiB "
         "(80.0 GiB less 7.4 GiB reserved for CUDA context, NCCL buffers and allocator fragmentation): add devices, "
@@ -118,8 +116,14 @@ def test_a_plan_that_filled_the_whole_device_is_refused() -> None:
 
 def test_plan_records_its_memory_fraction(tmp_path: Path) -> None:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
-    made = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=8, method="data-parallel", memory_fraction=0.5,
-                           model_args={"hidden": 64, "layers": 2})  # fmt: skip
+    made = plan_model_file(
+        EXAMPLES / "mlp.py",
+        cluster,
+        batch_size=8,
+        method="data-parallel",
+        memory_fraction=0.5,
+        model_args={"hidden": 64, "layers": 2},
+    )
     assert made.memory_fraction == 0.5
     assert made.memory_budget_bytes == memory_budget_bytes(cluster, memory_fraction=0.5)
     assert plan_setup(made).memory_budget_bytes == made.memory_budget_bytes

@@ -84,8 +84,9 @@ def test_stage_dp_equals_brute_force_on_gpt(cluster: str, nodes: int, per_node: 
     spans = option_arrays(graph, layers, tables, m).arrays
     boundary = boundary_table(graph, layers, setup)
     kwargs = {"num_layers": 6, "num_nodes": nodes, "devices_per_node": per_node, "num_microbatches": m}
-    expected = brute_force_step(spans, boundary, num_layers=6, nodes=nodes, per_node=per_node, m=m,
-                                budget=setup.memory_budget_bytes)  # fmt: skip
+    expected = brute_force_step(
+        spans, boundary, num_layers=6, nodes=nodes, per_node=per_node, m=m, budget=setup.memory_budget_bytes
+    )
     assert math.isfinite(expected)
     plan = solve_stages(**kwargs, costs=spans, memory_budget_bytes=setup.memory_budget_bytes, boundary_s=boundary)
     assert plan.step_time_s == pytest.approx(expected, rel=1e-12)
@@ -162,9 +163,16 @@ def test_auto_is_at_most_every_exactly_priced_megatron_point(cluster, nodes, per
     priced = 0
     for setting in settings:
         for candidate in megatron_grid(setting, setup):
-            exact = price_stages(full_graph=graphs.at(16), graph=setting.graph, layers=setting.layers, tables=tables,
-                                 specs=list(candidate.specs), m=setting.num_microbatches, schedule=setting.schedule,
-                                 refine=False)  # fmt: skip
+            exact = price_stages(
+                full_graph=graphs.at(16),
+                graph=setting.graph,
+                layers=setting.layers,
+                tables=tables,
+                specs=list(candidate.specs),
+                m=setting.num_microbatches,
+                schedule=setting.schedule,
+                refine=False,
+            )
             if exact is not None:
                 priced += 1
                 assert result.best.estimate.step_time_s <= exact.estimate.step_time_s * (1 + 1e-9), candidate.degrees
@@ -198,8 +206,15 @@ def test_one_f_one_b_with_fewer_microbatches_than_stages_is_planned_and_run_as_g
     from planner.plan import PlanError, validate_plan
 
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
-    plan = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=8, method="megatron", degrees=(1, 2, 1),
-                           microbatches=1, schedule="1f1b")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "mlp.py",
+        cluster,
+        batch_size=8,
+        method="megatron",
+        degrees=(1, 2, 1),
+        microbatches=1,
+        schedule="1f1b",
+    )
     assert len(plan.stages) == 2 and plan.num_microbatches == 1 and plan.schedule == "gpipe"
     graph = captured("mlp", 8, "export")
     validate_plan(plan, graph)
@@ -216,8 +231,16 @@ def test_recomputation_has_one_price_in_the_estimate_and_the_simulator(degrees) 
     from planner.costing.setup import plan_setup
 
     cluster = load_cluster("dgx-a100", num_nodes=1, devices_per_node=4)
-    plan = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, model_args={"size": "tiny"},
-                           method="megatron", degrees=degrees, microbatches=2, remat="on")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        cluster,
+        batch_size=8,
+        model_args={"size": "tiny"},
+        method="megatron",
+        degrees=degrees,
+        microbatches=2,
+        remat="on",
+    )
     assert plan.stages[0].remat and len(plan.stages) == 1
     graph = captured("gpt", 8 // plan.num_microbatches, "export", size="tiny")
     simulated = simulate_plan(plan, graph, plan_setup(plan)).step_time_s

@@ -14,8 +14,9 @@ PACKAGES = ("planner", "cost_models", "executors")
 
 def test_no_import_cycles_between_modules_even_inside_functions() -> None:
     graph = grimp.build_graph(*PACKAGES)  # imports inside functions and under TYPE_CHECKING included
-    imports = nx.DiGraph((module, imported) for module in graph.modules
-                         for imported in graph.find_modules_directly_imported_by(module))  # fmt: skip
+    imports = nx.DiGraph(
+        (module, imported) for module in graph.modules for imported in graph.find_modules_directly_imported_by(module)
+    )
     cycles = [sorted(component) for component in nx.strongly_connected_components(imports) if len(component) > 1]
     assert not cycles, cycles
 

@@ -68,8 +68,9 @@ def curves(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], di
         cluster = load_cluster("local-cpu", num_nodes=nodes, devices_per_node=per_node)
         paths = {}
         for choice in ("exact", *choices):
-            plan = plan_model_file(file, cluster, batch_size=32, model_args=args, allow_lossy=True, grad_sync=choice,
-                                   **options)  # fmt: skip
+            plan = plan_model_file(
+                file, cluster, batch_size=32, model_args=args, allow_lossy=True, grad_sync=choice, **options
+            )
             assert plan.grad_sync.label == choice
             paths[choice] = directory / f"{choice.replace(':', '-')}.json"
             save_plan(plan, paths[choice])

@@ -26,8 +26,15 @@ UNFUSED = {"attention": "unfused", "dropout": 0.1}
 
 def test_older_plans_load_with_their_meaning() -> None:
     """``remat: true`` recomputes the whole stage; ``zero: true`` is level 2 on a data-parallel plan."""
-    stage = {"index": 0, "nodes": ["a", "b"], "devices": [0, 1], "mesh_shape": [2], "strategies": {},
-             "param_placements": {"w": ["R"]}, "remat": True}  # fmt: skip
+    stage = {
+        "index": 0,
+        "nodes": ["a", "b"],
+        "devices": [0, 1],
+        "mesh_shape": [2],
+        "strategies": {},
+        "param_placements": {"w": ["R"]},
+        "remat": True,
+    }
     old = Stage.from_json(stage)
     assert old.remat == Remat.FULL and old.recomputed_runs() == (("a", "b"),) and old.zero == 0
     assert not Stage.from_json({**stage, "remat": False}).remat
@@ -59,8 +66,9 @@ def test_recomputation_keeps_what_enters_the_runs() -> None:
 
     def kept(kind: str) -> int:
         state = kept_under_recompute(graph, remat_runs(kind, graph, names, layers=graph_layers(graph)))
-        values = sum(graph.node(v).output.nbytes if graph.has_node(v) else graph.value(v).meta.nbytes
-                     for v in state.values)  # fmt: skip
+        values = sum(
+            graph.node(v).output.nbytes if graph.has_node(v) else graph.value(v).meta.nbytes for v in state.values
+        )
         return values + sum(graph.node(n).output.numel for n in state.masked)  # a mask: one byte an element
 
     attention, full = kept("attention"), kept("full")
@@ -97,8 +105,9 @@ def test_the_executor_recomputes_the_runs_and_keeps_only_their_inputs() -> None:
         segment = make_segment(graph, [node.name for node in graph.nodes], needed_after=graph.outputs)
         module = GraphModule(graph, segment, params=params, buffers=buffers, call_node=call, checkpointed=checkpointed)
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
-                                                      lambda t: t):  # fmt: skip
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t
+        ):
             (logits,) = module(tokens)
         model.zero_grad(set_to_none=True)
         logits.float().square().mean().backward()
@@ -156,8 +165,18 @@ def test_plans_the_executors_cannot_run_are_refused() -> None:
     graph = captured("gpt", 8, **UNFUSED)
     stage = plan.stages[0]
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
-    pipeline = plan_prepared(prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, model_args=UNFUSED,
-                                                degrees=(1, 2, 1), microbatches=2, schedule="gpipe"), "megatron")  # fmt: skip
+    pipeline = plan_prepared(
+        prepare_model_file(
+            EXAMPLES / "gpt.py",
+            cluster,
+            batch_size=8,
+            model_args=UNFUSED,
+            degrees=(1, 2, 1),
+            microbatches=2,
+            schedule="gpipe",
+        ),
+        "megatron",
+    )
     split = dataclasses.replace(pipeline, stages=(pipeline.stages[0], dataclasses.replace(pipeline.stages[1], zero=2)))
     with pytest.raises(PlanError, match="runs under FSDP"):
         validate_plan(split, graph)
@@ -166,8 +185,9 @@ def test_plans_the_executors_cannot_run_are_refused() -> None:
         validate_plan(dataclasses.replace(plan, stages=(backwards,)), graph)
     norm = captured("zoo/nn_batchnorm_cnn", 8)
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
-    cnn = plan_prepared(prepare_model_file(EXAMPLES / "zoo/nn_batchnorm_cnn.py", cluster, batch_size=8),
-                        "data-parallel")  # fmt: skip
+    cnn = plan_prepared(
+        prepare_model_file(EXAMPLES / "zoo/nn_batchnorm_cnn.py", cluster, batch_size=8), "data-parallel"
+    )
     whole = dataclasses.replace(cnn.stages[0], remat="full")  # one run, the batch normalizations in it
     with pytest.raises(PlanError, match="batch statistics"):
         validate_plan(dataclasses.replace(cnn, stages=(whole,)), norm)
@@ -184,8 +204,9 @@ def test_golden_a_model_that_barely_fits_trades_full_recomputation_for_selective
     prepared = prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args=args, memory_fraction=0.08)
 
     def best(**options: str) -> Plan:
-        return plan_prepared(dataclasses.replace(prepared, options=dataclasses.replace(prepared.options, **options)),
-                             "auto")  # fmt: skip
+        return plan_prepared(
+            dataclasses.replace(prepared, options=dataclasses.replace(prepared.options, **options)), "auto"
+        )
 
     full, chosen = best(remat="on", zero="0"), best()
     with pytest.raises(AutoplanError, match="does not fit"):  # Alpa's space: full recomputation or nothing
@@ -202,10 +223,13 @@ def test_golden_a_model_that_barely_fits_trades_full_recomputation_for_selective
     assert f"memory: {saving['choice']}" in plan_summary(chosen)
 
 
-@pytest.mark.parametrize(("method", "options"), [
-    ("megatron", {"degrees": (2, 1, 2), "remat": "attention", "zero": 1, "microbatches": 2}),
-    ("data-parallel", {"zero": 3}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [
+        ("megatron", {"degrees": (2, 1, 2), "remat": "attention", "zero": 1, "microbatches": 2}),
+        ("data-parallel", {"zero": 3}),
+    ],
+)
 def test_memory_choices_have_one_price_in_the_estimate_and_the_simulator(method: str, options: dict) -> None:
     """A one-stage plan has no boundary to overlap: its estimate and simulated step agree exactly, selective
     recomputation and ZeRO-1 on a sharded stage included, and FSDP's gathers and reduce-scatters at ZeRO-3."""
@@ -214,8 +238,9 @@ def test_memory_choices_have_one_price_in_the_estimate_and_the_simulator(method:
 
     cluster = load_cluster("dgx-a100", num_nodes=1, devices_per_node=4)
     args = {"size": "tiny", "attention": "unfused"}
-    plan = plan_prepared(prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, model_args=args, **options),
-                         method)  # fmt: skip
+    plan = plan_prepared(
+        prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, model_args=args, **options), method
+    )
     stage = plan.stages[0]
     assert len(plan.stages) == 1 and stage.zero == options["zero"]
     assert stage.remat == options.get("remat", "none")

@@ -16,12 +16,18 @@ from tests.conftest import EXAMPLES, captured
 def test_exposed_sync_hand_worked() -> None:
     # buckets ready at 1 s and 3 s of a 4 s backward; all-reduces of 1.5 s and 2 s:
     # the first runs 1-2.5, the second 3-5: the step waits 1 s past the backward's end
-    segments = [SyncSegment(backward_s=1, all_reduce_s=1.5), SyncSegment(backward_s=2, all_reduce_s=2),
-                SyncSegment(backward_s=1, all_reduce_s=0)]  # fmt: skip
+    segments = [
+        SyncSegment(backward_s=1, all_reduce_s=1.5),
+        SyncSegment(backward_s=2, all_reduce_s=2),
+        SyncSegment(backward_s=1, all_reduce_s=0),
+    ]
     assert exposed_sync_s(segments) == pytest.approx(1.0)
     # a slow first bucket delays the second: 1-4, then 4-6, 2 s past
-    slow = [SyncSegment(backward_s=1, all_reduce_s=3), SyncSegment(backward_s=2, all_reduce_s=2),
-            SyncSegment(backward_s=1, all_reduce_s=0)]  # fmt: skip
+    slow = [
+        SyncSegment(backward_s=1, all_reduce_s=3),
+        SyncSegment(backward_s=2, all_reduce_s=2),
+        SyncSegment(backward_s=1, all_reduce_s=0),
+    ]
     assert exposed_sync_s(slow) == pytest.approx(2.0)
     # everything hidden
     assert exposed_sync_s([SyncSegment(backward_s=1, all_reduce_s=0.5), SyncSegment(backward_s=3, all_reduce_s=0)]) == 0
@@ -48,12 +54,22 @@ def test_segments_cover_the_backward_and_every_bucket() -> None:
 
 @pytest.mark.parametrize(
     ("example", "args", "cluster", "nodes"),
-    [("mlp", {"hidden": 1024, "layers": 4}, "dgx-a100", 1), ("gpt", {"size": "tiny"}, "p3.16xlarge", 1),
-     ("resnet", {}, "p3.16xlarge", 2)],
-)  # fmt: skip
+    [
+        ("mlp", {"hidden": 1024, "layers": 4}, "dgx-a100", 1),
+        ("gpt", {"size": "tiny"}, "p3.16xlarge", 1),
+        ("resnet", {}, "p3.16xlarge", 2),
+    ],
+)
 def test_data_parallel_estimate_and_simulator_overlap_alike(example, args, cluster, nodes) -> None:
-    plan = plan_model_file(EXAMPLES / f"{example}.py", load_cluster(cluster, num_nodes=nodes), batch_size=64,
-                           model_args=args, method="data-parallel", zero="0", microbatches=1)  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / f"{example}.py",
+        load_cluster(cluster, num_nodes=nodes),
+        batch_size=64,
+        model_args=args,
+        method="data-parallel",
+        zero="0",
+        microbatches=1,
+    )
     graph = captured(example, 64, "export", **args)
     lowered = lower_plan(plan, graph, plan_setup(plan))
     assert lowered.sync_segments, "a plan run as DDP has its buckets in the last backward"
@@ -67,9 +83,15 @@ def test_data_parallel_estimate_and_simulator_overlap_alike(example, args, clust
 def test_overlap_hides_sync_behind_a_long_backward() -> None:
     """32 layers of 2 MiB gradients: DDP's buckets go out while the earlier layers' backward runs, and only
     the last bucket (ready when the backward ends) is left to wait for."""
-    plan = plan_model_file(EXAMPLES / "mlp.py", load_cluster("dgx-a100"), batch_size=4096,
-                           model_args={"hidden": 1024, "layers": 32}, method="data-parallel", zero="0",
-                           microbatches=1)  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "mlp.py",
+        load_cluster("dgx-a100"),
+        batch_size=4096,
+        model_args={"hidden": 1024, "layers": 32},
+        method="data-parallel",
+        zero="0",
+        microbatches=1,
+    )
     exposed, hidden = plan.estimate.breakdown_s["grad_sync_s"], plan.estimate.hidden_s["grad_sync_overlapped_s"]
     assert hidden > 0.5 * (exposed + hidden)
 
@@ -83,8 +105,16 @@ def test_a_searched_one_stage_ddp_plan_is_priced_as_the_simulator_runs_it() -> N
 
 
 def test_a_recomputing_ddp_plan_pays_its_forward_twice_in_the_estimate_and_the_simulator() -> None:
-    plan = plan_model_file(EXAMPLES / "gpt.py", load_cluster("dgx-a100"), batch_size=16, model_args={"size": "tiny"},
-                           method="megatron", degrees=(1, 1, 8), microbatches=2, remat="on")  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / "gpt.py",
+        load_cluster("dgx-a100"),
+        batch_size=16,
+        model_args={"size": "tiny"},
+        method="megatron",
+        degrees=(1, 1, 8),
+        microbatches=2,
+        remat="on",
+    )
     assert plan.stages[0].remat and all(set(spec) == {"R"} for spec in plan.stages[0].param_placements.values())
     graph = captured("gpt", 8, "export", size="tiny")
     lowered = lower_plan(plan, graph, plan_setup(plan))

@@ -120,8 +120,9 @@ def test_critical_path_on_the_fastest_device() -> None:
 
 def test_critical_path_too_big_for_the_fast_device() -> None:
     p, chain = chain_with_branches(6)
-    small = problem([p.time_s(op) for op in range(p.num_ops)], p.edges, speeds=p.device_speed,
-                    capacity=(6 * GB, 2 * GB, 6 * GB))  # fmt: skip
+    small = problem(
+        [p.time_s(op) for op in range(p.num_ops)], p.edges, speeds=p.device_speed, capacity=(6 * GB, 2 * GB, 6 * GB)
+    )
     assignment = critical_path_placement(small)  # the path needs 7 GB: no device holds it
     assert_valid(small, assignment)
     assert [assignment[op] for op in chain[:2]] == [1, 1]  # the start of the path, as much as fits
@@ -130,8 +131,9 @@ def test_critical_path_too_big_for_the_fast_device() -> None:
 
 def test_critical_path_takes_a_slower_device_that_holds_the_path() -> None:
     p, chain = chain_with_branches(4)
-    small = problem([p.time_s(op) for op in range(p.num_ops)], p.edges, speeds=(1.0, 2.0, 1.5),
-                    capacity=(20 * GB, 2 * GB, 20 * GB))  # fmt: skip
+    small = problem(
+        [p.time_s(op) for op in range(p.num_ops)], p.edges, speeds=(1.0, 2.0, 1.5), capacity=(20 * GB, 2 * GB, 20 * GB)
+    )
     assignment = critical_path_placement(small)
     assert_valid(small, assignment)
     assert all(assignment[op] == 2 for op in chain)
@@ -199,8 +201,13 @@ def naive_m_etf(p: PlacementProblem) -> tuple[int, ...]:
                 continue
             for d in range(p.num_devices):
                 if used[d] + p.memory_bytes(op) <= p.device_memory_bytes[d]:
-                    arrival = max((finish[u] + (p.transfer_s(device[u], d, b) if device[u] != d else 0.0)
-                                   for u, b in predecessors[op]), default=0.0)  # fmt: skip
+                    arrival = max(
+                        (
+                            finish[u] + (p.transfer_s(device[u], d, b) if device[u] != d else 0.0)
+                            for u, b in predecessors[op]
+                        ),
+                        default=0.0,
+                    )
                     pairs.append((max(free_at[d], arrival), -rank[op], op, d))
         start, _, op, d = min(pairs)
         device[op], finish[op] = d, start + p.time_s(op) / p.device_speed[d]

@@ -44,8 +44,9 @@ def test_every_strategy_round_trips_through_its_record(model: str, mesh_shape: t
     args, batch = MODELS[model]
     graph = captured(model, batch, **args)
     cluster = load_cluster("dgx-a100")  # mixed precision: 2-byte gradients and activations
-    mesh = StageMesh(cluster=cluster, devices=tuple(range(len(mesh_shape) * 2)), mesh_shape=mesh_shape,
-                     activation_itemsize=2)  # fmt: skip
+    mesh = StageMesh(
+        cluster=cluster, devices=tuple(range(len(mesh_shape) * 2)), mesh_shape=mesh_shape, activation_itemsize=2
+    )
     context = StrategyContext(graph=graph, mesh=mesh, grad_values=grad_values(graph), grad_itemsize=2)
     count = 0
     for node in graph.nodes:
@@ -60,8 +61,9 @@ def test_every_strategy_round_trips_through_its_record(model: str, mesh_shape: t
 def _megatron(degrees: tuple[int, int, int], model: str = "mlp") -> tuple[Plan, object]:
     args, batch = MODELS[model]
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=degrees[0] * degrees[1] * degrees[2])
-    plan = plan_model_file(EXAMPLES / f"{model}.py", cluster, batch_size=batch, model_args=args, method="megatron",
-                           degrees=degrees)  # fmt: skip
+    plan = plan_model_file(
+        EXAMPLES / f"{model}.py", cluster, batch_size=batch, model_args=args, method="megatron", degrees=degrees
+    )
     return plan, captured(model, batch // plan.num_microbatches, **args)
 
 
@@ -126,8 +128,11 @@ def test_a_strategy_no_rule_produces_is_refused_at_show_run_and_compile(
         check_plan_strategies(edited, graph)
     path = tmp_path / "edited.json"
     save_plan(edited, path)
-    for command in (["show", str(path)], ["compile", str(path), "--out", str(tmp_path / "out")],
-                    ["run", str(path), "--steps", "1"]):  # fmt: skip
+    for command in (
+        ["show", str(path)],
+        ["compile", str(path), "--out", str(tmp_path / "out")],
+        ["run", str(path), "--steps", "1"],
+    ):
         assert main(command) == 2, command
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "no sharding rule produces" in err[0] and "re-plan" in err[0], err

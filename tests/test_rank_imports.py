@@ -14,19 +14,41 @@ from executors.training.program import write_program
 from planner.api import plan_model_file
 from tests.conftest import EXAMPLES, ROOT
 
-SEARCH = ("planner.api", "planner.auto", "planner.compare", "planner.intra", "planner.inter", "planner.baselines",
-          "planner.cli", "highspy", "pulp", "rich")  # fmt: skip
+SEARCH = (
+    "planner.api",
+    "planner.auto",
+    "planner.compare",
+    "planner.intra",
+    "planner.inter",
+    "planner.baselines",
+    "planner.cli",
+    "highspy",
+    "pulp",
+    "rich",
+)
 
 
 def test_a_rank_of_plan_run_imports_no_search_module(tmp_path: Path) -> None:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     plan = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=16, method="megatron", degrees=(2, 1, 1))
     program = write_program(plan, tmp_path / "program")  # what `plan run` launches on every rank
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-               str(free_port()), str(ROOT / "tests" / "rank_modules_worker.py"), str(tmp_path), str(program),
-               "--steps", "1"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(ROOT / "tests" / "rank_modules_worker.py"),
+        str(tmp_path),
+        str(program),
+        "--steps",
+        "1",
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in range(2):
         modules = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -21,15 +21,36 @@ from tests.conftest import EXAMPLES
 from tests.test_simulator import pipeline
 
 GPT = str(EXAMPLES / "gpt.py")
-MEGATRON_ARGS = ["--model-arg", "size=tiny", "--cluster", "p3.16xlarge", "--devices-per-node", "8", "--batch-size", "8",
-                 "--degrees", "2,2,2", "--microbatches", "4", "--remat", "off", "--schedule", "1f1b"]  # fmt: skip
+MEGATRON_ARGS = [
+    "--model-arg",
+    "size=tiny",
+    "--cluster",
+    "p3.16xlarge",
+    "--devices-per-node",
+    "8",
+    "--batch-size",
+    "8",
+    "--degrees",
+    "2,2,2",
+    "--microbatches",
+    "4",
+    "--remat",
+    "off",
+    "--schedule",
+    "1f1b",
+]
 BUBBLE = re.compile(r"pipeline bubble (\d+)%")
 
 
 def synthetic_stage(
-    index: int, devices: range, mesh: tuple[int, ...], *, sharded: tuple[int, ...] = (), synced: tuple[int, ...] = (),
+    index: int,
+    devices: range,
+    mesh: tuple[int, ...],
+    *,
+    sharded: tuple[int, ...] = (),
+    synced: tuple[int, ...] = (),
     remat: bool = False,
-) -> Stage:  # fmt: skip
+) -> Stage:
     """A stage of one operator reading parameter ``w`` (sharded along the ``sharded`` axes) and ``b``
     (replicated; its gradient synced over the ``synced`` axes)."""
     syncs = tuple(Collective(kind="all_reduce", axis=axis, phase="sync", operand=2) for axis in synced)
@@ -38,26 +59,52 @@ def synthetic_stage(
         "w": tuple("S(0)" if axis in sharded else "R" for axis in range(len(mesh))),
         "b": ("R",) * len(mesh),
     }
-    return Stage(index=index, nodes=("linear",), devices=tuple(devices), mesh_shape=mesh,
-                 strategies={"linear": record}, param_placements=placements, remat=remat)  # fmt: skip
+    return Stage(
+        index=index,
+        nodes=("linear",),
+        devices=tuple(devices),
+        mesh_shape=mesh,
+        strategies={"linear": record},
+        param_placements=placements,
+        remat=remat,
+    )
 
 
 def synthetic_plan(
-    stages: list[Stage], *, m: int = 1, schedule: str = "none", cluster: Cluster | None = None, method: str = "auto",
+    stages: list[Stage],
+    *,
+    m: int = 1,
+    schedule: str = "none",
+    cluster: Cluster | None = None,
+    method: str = "auto",
     notes: tuple[str, ...] = (),
-) -> Plan:  # fmt: skip
-    estimate = Estimate(step_time_s=1.0, per_stage_time_s=(1.0,) * len(stages), memory_per_device_bytes=1 << 30,
-                        bubble_fraction=0.25, tflops_per_device=1.0)  # fmt: skip
+) -> Plan:
+    estimate = Estimate(
+        step_time_s=1.0,
+        per_stage_time_s=(1.0,) * len(stages),
+        memory_per_device_bytes=1 << 30,
+        bubble_fraction=0.25,
+        tflops_per_device=1.0,
+    )
     return Plan(
-        method=method, model=ModelRef(fingerprint="f", num_params=10), batch_size=64, num_microbatches=m,
-        cluster=cluster or load_cluster("p3.16xlarge", num_nodes=8), schedule=schedule, optimizer="adam-mixed",
-        stages=tuple(stages), estimate=estimate, search=SearchStats(time_s=1.0), notes=notes,
-    )  # fmt: skip
+        method=method,
+        model=ModelRef(fingerprint="f", num_params=10),
+        batch_size=64,
+        num_microbatches=m,
+        cluster=cluster or load_cluster("p3.16xlarge", num_nodes=8),
+        schedule=schedule,
+        optimizer="adam-mixed",
+        stages=tuple(stages),
+        estimate=estimate,
+        search=SearchStats(time_s=1.0),
+        notes=notes,
+    )
 
 
 def test_shape_of_a_megatron_grid_point_in_pipeline_tensor_data_order() -> None:
-    stages = [synthetic_stage(s, range(32 * s, 32 * s + 32), (8, 4), sharded=(1,), synced=(0,), remat=True)
-              for s in range(2)]  # fmt: skip
+    stages = [
+        synthetic_stage(s, range(32 * s, 32 * s + 32), (8, 4), sharded=(1,), synced=(0,), remat=True) for s in range(2)
+    ]
     plan = synthetic_plan(stages, m=16, schedule="1f1b")
     assert plan_shape(plan) == "pipeline 2 × tensor 4 × data 8, 16 microbatches, 1F1B, recompute full"
 
@@ -103,18 +150,36 @@ def test_shape_of_an_operator_placement() -> None:
 @functools.cache
 def local_plan(method: str) -> Plan:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=4)
-    return plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=16, model_args={"hidden": 64, "layers": 2},
-                           method=method, remat="off")  # fmt: skip
+    return plan_model_file(
+        EXAMPLES / "mlp.py", cluster, batch_size=16, model_args={"hidden": 64, "layers": 2}, method=method, remat="off"
+    )
 
 
 def test_shape_of_planned_data_parallel_and_megatron() -> None:
     assert plan_shape(local_plan("data-parallel")) == "data 4, recompute off"
-    megatron = plan_model_file(GPT, load_cluster("p3.16xlarge", num_nodes=1), batch_size=8, model_args={"size": "tiny"},
-                               method="megatron", degrees=(2, 2, 2), microbatches=4, remat="off", schedule="1f1b")  # fmt: skip
+    megatron = plan_model_file(
+        GPT,
+        load_cluster("p3.16xlarge", num_nodes=1),
+        batch_size=8,
+        model_args={"size": "tiny"},
+        method="megatron",
+        degrees=(2, 2, 2),
+        microbatches=4,
+        remat="off",
+        schedule="1f1b",
+    )
     assert plan_shape(megatron) == "pipeline 2 × tensor 2 × data 2, 4 microbatches, 1F1B, recompute off"
-    interleaved = plan_model_file(GPT, load_cluster("p3.16xlarge", num_nodes=1), batch_size=8,
-                                  model_args={"size": "tiny"}, method="megatron", degrees=(2, 2, 2), microbatches=4,
-                                  remat="off", schedule="interleaved")  # fmt: skip
+    interleaved = plan_model_file(
+        GPT,
+        load_cluster("p3.16xlarge", num_nodes=1),
+        batch_size=8,
+        model_args={"size": "tiny"},
+        method="megatron",
+        degrees=(2, 2, 2),
+        microbatches=4,
+        remat="off",
+        schedule="interleaved",
+    )
     assert "interleaved 1F1B (2 virtual stages per rank)" in plan_shape(interleaved)
     assert plan_shape(interleaved).startswith("pipeline 2 ")
 

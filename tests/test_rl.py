@@ -134,8 +134,11 @@ def test_same_seed_same_result_and_the_global_rng_is_untouched() -> None:
     assert torch.equal(state, torch.random.get_rng_state())
     two = rl_placement(problem, budget_s=1e9, seed=3, max_iterations=15)
     assert (one.assignment, one.step_time_s, one.mean_reward, one.num_simulations) == (
-        two.assignment, two.step_time_s, two.mean_reward, two.num_simulations,
-    )  # fmt: skip
+        two.assignment,
+        two.step_time_s,
+        two.mean_reward,
+        two.num_simulations,
+    )
     assert calls == [("rl", i, 0) for i in range(1, 16)]
 
 

@@ -35,8 +35,9 @@ def example_inputs(batch_size):
 
 def plan_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +63,22 @@ def test_compiled_program_runs_under_torchrun(mlp_plan: Path, tmp_path: Path) ->
     assert (out / "train.py").is_file() and json.loads((out / "plan.json").read_text())["method"] == "megatron"
     assert "torchrun --standalone --nproc-per-node 2" in (out / "train.py").read_text()
     assert f"launch: torchrun --standalone --nproc-per-node 2 {out / 'train.py'}" in done.stdout
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_port()),
-               str(out / "train.py"), "--steps", "1", "--check-parity"]  # fmt: skip
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_port()),
+        str(out / "train.py"),
+        "--steps",
+        "1",
+        "--check-parity",
+    ]
+    run = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "parity match" in run.stdout
 
@@ -111,8 +124,14 @@ def test_missing_plan_exit_2(tmp_path: Path) -> None:
 
 def test_killed_rank_stops_every_rank_within_60_s(mlp_plan: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "planner", "run", str(mlp_plan), "--steps", "100000"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "planner", "run", str(mlp_plan), "--steps", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     try:
         for line in process.stdout:
             if line.startswith("step 3 "):

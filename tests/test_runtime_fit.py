@@ -34,8 +34,13 @@ def _estimate(cluster: Cluster, method: str, **options) -> float:
 
 
 def test_cluster_file_round_trips_runtime_constants() -> None:
-    values = {"kernel_overhead_s": 3e-5, "sharded_op_overhead_s": 4e-4, "microbatch_overhead_s": 1e-3,
-              "step_overhead_s": 5e-3, "latency_s": 2e-4}  # fmt: skip
+    values = {
+        "kernel_overhead_s": 3e-5,
+        "sharded_op_overhead_s": 4e-4,
+        "microbatch_overhead_s": 1e-3,
+        "step_overhead_s": 5e-3,
+        "latency_s": 2e-4,
+    }
     cluster = apply_runtime(_cluster(), values)
     back = Cluster.from_json(cluster.to_json())
     assert back.device == cluster.device
@@ -93,8 +98,13 @@ def test_simulator_charges_the_same_overheads() -> None:
 
 
 def test_probe_features_are_the_slopes_of_a_linear_estimate() -> None:
-    weights = {"kernel_overhead_s": 40, "sharded_op_overhead_s": 7, "microbatch_overhead_s": 3,
-               "step_overhead_s": 1, "latency_s": 12}  # fmt: skip
+    weights = {
+        "kernel_overhead_s": 40,
+        "sharded_op_overhead_s": 7,
+        "microbatch_overhead_s": 3,
+        "step_overhead_s": 1,
+        "latency_s": 12,
+    }
 
     def estimate(cluster: Cluster) -> float:
         device = cluster.device
@@ -108,8 +118,13 @@ def test_probe_features_are_the_slopes_of_a_linear_estimate() -> None:
 
 
 def test_fit_recovers_known_constants_and_keeps_them_non_negative() -> None:
-    truth = {"kernel_overhead_s": 5e-5, "sharded_op_overhead_s": 3e-4, "microbatch_overhead_s": 0.0,
-             "step_overhead_s": 4e-3, "latency_s": 7e-4}  # fmt: skip
+    truth = {
+        "kernel_overhead_s": 5e-5,
+        "sharded_op_overhead_s": 3e-4,
+        "microbatch_overhead_s": 0.0,
+        "step_overhead_s": 4e-3,
+        "latency_s": 7e-4,
+    }
     rows = []
     for i in range(10):
         features = {k: float((i * 7 + j * 3) % 11 + (i == j) * 5) for j, k in enumerate(CONSTANTS)}
@@ -124,8 +139,13 @@ def test_fit_recovers_known_constants_and_keeps_them_non_negative() -> None:
 
 
 def test_fit_recovers_a_signed_compute_share_and_applies_it() -> None:
-    truth = {"sharded_op_overhead_s": 3e-4, "microbatch_overhead_s": 1e-3, "step_overhead_s": 4e-3,
-             "latency_s": 7e-4, COMPUTE: -0.2}  # fmt: skip
+    truth = {
+        "sharded_op_overhead_s": 3e-4,
+        "microbatch_overhead_s": 1e-3,
+        "step_overhead_s": 4e-3,
+        "latency_s": 7e-4,
+        COMPUTE: -0.2,
+    }
     rows = []
     for i in range(10):
         features = {k: float((i * 7 + j * 3) % 11 + (i == j) * 5) for j, k in enumerate(truth)}

@@ -67,11 +67,14 @@ def test_reused_stage_shapes_price_like_fresh_problems(monkeypatch: pytest.Monke
     assert shared.estimate == fresh.estimate
 
 
-@pytest.mark.parametrize(("submesh", "shape", "offsets"), [
-    (Submesh(num_nodes=1, devices_per_node=2), (2,), (2, 4, 6)),
-    (Submesh(num_nodes=1, devices_per_node=4), (2, 2), (4,)),
-    (Submesh(num_nodes=2, devices_per_node=4), (4, 2), (8,)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("submesh", "shape", "offsets"),
+    [
+        (Submesh(num_nodes=1, devices_per_node=2), (2,), (2, 4, 6)),
+        (Submesh(num_nodes=1, devices_per_node=4), (2, 2), (4,)),
+        (Submesh(num_nodes=2, devices_per_node=4), (4, 2), (8,)),
+    ],
+)
 def test_a_stage_costs_the_same_wherever_its_devices_are_numbered(
     submesh: Submesh, shape: tuple[int, ...], offsets: tuple[int, ...]
 ) -> None:
@@ -83,8 +86,12 @@ def test_a_stage_costs_the_same_wherever_its_devices_are_numbered(
     canonical = build_stage_problem(part, setup, canonical_mesh(setup, submesh, shape), options)
     choices = [megatron_choice(canonical), solve_unconstrained(canonical.problem).choice]
     for offset in offsets:
-        mesh = StageMesh(cluster=setup.cluster, devices=tuple(range(offset, offset + submesh.size)), mesh_shape=shape,
-                         activation_itemsize=setup.activation_itemsize)  # fmt: skip
+        mesh = StageMesh(
+            cluster=setup.cluster,
+            devices=tuple(range(offset, offset + submesh.size)),
+            mesh_shape=shape,
+            activation_itemsize=setup.activation_itemsize,
+        )
         placed = build_stage_problem(part, setup, mesh, options)
         for choice in choices:
             if choice is not None:
@@ -130,12 +137,35 @@ def _default_sigint() -> None:
 
 def test_ctrl_c_exits_cleanly_without_a_plan_file(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    command = [sys.executable, "-m", "planner", str(GPT), "--cluster", "dgx-a100", "--nodes", "8",
-               "--batch-size", "256", "--model-arg", "size=350m", "--jobs", "2", "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "planner",
+        str(GPT),
+        "--cluster",
+        "dgx-a100",
+        "--nodes",
+        "8",
+        "--batch-size",
+        "256",
+        "--model-arg",
+        "size=350m",
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+    ]
     # a shell's background job (`cmd &` without job control) inherits SIGINT ignored: the plan then rightly
     # ignores Ctrl-C too, so the child gets the terminal's default disposition back
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    )
     time.sleep(6)  # imports, then the two exports
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     _, stderr = process.communicate(timeout=60)

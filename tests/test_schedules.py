@@ -34,11 +34,15 @@ KINDS = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_
 
 def torch_order(schedule: str, *, num_ranks: int, virtual_stages: int, num_microbatches: int) -> dict[int, list]:
     cls = getattr(torch_schedules, TORCH_CLASSES[schedule])
-    stages = [_OrderOnlyStage(stage_index=k * num_ranks, num_stages=num_ranks * virtual_stages, group_size=num_ranks)
-              for k in range(virtual_stages)]  # fmt: skip
+    stages = [
+        _OrderOnlyStage(stage_index=k * num_ranks, num_stages=num_ranks * virtual_stages, group_size=num_ranks)
+        for k in range(virtual_stages)
+    ]
     order = cls(stages, n_microbatches=num_microbatches).pipeline_order
-    return {rank: [(a.stage_index, KINDS[a.computation_type.name], a.microbatch_index) for a in actions if a is not None]
-            for rank, actions in order.items()}  # fmt: skip
+    return {
+        rank: [(a.stage_index, KINDS[a.computation_type.name], a.microbatch_index) for a in actions if a is not None]
+        for rank, actions in order.items()
+    }
 
 
 CASES = [(p, v, m) for p in (2, 3, 4) for v in (1, 2, 3) for m in (1, 2, 3, 4, 6, 8, 12) if m % max(1, m // p) == 0]
@@ -49,19 +53,24 @@ CASES = [(p, v, m) for p in (2, 3, 4) for v in (1, 2, 3) for m in (1, 2, 3, 4, 6
 def test_our_orders_are_torchs(schedule: str, num_ranks: int, virtual_stages: int, num_microbatches: int) -> None:
     if schedule == "interleaved" and virtual_stages == 1:
         pytest.skip("interleaved needs v >= 2 (one stage per rank is 1F1B)")
-    expected = torch_order(schedule, num_ranks=num_ranks, virtual_stages=virtual_stages,
-                           num_microbatches=num_microbatches)  # fmt: skip
+    expected = torch_order(
+        schedule, num_ranks=num_ranks, virtual_stages=virtual_stages, num_microbatches=num_microbatches
+    )
     for rank in range(num_ranks):
-        ours = rank_actions(schedule, num_ranks=num_ranks, virtual_stages=virtual_stages,
-                            num_microbatches=num_microbatches, rank=rank)  # fmt: skip
+        ours = rank_actions(
+            schedule, num_ranks=num_ranks, virtual_stages=virtual_stages, num_microbatches=num_microbatches, rank=rank
+        )
         assert ours == expected[rank], (rank, ours, expected[rank])
 
 
 def test_every_stage_runs_each_microbatch_once_per_kind() -> None:
     p, v, m = 4, 2, 8
     for schedule, kinds in (("interleaved", "FB"), ("zero-bubble", "FIW")):
-        seen = [a for r in range(p) for a in rank_actions(schedule, num_ranks=p, virtual_stages=v,
-                                                             num_microbatches=m, rank=r)]  # fmt: skip
+        seen = [
+            a
+            for r in range(p)
+            for a in rank_actions(schedule, num_ranks=p, virtual_stages=v, num_microbatches=m, rank=r)
+        ]
         assert sorted(seen) == sorted((s, k, i) for s in range(p * v) for k in kinds for i in range(m))
 
 
@@ -85,8 +94,10 @@ def test_balanced_cuts_minimise_the_largest_part(seed: int) -> None:
     parts = rng.randint(1, len(times))
     cuts = balanced_cuts(times, parts)
     assert [a for a, _ in cuts] == [0, *[b + 1 for _, b in cuts[:-1]]] and cuts[-1][1] == len(times) - 1
-    best = min(max(sum(times[a:b]) for a, b in zip((0, *bounds), (*bounds, len(times)), strict=True))
-               for bounds in itertools.combinations(range(1, len(times)), parts - 1))  # fmt: skip
+    best = min(
+        max(sum(times[a:b]) for a, b in zip((0, *bounds), (*bounds, len(times)), strict=True))
+        for bounds in itertools.combinations(range(1, len(times)), parts - 1)
+    )
     assert max(sum(times[a : b + 1]) for a, b in cuts) == pytest.approx(best)
 
 
@@ -96,8 +107,9 @@ def _gpt(size: str, *, num_nodes: int, **options):
     from tests.conftest import ROOT
 
     cluster = load_cluster("p3.16xlarge", num_nodes=num_nodes, devices_per_node=8)
-    return prepare_model_file(ROOT / "examples" / "gpt.py", cluster, batch_size=16, model_args={"size": size},
-                              microbatches=4, **options)  # fmt: skip
+    return prepare_model_file(
+        ROOT / "examples" / "gpt.py", cluster, batch_size=16, model_args={"size": size}, microbatches=4, **options
+    )
 
 
 def test_a_pipeline_with_few_microbatches_picks_interleaving_or_zero_bubble() -> None:
@@ -140,8 +152,9 @@ def test_the_simulator_replays_zero_bubble_and_interleaving_on_shared_ranks() ->
     from tests.conftest import ROOT
 
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=4)
-    prepared = prepare_model_file(ROOT / "examples" / "gpt.py", cluster, batch_size=8, degrees=(1, 4, 1),
-                                  schedule="1f1b", microbatches=4)  # fmt: skip
+    prepared = prepare_model_file(
+        ROOT / "examples" / "gpt.py", cluster, batch_size=8, degrees=(1, 4, 1), schedule="1f1b", microbatches=4
+    )
     plan = plan_prepared(prepared, "megatron")
     assert plan.schedule == "1f1b" and len(plan.stages) == 4
     graph, setup = prepared.graphs.at(2), plan_setup(plan)
@@ -149,8 +162,11 @@ def test_the_simulator_replays_zero_bubble_and_interleaving_on_shared_ranks() ->
     zero_bubble = simulate_lowered(lower_plan(replace(plan, schedule="zero-bubble"), graph, setup), record=True)
     assert zero_bubble.step_time_s <= one_f_one_b.step_time_s * (1 + 1e-9)
     assert {span.task[0] for span in zero_bubble.spans if span.resource.startswith("stage")} >= {"F", "I", "W"}
-    two_ranks = replace(plan, schedule="interleaved",
-                        stages=tuple(replace(stage, devices=plan.stages[stage.index % 2].devices) for stage in plan.stages))  # fmt: skip
+    two_ranks = replace(
+        plan,
+        schedule="interleaved",
+        stages=tuple(replace(stage, devices=plan.stages[stage.index % 2].devices) for stage in plan.stages),
+    )
     lowered = lower_plan(two_ranks, graph, setup)
     assert lowered.stage_groups == (0, 1, 0, 1)
     result = simulate_lowered(lowered)

@@ -25,8 +25,10 @@ def test_the_alpa_space_plan_uses_none_of_the_new_choices_and_the_full_space_bea
     """GPT-1.3B on two DGX-A100 nodes: Alpa's space runs a 1F1B pipeline; the full space is faster with a choice
     Alpa's space does not have (since issue 32, data parallelism under FSDP, each ZeRO level priced as it runs)."""
     cluster = load_cluster("dgx-a100", num_nodes=2)
-    plans = {space: plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=128, model_args={"size": "1.3b"},
-                                    space=space) for space in ("full", "alpa")}  # fmt: skip
+    plans = {
+        space: plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=128, model_args={"size": "1.3b"}, space=space)
+        for space in ("full", "alpa")
+    }
     alpa = plans["alpa"]
     assert alpa.schedule in ("none", "gpipe", "1f1b") and alpa.virtual_stages == 1
     assert all(stage.remat in (Remat.NONE, Remat.FULL) and stage.zero == 0 for stage in alpa.stages)
@@ -34,16 +36,28 @@ def test_the_alpa_space_plan_uses_none_of_the_new_choices_and_the_full_space_bea
     assert not alpa.grad_sync.lossy
     full = plans["full"]
     assert full.estimate.step_time_s < alpa.estimate.step_time_s
-    outside = (full.schedule in ("interleaved", "zero-bubble") or any(stage.zero for stage in full.stages)
-               or any(stage.uses_sequence_parallelism or stage.remat == Remat.ATTENTION for stage in full.stages))  # fmt: skip
+    outside = (
+        full.schedule in ("interleaved", "zero-bubble")
+        or any(stage.zero for stage in full.stages)
+        or any(stage.uses_sequence_parallelism or stage.remat == Remat.ATTENTION for stage in full.stages)
+    )
     assert outside, full.stages
 
 
 def test_without_sequence_parallelism_megatron_stages_all_reduce() -> None:
     cluster = load_cluster("dgx-a100", num_nodes=1)
-    plans = {space: plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args={"size": "350m"},
-                                    method="megatron", degrees=(4, 1, 2), space=space)
-             for space in ("full", "alpa")}  # fmt: skip
+    plans = {
+        space: plan_model_file(
+            EXAMPLES / "gpt.py",
+            cluster,
+            batch_size=16,
+            model_args={"size": "350m"},
+            method="megatron",
+            degrees=(4, 1, 2),
+            space=space,
+        )
+        for space in ("full", "alpa")
+    }
     assert any(stage.uses_sequence_parallelism for stage in plans["full"].stages)
     assert not any(stage.uses_sequence_parallelism for stage in plans["alpa"].stages)
 
@@ -51,9 +65,25 @@ def test_without_sequence_parallelism_megatron_stages_all_reduce() -> None:
 def test_the_command_line_refuses_an_option_outside_the_space_in_one_line(capsys, tmp_path) -> None:
     from planner.cli.main import main
 
-    args = [str(EXAMPLES / "mlp.py"), "--cluster", "local-cpu", "--devices-per-node", "2", "--batch-size", "8",
-            "--model-arg", "hidden=32", "--model-arg", "layers=2", "--out", str(tmp_path / "p.json"),
-            "--space", "alpa", "--schedule", "interleaved"]  # fmt: skip
+    args = [
+        str(EXAMPLES / "mlp.py"),
+        "--cluster",
+        "local-cpu",
+        "--devices-per-node",
+        "2",
+        "--batch-size",
+        "8",
+        "--model-arg",
+        "hidden=32",
+        "--model-arg",
+        "layers=2",
+        "--out",
+        str(tmp_path / "p.json"),
+        "--space",
+        "alpa",
+        "--schedule",
+        "interleaved",
+    ]
     assert main(args) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("plan: warning:")]
     assert err == ["plan: error: --schedule interleaved is outside --space alpa: drop it or use --space full"], err

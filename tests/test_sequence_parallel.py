@@ -117,8 +117,12 @@ def test_a_gathered_dropouts_mask_is_charged_at_its_sequence_shard() -> None:
 def gpt_block(shape: tuple[int, ...]) -> StageProblem:
     setup = setup_for()
     graph = captured("gpt", 8, "export", **GPT_BLOCK)
-    mesh = StageMesh(cluster=setup.cluster, devices=tuple(range(math.prod(shape))), mesh_shape=shape,
-                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    mesh = StageMesh(
+        cluster=setup.cluster,
+        devices=tuple(range(math.prod(shape))),
+        mesh_shape=shape,
+        activation_itemsize=setup.activation_itemsize,
+    )
     return build_stage_problem(graph, setup, mesh)
 
 
@@ -141,8 +145,11 @@ def test_megatron_is_sequence_parallel_on_gpt_faster_and_smaller(shape: tuple[in
     for name in ("add_1", "add_2"):  # the residual stream, what the layer norms keep: 1/t
         assert activation_bytes(stage, sequence, name) == activation_bytes(stage, plain, name) / tensor
     names = {n.module_path: n.name for n in stage.graph.nodes if n.op_name in ("linear", "layer_norm")}
-    picked = {path: stage.strategies[v][sequence[v]].name.split(" ")[-1]
-              for path, name in names.items() for v in [stage.variables.index(stage.representative[name])]}  # fmt: skip
+    picked = {
+        path: stage.strategies[v][sequence[v]].name.split(" ")[-1]
+        for path, name in names.items()
+        for v in [stage.variables.index(stage.representative[name])]
+    }
     assert picked["blocks.0.attn.proj"] == picked["blocks.0.mlp.proj"] == "k>1"
     assert picked["blocks.0.ln_1"] == picked["blocks.0.ln_2"] == picked["ln_f"] == "1*"
     assert picked["blocks.0.attn.q"] == picked["blocks.0.mlp.fc"] == picked["lm_head"] == "n*"

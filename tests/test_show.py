@@ -31,8 +31,15 @@ def planned(name: str) -> Plan:
     if name == "gpt-hash":
         return plan_model_file(EXAMPLES / "gpt.py", local, batch_size=8, method="hash")
     assert name == "gpt-pipeline"
-    return plan_model_file(EXAMPLES / "gpt.py", load_cluster("p3.16xlarge", num_nodes=2), batch_size=32,
-                           method="megatron", degrees=(2, 2, 4), microbatches=4, schedule="1f1b")  # fmt: skip
+    return plan_model_file(
+        EXAMPLES / "gpt.py",
+        load_cluster("p3.16xlarge", num_nodes=2),
+        batch_size=32,
+        method="megatron",
+        degrees=(2, 2, 4),
+        microbatches=4,
+        schedule="1f1b",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +54,14 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def show_cli(*args: str | Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "planner", "show", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "planner", "show", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def test_show_draws_a_png_of_a_pipelined_gpt_on_two_nodes(plans: dict[str, Path], tmp_path: Path) -> None:
@@ -74,8 +87,9 @@ def test_show_prints_summary_and_simulated_step(plans: dict[str, Path], capsys: 
     assert "simulated: step" in out and "pipeline bubble" in out and lines[-2].startswith("next: plan run ")
 
 
-def test_show_json_has_stages_and_the_simulated_step(plans: dict[str, Path], tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+def test_show_json_has_stages_and_the_simulated_step(
+    plans: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "mlp.png"
     assert main(["show", str(plans["mlp"]), "--json", "--figure", str(out)]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -115,8 +129,9 @@ def _edited(plans: dict[str, Path], tmp_path: Path, **model: object) -> Path:
         ("model-gone", "model file"),
     ],
 )
-def test_show_bad_input_is_one_line_exit_2_and_writes_nothing(plans: dict[str, Path], tmp_path: Path, case: str,
-                                                              message: str) -> None:  # fmt: skip
+def test_show_bad_input_is_one_line_exit_2_and_writes_nothing(
+    plans: dict[str, Path], tmp_path: Path, case: str, message: str
+) -> None:
     plan, figure = plans["mlp"], tmp_path / "out.png"
     if case == "missing":
         plan = tmp_path / "nowhere.json"
@@ -137,8 +152,9 @@ def test_show_bad_input_is_one_line_exit_2_and_writes_nothing(plans: dict[str, P
     assert sorted(tmp_path.rglob("*")) == before
 
 
-def test_show_refuses_a_plan_for_another_model(plans: dict[str, Path], tmp_path: Path,
-                                               capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+def test_show_refuses_a_plan_for_another_model(
+    plans: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     figure = tmp_path / "out.png"
     assert main(["show", str(_edited(plans, tmp_path, fingerprint="0" * 16)), "--figure", str(figure)]) == 2
     error = capsys.readouterr().err

@@ -167,9 +167,13 @@ def test_memory_forces_more_stages(budget: float, num_stages: int, latency: floa
     # 4 layers on 4 devices, time = layers/size, state 10 per layer (replicated), activation 1 per layer/size.
     # 1 stage needs 40 + 1, 2 stages 20 + 2·1 on the first, 3 stages at least 21, 4 stages 10 + 4 on the first.
     plan = solve_stages(
-        num_layers=4, num_nodes=1, devices_per_node=4, num_microbatches=4,
-        costs=UniformCosts(state=10.0, activation=1.0), memory_budget_bytes=budget,
-    )  # fmt: skip
+        num_layers=4,
+        num_nodes=1,
+        devices_per_node=4,
+        num_microbatches=4,
+        costs=UniformCosts(state=10.0, activation=1.0),
+        memory_budget_bytes=budget,
+    )
     assert len(plan.stages) == num_stages and plan.step_time_s == pytest.approx(latency)
     assert all(stage.last - stage.first + 1 == stage.submesh.size == 4 // num_stages for stage in plan.stages)
 
@@ -177,9 +181,13 @@ def test_memory_forces_more_stages(budget: float, num_stages: int, latency: floa
 def test_nothing_fits_names_the_budget() -> None:
     with pytest.raises(AutoplanError, match=r"no pipeline of at most 4 stages fits in 9\.31e-09 GiB per device"):
         solve_stages(
-            num_layers=4, num_nodes=1, devices_per_node=4, num_microbatches=4,
-            costs=UniformCosts(state=10.0, activation=1.0), memory_budget_bytes=10.0,
-        )  # fmt: skip
+            num_layers=4,
+            num_nodes=1,
+            devices_per_node=4,
+            num_microbatches=4,
+            costs=UniformCosts(state=10.0, activation=1.0),
+            memory_budget_bytes=10.0,
+        )
 
 
 @pytest.mark.parametrize(("link_s", "num_stages", "latency"), [(None, 2, 65.0), (0.6, 1, 96.0)])
@@ -187,10 +195,14 @@ def test_boundary_costs_favour_one_stage(link_s: float | None, num_stages: int, 
     # 2 nodes of 2 devices: data parallel across nodes costs 1.5×, so 2 stages of one node each win (2 + 63 < 96)
     # until each boundary costs 0.6 s: 2.6 + 63·1.6 = 103.4 > 96.
     plan = solve_stages(
-        num_layers=4, num_nodes=2, devices_per_node=2, num_microbatches=64,
-        costs=UniformCosts(state=0.0, activation=0.0, cross_node=1.5), memory_budget_bytes=1.0,
+        num_layers=4,
+        num_nodes=2,
+        devices_per_node=2,
+        num_microbatches=64,
+        costs=UniformCosts(state=0.0, activation=0.0, cross_node=1.5),
+        memory_budget_bytes=1.0,
         boundary_s=None if link_s is None else lambda i, a, b: link_s,
-    )  # fmt: skip
+    )
     assert len(plan.stages) == num_stages and plan.step_time_s == pytest.approx(latency)
 
 
@@ -260,7 +272,23 @@ def test_dp_over_whole_nodes_matches_brute_force(seed: int) -> None:
 
 
 def test_large_clusters_use_whole_nodes_dividing_them() -> None:
-    assert [mesh.num_nodes for mesh in submeshes(384, 8)] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128,
-                                                               192, 384]  # fmt: skip
+    assert [mesh.num_nodes for mesh in submeshes(384, 8)] == [
+        1,
+        2,
+        3,
+        4,
+        6,
+        8,
+        12,
+        16,
+        24,
+        32,
+        48,
+        64,
+        96,
+        128,
+        192,
+        384,
+    ]
     assert all(mesh.devices_per_node == 8 for mesh in submeshes(384, 8))
     assert len(submeshes(32, 8)) == 4 + 31  # up to the limit: Alpa's shapes, every n

@@ -58,8 +58,14 @@ def _plan(tmp_path: Path, name: str, *args: str) -> Path:
 
 
 def _compile(plan: Path, out: Path) -> Path:
-    done = subprocess.run([sys.executable, "-m", "planner", "compile", str(plan), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "planner", "compile", str(plan), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     return out / "train.py"
 
@@ -74,8 +80,19 @@ def _edit(program: Path) -> None:
 
 
 def _torchrun(program: Path, world: int, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-               "--master-port", str(free_port()), str(program), "--log-every", "1", *args]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(world),
+        "--master-port",
+        str(free_port()),
+        str(program),
+        "--log-every",
+        "1",
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
 
 
@@ -88,19 +105,38 @@ def _losses(stdout: str) -> dict[int, str]:
     [(2, ["--method", "megatron", "--degrees", "2,1,1"]), (4, ["--method", "megatron", "--degrees", "1,2,2"])],
 )
 def test_edited_program_resumes_to_the_same_loss(tmp_path: Path, world: int, method: list[str]) -> None:
-    plan = _plan(tmp_path, "gpt", "examples/gpt.py", "--model-arg", "size=tiny", "--model-arg", "vocab=64",
-                 "--model-arg", "seq=16", "--cluster", "local-cpu", "--devices-per-node", str(world),
-                 "--batch-size", "8", "--microbatches", "2", *method)  # fmt: skip
+    plan = _plan(
+        tmp_path,
+        "gpt",
+        "examples/gpt.py",
+        "--model-arg",
+        "size=tiny",
+        "--model-arg",
+        "vocab=64",
+        "--model-arg",
+        "seq=16",
+        "--cluster",
+        "local-cpu",
+        "--devices-per-node",
+        str(world),
+        "--batch-size",
+        "8",
+        "--microbatches",
+        "2",
+        *method,
+    )
     program = _compile(plan, tmp_path / "out")
     _edit(program)
     straight = _torchrun(program, world, "--steps", "6", "--lr", "0.01", "--checkpoint-dir", str(tmp_path / "a"))
     assert straight.returncode == 0, straight.stderr[-3000:]
-    first = _torchrun(program, world, "--steps", "6", "--lr", "0.01", "--stop-after", "3",
-                      "--checkpoint-dir", str(tmp_path / "b"))  # fmt: skip
+    first = _torchrun(
+        program, world, "--steps", "6", "--lr", "0.01", "--stop-after", "3", "--checkpoint-dir", str(tmp_path / "b")
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert sorted(_losses(first.stdout)) == [1, 2, 3]
-    resumed = _torchrun(program, world, "--steps", "6", "--lr", "0.01", "--resume", "--checkpoint-dir",
-                        str(tmp_path / "b"))  # fmt: skip
+    resumed = _torchrun(
+        program, world, "--steps", "6", "--lr", "0.01", "--resume", "--checkpoint-dir", str(tmp_path / "b")
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     expected, got = _losses(straight.stdout), {**_losses(first.stdout), **_losses(resumed.stdout)}
     assert sorted(_losses(resumed.stdout)) == [4, 5, 6]
@@ -109,19 +145,61 @@ def test_edited_program_resumes_to_the_same_loss(tmp_path: Path, world: int, met
 
 
 def test_two_agents_on_loopback_run_a_pipeline_across_nodes_with_parity(tmp_path: Path) -> None:
-    plan = _plan(tmp_path, "pipe", "examples/gpt.py", "--model-arg", "size=tiny", "--cluster", "local-cpu",
-                 "--nodes", "2", "--devices-per-node", "1", "--batch-size", "8", "--method", "megatron",
-                 "--degrees", "1,2,1", "--microbatches", "2")  # fmt: skip
-    compiled = subprocess.run([sys.executable, "-m", "planner", "compile", str(plan), "--out", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)  # fmt: skip
+    plan = _plan(
+        tmp_path,
+        "pipe",
+        "examples/gpt.py",
+        "--model-arg",
+        "size=tiny",
+        "--cluster",
+        "local-cpu",
+        "--nodes",
+        "2",
+        "--devices-per-node",
+        "1",
+        "--batch-size",
+        "8",
+        "--method",
+        "megatron",
+        "--degrees",
+        "1,2,1",
+        "--microbatches",
+        "2",
+    )
+    compiled = subprocess.run(
+        [sys.executable, "-m", "planner", "compile", str(plan), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=ROOT,
+    )
     assert "torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d" in compiled.stdout
     program = tmp_path / "out" / "train.py"
     port = free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loopback",
-               str(program), "--steps", "3", "--check-parity"]  # fmt: skip
-    agents = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
-              for _ in range(2)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "loopback",
+        str(program),
+        "--steps",
+        "3",
+        "--check-parity",
+    ]
+    agents = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+        for _ in range(2)
+    ]
     outputs = [agent.communicate(timeout=600) for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], "\n".join(err[-2000:] for _, err in outputs)
     stdout = "".join(out for out, _ in outputs)
@@ -129,8 +207,23 @@ def test_two_agents_on_loopback_run_a_pipeline_across_nodes_with_parity(tmp_path
 
 
 def test_mixed_precision_plan_trains_in_bf16_within_its_memory_estimate(tmp_path: Path) -> None:
-    common = ["examples/gpt.py", "--model-arg", "size=tiny", "--cluster", "local-cpu", "--devices-per-node", "2",
-              "--batch-size", "8", "--method", "megatron", "--degrees", "1,2,1", "--microbatches", "2"]  # fmt: skip
+    common = [
+        "examples/gpt.py",
+        "--model-arg",
+        "size=tiny",
+        "--cluster",
+        "local-cpu",
+        "--devices-per-node",
+        "2",
+        "--batch-size",
+        "8",
+        "--method",
+        "megatron",
+        "--degrees",
+        "1,2,1",
+        "--microbatches",
+        "2",
+    ]
     mixed = _plan(tmp_path, "mixed", *common, "--optimizer", "adam-mixed")
     run = [sys.executable, "-m", "planner", "run", "--steps", "2", "--check-parity", "--measure-memory"]
     done = subprocess.run([*run, str(mixed)], capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
@@ -139,8 +232,9 @@ def test_mixed_precision_plan_trains_in_bf16_within_its_memory_estimate(tmp_path
     assert done.stdout.count("parity match") == 2
     for used, planned in re.findall(r"memory ([\d.]+) MiB \(plan ([\d.]+) MiB\)", done.stdout):
         assert float(used) <= float(planned)
-    fp32 = subprocess.run([*run, "--optimizer", "adam-fp32", str(mixed)], capture_output=True, text=True,
-                          timeout=600, env=ENV, cwd=ROOT)  # fmt: skip
+    fp32 = subprocess.run(
+        [*run, "--optimizer", "adam-fp32", str(mixed)], capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT
+    )
     assert fp32.returncode == 0, fp32.stderr[-3000:]
     assert "the plan was costed with adam-mixed" in fp32.stdout and "no longer match the estimate" in fp32.stdout
     assert _losses(fp32.stdout)[1] != _losses(done.stdout)[1]  # bf16 autocast changes the numbers

@@ -200,10 +200,24 @@ class CalibrationResult:
             shared_slowdown=self.shared_slowdown,
         )
         link = self.links[LINK_FIT]
-        summary = {"by": "plan calibrate", "date": self.date, "hostname": self.hostname,
-                   "torch_version": self.torch_version, "num_processes": self.num_processes}  # fmt: skip
-        cluster = replace(base, name=CALIBRATED_NAME, num_nodes=1, devices_per_node=self.num_processes, device=device,
-                          intra_node=link, inter_node=link, source="calibration", calibration=summary)  # fmt: skip
+        summary = {
+            "by": "plan calibrate",
+            "date": self.date,
+            "hostname": self.hostname,
+            "torch_version": self.torch_version,
+            "num_processes": self.num_processes,
+        }
+        cluster = replace(
+            base,
+            name=CALIBRATED_NAME,
+            num_nodes=1,
+            devices_per_node=self.num_processes,
+            device=device,
+            intra_node=link,
+            inter_node=link,
+            source="calibration",
+            calibration=summary,
+        )
         return apply_runtime(cluster, self.runtime.values) if self.runtime is not None else cluster
 
     def to_json(self, base: Cluster | None = None) -> dict[str, Any]:

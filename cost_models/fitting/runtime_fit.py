@@ -57,14 +57,20 @@ def apply_runtime(cluster: Cluster, values: Mapping[str, float]) -> Cluster:
     device = replace(cluster.device, **{k: float(v) for k, v in values.items() if k not in ("latency_s", COMPUTE)})
     if values.get(COMPUTE):
         scale = 1.0 + float(values[COMPUTE])
-        device = replace(device, shared_slowdown=device.shared_slowdown * scale,
-                         peak_flops={k: v / scale for k, v in device.peak_flops.items()},
-                         memory_bandwidth=device.memory_bandwidth / scale)  # fmt: skip
+        device = replace(
+            device,
+            shared_slowdown=device.shared_slowdown * scale,
+            peak_flops={k: v / scale for k, v in device.peak_flops.items()},
+            memory_bandwidth=device.memory_bandwidth / scale,
+        )
     result = replace(cluster, device=device)
     if "latency_s" in values:
         latency = float(values["latency_s"])
-        result = replace(result, intra_node=replace(cluster.intra_node, latency_s=latency),
-                         inter_node=replace(cluster.inter_node, latency_s=latency))  # fmt: skip
+        result = replace(
+            result,
+            intra_node=replace(cluster.intra_node, latency_s=latency),
+            inter_node=replace(cluster.inter_node, latency_s=latency),
+        )
     return result
 
 
@@ -88,17 +94,25 @@ class RuntimeFit:
         return {
             "values": dict(self.values),
             "probes": [
-                {"name": r.name, "measured_s": r.measured_s, "fitted_s": self.predicted_s(r), "base_s": r.base_s,
-                 "features": dict(r.features)}
+                {
+                    "name": r.name,
+                    "measured_s": r.measured_s,
+                    "fitted_s": self.predicted_s(r),
+                    "base_s": r.base_s,
+                    "features": dict(r.features),
+                }
                 for r in self.rows
             ],
-        }  # fmt: skip
+        }
 
 
 def probe_features(
-    estimate: Callable[[Cluster], float], cluster: Cluster, *, scaled: Callable[[Cluster, float], float] | None = None,
+    estimate: Callable[[Cluster], float],
+    cluster: Cluster,
+    *,
+    scaled: Callable[[Cluster, float], float] | None = None,
     constants: Sequence[str] = CONSTANTS,
-) -> tuple[float, dict[str, float]]:  # fmt: skip
+) -> tuple[float, dict[str, float]]:
     """``(e, F)`` of one probe: its estimate with ``constants`` at 0 (the others as ``cluster`` has
     them), and its slope in each; with ``scaled`` (the estimate with compute times × a factor) also
     the slope in :data:`COMPUTE`."""

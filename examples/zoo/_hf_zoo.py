@@ -47,16 +47,25 @@ class CausalLMLogits(nn.Module):
         return self.model(input_ids=input_ids, use_cache=False, return_dict=True).logits
 
 
-def tiny_causal_lm(family: str, *, layers: int, hidden: int, heads: int, seq: int, vocab: int, **config: object
-                   ) -> nn.Module:  # fmt: skip
+def tiny_causal_lm(
+    family: str, *, layers: int, hidden: int, heads: int, seq: int, vocab: int, **config: object
+) -> nn.Module:
     """``{family}ForCausalLM`` built from ``{family}Config`` (random weights, no KV cache, SDPA attention,
     special tokens 0-2), wrapped to return logits; ``config`` adds the family's own settings."""
     transformers = transformers_module()
     settings = {
-        "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-        "max_position_embeddings": seq, "vocab_size": vocab, "pad_token_id": 0, "bos_token_id": 1,
-        "eos_token_id": 2, "use_cache": False, "attn_implementation": "sdpa", **config,
-    }  # fmt: skip
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "max_position_embeddings": seq,
+        "vocab_size": vocab,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "use_cache": False,
+        "attn_implementation": "sdpa",
+        **config,
+    }
     model_class = getattr(transformers, f"{family}ForCausalLM")
     return CausalLMLogits(model_class(getattr(transformers, f"{family}Config")(**settings)))
 

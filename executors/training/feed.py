@@ -66,11 +66,18 @@ def rank_info(plan: Plan, workload: Workload, *, rank: int, start_step: int = 0)
     shares = len(feeders) if plan.batch_size % len(feeders) == 0 else 1
     needs = rank in feeders
     return RankInfo(
-        rank=rank, world_size=plan.cluster.num_devices, device=workload.device, needs_data=needs,
-        data_rank=feeders.index(rank) % shares if needs else 0, data_size=shares,
-        rows=plan.batch_size // shares, batch_size=plan.batch_size, num_inputs=workload.num_inputs,
-        start_step=start_step, seed=workload.seed,
-    )  # fmt: skip
+        rank=rank,
+        world_size=plan.cluster.num_devices,
+        device=workload.device,
+        needs_data=needs,
+        data_rank=feeders.index(rank) % shares if needs else 0,
+        data_size=shares,
+        rows=plan.batch_size // shares,
+        batch_size=plan.batch_size,
+        num_inputs=workload.num_inputs,
+        start_step=start_step,
+        seed=workload.seed,
+    )
 
 
 def synthetic_batches(

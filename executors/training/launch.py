@@ -74,9 +74,12 @@ def check_host(plan: Plan, *, backend: str) -> None:
 
 
 def launch(
-    plan_path: str | Path, program_args: Sequence[str], *, backend: str | None = None,
+    plan_path: str | Path,
+    program_args: Sequence[str],
+    *,
+    backend: str | None = None,
     check_plan: Callable[[Plan, OpGraph], None] | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Run the plan at ``plan_path`` with its training program on this machine; returns the exit code
     (0 ok, 1 a rank failed or parity broke, 2 bad input). ``check_plan(plan, graph at the microbatch
     size)`` raises AutoplanError for a plan that must not start."""
@@ -96,10 +99,16 @@ def _elastic_run(program: Path, args: Sequence[str], *, nproc: int) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"autoplan-{os.getpid()}", rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.5,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"autoplan-{os.getpid()}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=0,
+        monitor_interval=0.5,
         rdzv_configs={"rank": 0},
-    )  # fmt: skip
+    )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it: one thread each unless told otherwise
     try:
         elastic_launch(config, sys.executable)("-u", str(program), *args)

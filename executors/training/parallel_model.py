@@ -173,15 +173,28 @@ def _squared_norm(grad: torch.Tensor) -> torch.Tensor:
 
 
 def parallelize(
-    plan: Plan, *, device: str, seed: int = 0, precision: Precision | None = None, dropout: bool = True,
-    loss_fn: LossFn | None = None, build_model: Callable[[], nn.Module] | None = None,
+    plan: Plan,
+    *,
+    device: str,
+    seed: int = 0,
+    precision: Precision | None = None,
+    dropout: bool = True,
+    loss_fn: LossFn | None = None,
+    build_model: Callable[[], nn.Module] | None = None,
     model_file: ModelFile | None = None,
-) -> ParallelModel:  # fmt: skip
+) -> ParallelModel:
     """This rank's part of ``plan``'s model (the process group must be up). ``build_model`` and ``loss_fn``
     replace the model file's (the loss takes the output and the targets, or the inputs for files without
     targets); the model built must still have the plan's fingerprint."""
-    workload = load_workload(plan, seed=seed, device=device, dropout=dropout, precision=precision,
-                             build_fn=build_model, model_file=model_file)  # fmt: skip
+    workload = load_workload(
+        plan,
+        seed=seed,
+        device=device,
+        dropout=dropout,
+        precision=precision,
+        build_fn=build_model,
+        model_file=model_file,
+    )
     if loss_fn is not None:
         workload.loss_fn = loss_fn
     model, _ = workload.build()

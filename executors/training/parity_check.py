@@ -26,9 +26,13 @@ from planner.errors import AutoplanError
 
 class ParityCheck:
     def __init__(
-        self, model: ParallelModel, *, make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-        make_lr_schedule: Callable[[torch.optim.Optimizer], Any] | None = None, max_grad_norm: float | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        model: ParallelModel,
+        *,
+        make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        make_lr_schedule: Callable[[torch.optim.Optimizer], Any] | None = None,
+        max_grad_norm: float | None = None,
+    ) -> None:
         self.model = model
         self.reference: Reference | None = None
         if model.plan.grad_sync.lossy:
@@ -43,11 +47,18 @@ class ParityCheck:
         ref_model, _ = workload.build()
         optimizer = make_optimizer(list(ref_model.parameters()))
         self.reference = Reference(
-            ref_model, num_inputs=workload.num_inputs, loss_data=workload.loss_data, loss_fn=workload.loss_fn,
-            optimizer=optimizer, scheduler=make_lr_schedule(optimizer) if make_lr_schedule else None,
-            batch_size=plan.batch_size, precision=workload.precision, dropout=workload.dropout,
-            chunks=plan.batch_size // plan.batch_stat_rows if plan.batch_stat_rows else 1, max_grad_norm=max_grad_norm,
-        )  # fmt: skip
+            ref_model,
+            num_inputs=workload.num_inputs,
+            loss_data=workload.loss_data,
+            loss_fn=workload.loss_fn,
+            optimizer=optimizer,
+            scheduler=make_lr_schedule(optimizer) if make_lr_schedule else None,
+            batch_size=plan.batch_size,
+            precision=workload.precision,
+            dropout=workload.dropout,
+            chunks=plan.batch_size // plan.batch_stat_rows if plan.batch_stat_rows else 1,
+            max_grad_norm=max_grad_norm,
+        )
 
     def check(self, batch: Sequence[Any] | None, *, loss: float, grad_norm: float) -> ParityResult:
         """Compare this step (call after clipping, before the optimizer step); a collective over every rank."""
@@ -60,8 +71,15 @@ class ParityCheck:
             assert whole is not None and grads is not None
             reference_loss, reference_grads, reference_norm = self.reference.step(whole)
             precision = self.model.precision
-            verdict[0] = compare(loss, reference_loss, grads, reference_grads, rtol=precision.rtol,
-                                 atol=precision.atol, norms=(grad_norm, reference_norm))  # fmt: skip
+            verdict[0] = compare(
+                loss,
+                reference_loss,
+                grads,
+                reference_grads,
+                rtol=precision.rtol,
+                atol=precision.atol,
+                norms=(grad_norm, reference_norm),
+            )
             self.reference.update()
         dist.broadcast_object_list(verdict, src=0)
         assert verdict[0] is not None

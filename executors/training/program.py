@@ -63,13 +63,21 @@ def run_plan(
         raise AutoplanError(f"the plan is for {plan.cluster.num_devices} devices but {world} processes were started")
     device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
     name = options.optimizer_for(plan)
-    model = parallelize(plan, device=device, seed=options.seed, precision=Precision.for_optimizer(name),
-                        dropout=not options.check_parity)  # fmt: skip
+    model = parallelize(
+        plan,
+        device=device,
+        seed=options.seed,
+        precision=Precision.for_optimizer(name),
+        dropout=not options.check_parity,
+    )
     optimizer = make_optimizer(name, model.parameters(), lr=options.lr) if model.parameters() else None
     parity = None
     if options.check_parity:
-        parity = ParityCheck(model, make_optimizer=lambda params: make_optimizer(name, params, lr=options.lr),
-                             max_grad_norm=options.max_grad_norm)  # fmt: skip
+        parity = ParityCheck(
+            model,
+            make_optimizer=lambda params: make_optimizer(name, params, lr=options.lr),
+            max_grad_norm=options.max_grad_norm,
+        )
     info = model.rank_info()
     batches = model.synthetic_batches(info) if info.needs_data else None
     results = []
@@ -112,8 +120,9 @@ def write_program(plan: Plan, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     save_plan(plan_with_path, out_dir / "plan.json")
     program = out_dir / "train.py"
-    write_text_atomic(program, program_text(plan_with_path, model_file=model_file, program=program),
-                      what="training program")  # fmt: skip
+    write_text_atomic(
+        program, program_text(plan_with_path, model_file=model_file, program=program), what="training program"
+    )
     return program
 
 
@@ -124,13 +133,20 @@ def program_text(plan: Plan, *, model_file: Any, program: Path) -> str:
     note = multi_node_note(plan.cluster)
     has_loss = model_file.loss_fn is not None
     return Template(TEMPLATE).substitute(
-        method=plan.method, model_name=Path(str(plan.model.file)).name, shape=plan_shape(plan),
-        devices=plan.cluster.num_devices, launch=torchrun_command(plan.cluster, str(program), args="--steps 100"),
-        launch_note=f"\n({note})\n" if note else "", model_file=plan.model.file,
-        model_args=repr(build_kwargs(model_file, dict(plan.model.args))), optimizer=plan.optimizer,
+        method=plan.method,
+        model_name=Path(str(plan.model.file)).name,
+        shape=plan_shape(plan),
+        devices=plan.cluster.num_devices,
+        launch=torchrun_command(plan.cluster, str(program), args="--steps 100"),
+        launch_note=f"\n({note})\n" if note else "",
+        model_file=plan.model.file,
+        model_args=repr(build_kwargs(model_file, dict(plan.model.args))),
+        optimizer=plan.optimizer,
         optimizer_text=describe_optimizer(plan.optimizer),
-        loss_call="MODEL_FILE.loss_fn(output, targets)" if has_loss
+        loss_call="MODEL_FILE.loss_fn(output, targets)"
+        if has_loss
         else "runtime.default_loss(output, targets)  # the model file has no loss_fn: the mean of the output",
-        loss_data="`targets` are the batch's targets" if model_file.has_targets
+        loss_data="`targets` are the batch's targets"
+        if model_file.has_targets
         else "`targets` are the batch's inputs (the model file has no example_targets)",
-    )  # fmt: skip
+    )

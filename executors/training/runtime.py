@@ -49,10 +49,24 @@ from planner.plan import load_plan as _load_plan
 from planner.plan.launch import backend_for
 
 __all__ = [
-    "ParityCheck", "RankInfo", "Session", "StepLogger", "StepTimer", "check_run_args", "default_loss", "load_checkpoint",
-    "load_model_file", "load_plan", "make_optimizer", "parallelize", "run", "save_checkpoint", "start",
-    "synthetic_batches", "throughput_unit",
-]  # fmt: skip
+    "ParityCheck",
+    "RankInfo",
+    "Session",
+    "StepLogger",
+    "StepTimer",
+    "check_run_args",
+    "default_loss",
+    "load_checkpoint",
+    "load_model_file",
+    "load_plan",
+    "make_optimizer",
+    "parallelize",
+    "run",
+    "save_checkpoint",
+    "start",
+    "synthetic_batches",
+    "throughput_unit",
+]
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -95,9 +109,15 @@ def start(plan: Plan, *, backend: str | None = None, timeout_s: float = 60.0) ->
 
 
 def parallelize(
-    session: Session, *, optimizer: str, seed: int = 0, build_model: Callable[[], nn.Module] | None = None,
-    loss_fn: LossFn | None = None, check_parity: bool = False, model_file: ModelFile | None = None,
-) -> ParallelModel:  # fmt: skip
+    session: Session,
+    *,
+    optimizer: str,
+    seed: int = 0,
+    build_model: Callable[[], nn.Module] | None = None,
+    loss_fn: LossFn | None = None,
+    check_parity: bool = False,
+    model_file: ModelFile | None = None,
+) -> ParallelModel:
     """This rank's part of the plan's model, in the precision ``optimizer`` trains with. Says (rank 0) when
     the optimizer is not the plan's, and that dropout is off when checking parity."""
     check_optimizer(optimizer)
@@ -108,15 +128,24 @@ def parallelize(
         if note:
             print(note, flush=True)
         if check_parity:
-            print("parity check against one process: dropout off and random draws fixed on both sides "
-                  "(random streams differ by design)", flush=True)  # fmt: skip
-    return _parallelize(plan, device=session.device, seed=seed, precision=Precision.for_optimizer(optimizer),
-                        dropout=not check_parity, loss_fn=loss_fn, build_model=build_model,
-                        model_file=model_file)  # fmt: skip
+            print(
+                "parity check against one process: dropout off and random draws fixed on both sides "
+                "(random streams differ by design)",
+                flush=True,
+            )
+    return _parallelize(
+        plan,
+        device=session.device,
+        seed=seed,
+        precision=Precision.for_optimizer(optimizer),
+        dropout=not check_parity,
+        loss_fn=loss_fn,
+        build_model=build_model,
+        model_file=model_file,
+    )
 
 
-def synthetic_batches(plan: Plan, info: RankInfo, *, model_file: ModelFile | None = None
-                      ) -> Iterator[tuple[Any, ...]]:  # fmt: skip
+def synthetic_batches(plan: Plan, info: RankInfo, *, model_file: ModelFile | None = None) -> Iterator[tuple[Any, ...]]:
     """A new random batch ``(*inputs, *targets)`` of ``info.rows`` rows every step, drawn from the model
     file's ``example_inputs``/``example_targets`` with a seed of (seed, step, data rank)."""
     return _synthetic(model_file or load_model_file(plan), info, model_args=dict(plan.model.args))

@@ -52,9 +52,18 @@ class StepLogger:
             f"MFU {estimate.mfu:.1%} on {self.plan.cluster.num_devices} × {self.plan.cluster.device.name}"
         )
 
-    def line(self, *, step: int, loss: float, step_time_s: float, lr: float, grad_norm: float | None = None,
-             memory_bytes: int | None = None, parity: str | None = None,
-             allocator_peak: AllocatorPeak | None = None) -> str:  # fmt: skip
+    def line(
+        self,
+        *,
+        step: int,
+        loss: float,
+        step_time_s: float,
+        lr: float,
+        grad_norm: float | None = None,
+        memory_bytes: int | None = None,
+        parity: str | None = None,
+        allocator_peak: AllocatorPeak | None = None,
+    ) -> str:
         estimate = self.plan.estimate
         mfu = estimate.mfu * estimate.step_time_s / step_time_s if step_time_s > 0 else 0.0
         rate = self.throughput.per_step / step_time_s if step_time_s > 0 else 0.0

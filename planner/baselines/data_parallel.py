@@ -47,8 +47,9 @@ def data_parallel_stage(graph: OpGraph, setup: CostSetup, *, batch_size: int, de
     """The one stage of the data-parallel plan of ``graph`` (at ``batch_size``) over ``devices``."""
     num_devices = len(devices)
     check_batch(batch_size, num_devices)
-    mesh = StageMesh(cluster=setup.cluster, devices=devices, mesh_shape=(num_devices,),
-                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    mesh = StageMesh(
+        cluster=setup.cluster, devices=devices, mesh_shape=(num_devices,), activation_itemsize=setup.activation_itemsize
+    )
     chosen = batch_strategies(graph, setup, mesh)
     return Stage(
         index=0,
@@ -98,9 +99,12 @@ def _input_spec(shape: tuple[int, ...], mesh: StageMesh) -> ShardingSpec:
 
 
 def _lost_split(
-    node: OpNode, specs: Mapping[str, ShardingSpec], batched: set[str], lost: Mapping[str, ShardingSpec],
+    node: OpNode,
+    specs: Mapping[str, ShardingSpec],
+    batched: set[str],
+    lost: Mapping[str, ShardingSpec],
     mesh: StageMesh,
-) -> ShardingSpec | None:  # fmt: skip
+) -> ShardingSpec | None:
     """The split a replicated node's output would have: that of its first split batch-carrying
     input of the same rank and the same size on the split dims, if any."""
     shape = node.output.shape
@@ -115,9 +119,12 @@ def _lost_split(
 
 
 def _batch_strategy(
-    node: OpNode, context: StrategyContext, specs: Mapping[str, ShardingSpec], batched: set[str],
+    node: OpNode,
+    context: StrategyContext,
+    specs: Mapping[str, ShardingSpec],
+    batched: set[str],
     lost: Mapping[str, ShardingSpec],
-) -> NodeStrategy | None:  # fmt: skip
+) -> NodeStrategy | None:
     """The best strategy that keeps the parameters replicated and the batch where it arrives, if any."""
     replicated = ShardingSpec.replicated(context.mesh.num_axes)
     ranked = []
@@ -130,9 +137,12 @@ def _batch_strategy(
 
 
 def _rank(
-    node: OpNode, strategy: NodeStrategy, specs: Mapping[str, ShardingSpec], batched: set[str],
+    node: OpNode,
+    strategy: NodeStrategy,
+    specs: Mapping[str, ShardingSpec],
+    batched: set[str],
     lost: Mapping[str, ShardingSpec],
-) -> tuple[bool, int, int, int, float] | None:  # fmt: skip
+) -> tuple[bool, int, int, int, float] | None:
     """Sort key of ``strategy`` (smaller is better); None if it reshards a batch-carrying input
     other than by splitting a lost one as it would have been."""
     resplit = other = 0
@@ -168,8 +178,9 @@ def data_parallel(
     return (stage,), estimate
 
 
-def with_zero(stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int,
-              check: bool = True) -> tuple[tuple[Stage, ...], Estimate]:  # fmt: skip
+def with_zero(
+    stages: tuple[Stage, ...], estimate: Estimate, graph: OpGraph, setup: CostSetup, *, level: int, check: bool = True
+) -> tuple[tuple[Stage, ...], Estimate]:
     """The data-parallel plan run under FSDP at ZeRO ``level`` (:mod:`planner.costing.zero`; ``graph`` the whole
     batch's): priced as it runs (:func:`planner.costing.ddp.fsdp_step`), its memory as FSDP holds it
     (:func:`planner.costing.zero.fsdp_memory`), refused when that does not fit (``check``)."""

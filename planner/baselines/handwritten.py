@@ -149,18 +149,29 @@ def grid_points(
     return found
 
 
-def _candidate(method: str, degrees: tuple[int, int, int], specs: list[StageSpec], setting: PipelineChoice,
-               setup: CostSetup) -> Candidate:  # fmt: skip
+def _candidate(
+    method: str, degrees: tuple[int, int, int], specs: list[StageSpec], setting: PipelineChoice, setup: CostSetup
+) -> Candidate:
     step, memory = approximate(setting, specs)
     fits = memory <= setup.memory_budget_bytes
-    return Candidate(method=method, degrees=degrees, step_time_s=step if fits else math.inf, memory_bytes=memory,
-                     specs=tuple(specs), setting=setting)  # fmt: skip
+    return Candidate(
+        method=method,
+        degrees=degrees,
+        step_time_s=step if fits else math.inf,
+        memory_bytes=memory,
+        specs=tuple(specs),
+        setting=setting,
+    )
 
 
 def megatron_grid(
-    setting: PipelineChoice, setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None,
+    setting: PipelineChoice,
+    setup: CostSetup,
+    *,
+    remat: str = "auto",
+    degrees: tuple[int, int, int] | None = None,
     zero: str | int = "auto",
-) -> list[Candidate]:  # fmt: skip
+) -> list[Candidate]:
     """Every grid point (or only ``degrees``, labelled megatron even when it is data parallel), with what Megatron-LM
     has: full or selective recomputation, the distributed optimizer (ZeRO-1); the data-parallel point (1, 1, D)
     also as FSDP (ZeRO-2, ZeRO-3), as PyTorch users run it."""
@@ -173,8 +184,9 @@ def megatron_grid(
         source = "data-parallel" if t == 1 else "megatron"
         method = "data-parallel" if (t, p) == (1, 1) and degrees is None else "megatron"
         levels = ZERO_LEVELS if method == "data-parallel" else MEGATRON_ZERO
-        for slot, spans in itertools.product(_slots(source, remat, zero, levels=levels),
-                                             equal_spans(setting.layers.kinds, p)):  # fmt: skip
+        for slot, spans in itertools.product(
+            _slots(source, remat, zero, levels=levels), equal_spans(setting.layers.kinds, p)
+        ):
             specs = [StageSpec(first=a, last=b, submesh=submesh, mesh_shape=shape, slot=slot) for a, b in spans]
             found.append(_candidate(method, (t, p, d), specs, setting, setup))
     return found
@@ -209,14 +221,25 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
     return found
 
 
-def _all_candidates(setting: PipelineChoice, setup: CostSetup, *, remat: str, degrees: tuple[int, int, int] | None,
-                    methods: tuple[str, ...], zero: str | int, max_stages: int | None) -> list[Candidate]:  # fmt: skip
+def _all_candidates(
+    setting: PipelineChoice,
+    setup: CostSetup,
+    *,
+    remat: str,
+    degrees: tuple[int, int, int] | None,
+    methods: tuple[str, ...],
+    zero: str | int,
+    max_stages: int | None,
+) -> list[Candidate]:
     grid = megatron_grid(setting, setup, remat=remat, degrees=degrees, zero=zero) if "megatron" in methods else []
     if "data-parallel" in methods and (degrees is not None or "megatron" not in methods):
         grid += [c for c in megatron_grid(setting, setup, remat=remat, zero=zero) if c.method == "data-parallel"]
     uniform = uniform_pipelines(setting, setup) if "uniform-pipeline" in methods else []
-    return [candidate for candidate in [*grid, *uniform] if candidate.method in methods
-            and (max_stages is None or len(candidate.specs) <= max_stages)]  # fmt: skip
+    return [
+        candidate
+        for candidate in [*grid, *uniform]
+        if candidate.method in methods and (max_stages is None or len(candidate.specs) <= max_stages)
+    ]
 
 
 def _crosses_nodes(candidate: Candidate, setup: CostSetup) -> bool:
@@ -226,10 +249,17 @@ def _crosses_nodes(candidate: Candidate, setup: CostSetup) -> bool:
 
 
 def best_handwritten(
-    settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", keep: int = 3,
-    degrees: tuple[int, int, int] | None = None, methods: tuple[str, ...] = HANDWRITTEN, zero: str | int = "auto",
-    max_stages: int | None = None, allow_lossy: bool = False,
-) -> dict[str, list[Candidate]]:  # fmt: skip
+    settings: list[PipelineChoice],
+    setup: CostSetup,
+    *,
+    remat: str = "auto",
+    keep: int = 3,
+    degrees: tuple[int, int, int] | None = None,
+    methods: tuple[str, ...] = HANDWRITTEN,
+    zero: str | int = "auto",
+    max_stages: int | None = None,
+    allow_lossy: bool = False,
+) -> dict[str, list[Candidate]]:
     """Per hand-written method of ``methods``, its ``keep`` fastest fitting candidates over every
     microbatch count, fastest first (the exact price of the first may not fit where the approximation
     did), of at most ``max_stages`` stages. With ``degrees`` the megatron candidates are that one configuration's.
@@ -238,8 +268,9 @@ def best_handwritten(
     found: dict[str, list[Candidate]] = {}
     wide: dict[tuple[int, int, int], Candidate] = {}
     for setting in settings:
-        for candidate in _all_candidates(setting, setup, remat=remat, degrees=degrees, methods=methods, zero=zero,
-                                         max_stages=max_stages):  # fmt: skip
+        for candidate in _all_candidates(
+            setting, setup, remat=remat, degrees=degrees, methods=methods, zero=zero, max_stages=max_stages
+        ):
             if not math.isfinite(candidate.step_time_s):
                 continue
             found.setdefault(candidate.method, []).append(candidate)
@@ -258,13 +289,23 @@ def best_handwritten(
 
 
 def least_memory(
-    settings: list[PipelineChoice], setup: CostSetup, *, remat: str = "auto", degrees: tuple[int, int, int] | None = None,
-    method: str, zero: str | int = "auto", max_stages: int | None = None,
-) -> Candidate | None:  # fmt: skip
+    settings: list[PipelineChoice],
+    setup: CostSetup,
+    *,
+    remat: str = "auto",
+    degrees: tuple[int, int, int] | None = None,
+    method: str,
+    zero: str | int = "auto",
+    max_stages: int | None = None,
+) -> Candidate | None:
     """The candidate of ``method`` that needs the least memory per device under the options (for the does-not-fit
     message: what the smallest plan with the choices asked for needs); None if the method has none at all."""
-    candidates = [candidate for setting in settings
-                  for candidate in _all_candidates(setting, setup, remat=remat, degrees=degrees, methods=(method,),
-                                                   zero=zero, max_stages=max_stages)
-                  if math.isfinite(candidate.memory_bytes)]  # fmt: skip
+    candidates = [
+        candidate
+        for setting in settings
+        for candidate in _all_candidates(
+            setting, setup, remat=remat, degrees=degrees, methods=(method,), zero=zero, max_stages=max_stages
+        )
+        if math.isfinite(candidate.memory_bytes)
+    ]
     return min(candidates, key=lambda candidate: candidate.memory_bytes, default=None)

@@ -83,14 +83,22 @@ def mesh_choices_of(method: str, setup: CostSetup, options: PipelineOptions, num
     wanted: dict[int, set[tuple[int, ...]]] = {}
     for (t, _, d), shape in grid_points(setup, num_layers=num_layers, degrees=degrees):
         wanted.setdefault(t * d, set()).add(shape)
-    return [(submesh, [q for q in shapes if q in wanted[submesh.size]]) for submesh, shapes in every
-            if submesh.size in wanted]  # fmt: skip
+    return [
+        (submesh, [q for q in shapes if q in wanted[submesh.size]])
+        for submesh, shapes in every
+        if submesh.size in wanted
+    ]
 
 
 def handwritten_plan(
-    method: str, graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions,
+    method: str,
+    graphs: MicrobatchGraphs,
+    full_graph: OpGraph,
+    setup: CostSetup,
+    *,
+    options: PipelineOptions,
     progress: Progress | None = None,
-) -> HandwrittenResult:  # fmt: skip
+) -> HandwrittenResult:
     """The best exactly priced plan of ``method`` (``data-parallel``, ``megatron`` or ``uniform-pipeline``) over the
     counts; a data-parallel plan's are those of the grid point ``(1, 1, D)``."""
     assert method in HANDWRITTEN, method
@@ -99,14 +107,36 @@ def handwritten_plan(
     depth = options.degrees[1] if options.degrees is not None else 0
     settings = _settings(method, graphs, setup, tables, options, ungrouped=depth > MAX_LAYERS, progress=progress)
     tabled = time.perf_counter()
-    found = best_handwritten(settings, setup, remat=options.remat, degrees=options.degrees, keep=KEEP,
-                             methods=(method,), zero=options.zero, max_stages=options.max_stages,
-                             allow_lossy=options.allow_lossy).get(method, [])  # fmt: skip
-    result = _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress,
-                     method=method, schedule=options.schedule)  # fmt: skip
+    found = best_handwritten(
+        settings,
+        setup,
+        remat=options.remat,
+        degrees=options.degrees,
+        keep=KEEP,
+        methods=(method,),
+        zero=options.zero,
+        max_stages=options.max_stages,
+        allow_lossy=options.allow_lossy,
+    ).get(method, [])
+    result = _priced(
+        found,
+        full_graph,
+        tables,
+        times=(started, tabled, time.perf_counter()),
+        progress=progress,
+        method=method,
+        schedule=options.schedule,
+    )
     if result.best is None:
-        smallest = least_memory(settings, setup, remat=options.remat, degrees=options.degrees, method=method,
-                                zero=options.zero, max_stages=options.max_stages)  # fmt: skip
+        smallest = least_memory(
+            settings,
+            setup,
+            remat=options.remat,
+            degrees=options.degrees,
+            method=method,
+            zero=options.zero,
+            max_stages=options.max_stages,
+        )
         result = replace(result, least_memory_bytes=None if smallest is None else smallest.memory_bytes)
     return result
 
@@ -120,8 +150,14 @@ def pure_data_parallel(
     plain = _pure_data_parallel(graphs, full_graph, setup, options=options)
     if plain is None or plain.estimate.memory_per_device_bytes > setup.memory_budget_bytes:
         return None
-    return reprice_data_parallel(plain, full_graph, setup, allow_lossy=options.allow_lossy, forced=options.grad_sync,
-                                 zero=runs_as_fsdp(plain.stages))  # fmt: skip
+    return reprice_data_parallel(
+        plain,
+        full_graph,
+        setup,
+        allow_lossy=options.allow_lossy,
+        forced=options.grad_sync,
+        zero=runs_as_fsdp(plain.stages),
+    )
 
 
 def _pure_data_parallel(
@@ -144,9 +180,13 @@ def _pure_data_parallel(
 
 
 def data_parallel_plan(
-    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions,
+    graphs: MicrobatchGraphs,
+    full_graph: OpGraph,
+    setup: CostSetup,
+    *,
+    options: PipelineOptions,
     progress: Progress | None = None,
-) -> HandwrittenResult:  # fmt: skip
+) -> HandwrittenResult:
     """``--method data-parallel``: the best plan of the grid point ``(1, 1, D)`` (microbatches, recomputation, ZeRO
     levels: :func:`handwritten_plan`) or the one-microbatch plan (:func:`pure_data_parallel`) when it is faster —
     the candidate ``auto`` holds for the method, by the same functions."""
@@ -163,33 +203,56 @@ def data_parallel_plan(
 
 
 def megatron_at_scale(
-    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions,
+    graphs: MicrobatchGraphs,
+    full_graph: OpGraph,
+    setup: CostSetup,
+    *,
+    options: PipelineOptions,
     progress: Progress | None = None,
-) -> HandwrittenResult:  # fmt: skip
+) -> HandwrittenResult:
     """The Megatron grid as an expert would try it on a large cluster: every ``(t, p, d)`` whose model state
     can fit (:func:`state_can_fit`, a lower bound: pruning is exact), each with its own microbatch counts
     down to one row per replica (as ``--degrees`` has), on whole model layers (no grouping, so up to one
     layer per stage)."""
     tables, started = LayerTables(setup, options, sources=("megatron", "data-parallel")), time.perf_counter()
     num_layers = len(layering(graphs.full, max_layers=len(graphs.full.nodes)).layers)
-    points = [point for point, _ in grid_points(setup, num_layers=num_layers)
-              if state_can_fit(setup, full_graph.num_params, point, zero=0 if options.zero in ("0", 0) else 1)]  # fmt: skip
+    points = [
+        point
+        for point, _ in grid_points(setup, num_layers=num_layers)
+        if state_can_fit(setup, full_graph.num_params, point, zero=0 if options.zero in ("0", 0) else 1)
+    ]
     found, leaders, scoring_s, counts = [], [], 0.0, {}
     for point in points:
         single = replace(options, degrees=point)
-        settings = _settings("megatron", graphs, setup, tables, single, ungrouped=True, progress=progress,
-                             counts=counts)  # fmt: skip
+        settings = _settings(
+            "megatron", graphs, setup, tables, single, ungrouped=True, progress=progress, counts=counts
+        )
         scored = time.perf_counter()
-        mine = best_handwritten(settings, setup, remat=options.remat, degrees=point, keep=KEEP,
-                                methods=("megatron",), zero=options.zero, max_stages=options.max_stages,
-                                allow_lossy=options.allow_lossy).get("megatron", [])  # fmt: skip
+        mine = best_handwritten(
+            settings,
+            setup,
+            remat=options.remat,
+            degrees=point,
+            keep=KEEP,
+            methods=("megatron",),
+            zero=options.zero,
+            max_stages=options.max_stages,
+            allow_lossy=options.allow_lossy,
+        ).get("megatron", [])
         found = sorted(found + mine, key=lambda candidate: candidate.step_time_s)[:KEEP]
         leaders += mine  # each point's kept candidates are priced too, as run alone: the scores only approximate
         scoring_s += time.perf_counter() - scored
     tabled = time.perf_counter() - scoring_s
     found += [candidate for candidate in leaders if not any(candidate is kept for kept in found)]
-    return _priced(found, full_graph, tables, times=(started, tabled, time.perf_counter()), progress=progress,
-                   method="megatron", schedule=options.schedule)  # fmt: skip
+    return _priced(
+        found,
+        full_graph,
+        tables,
+        times=(started, tabled, time.perf_counter()),
+        progress=progress,
+        method="megatron",
+        schedule=options.schedule,
+    )
 
 
 def state_can_fit(setup: CostSetup, num_params: int, point: tuple[int, int, int], *, zero: int) -> bool:
@@ -197,15 +260,27 @@ def state_can_fit(setup: CostSetup, num_params: int, point: tuple[int, int, int]
     replica (and what ZeRO level ``zero`` shards over ``d`` too) is the least any layout holds."""
     t, p, d = point
     weights, grads, state_shards = zero_shards(int(zero), d)
-    state = model_state_bytes(num_params / (t * p), optimizer=setup.optimizer, weight_shards=weights,
-                              grad_shards=grads, state_shards=state_shards)  # fmt: skip
+    state = model_state_bytes(
+        num_params / (t * p),
+        optimizer=setup.optimizer,
+        weight_shards=weights,
+        grad_shards=grads,
+        state_shards=state_shards,
+    )
     return state <= setup.memory_budget_bytes
 
 
 def _settings(
-    method: str, graphs: MicrobatchGraphs, setup: CostSetup, tables: LayerTables, options: PipelineOptions, *,
-    ungrouped: bool, progress: Progress | None, counts: dict[int, tuple] | None = None,
-) -> list[PipelineChoice]:  # fmt: skip
+    method: str,
+    graphs: MicrobatchGraphs,
+    setup: CostSetup,
+    tables: LayerTables,
+    options: PipelineOptions,
+    *,
+    ungrouped: bool,
+    progress: Progress | None,
+    counts: dict[int, tuple] | None = None,
+) -> list[PipelineChoice]:
     """Per microbatch count, the span options of the method's own submeshes and meshes; ``counts`` keeps each
     count's graph, layers and boundary table for the next call (one layering for every grid point)."""
     counts = {} if counts is None else counts
@@ -222,16 +297,31 @@ def _settings(
         if not any(shapes for _, shapes in choices):
             continue
         spans = option_arrays(graph, layers, tables, m, choices=choices, progress=progress)
-        settings.append(PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers,
-                                       stage_plan=None, spans=spans, boundary_s=boundary,
-                                       rows=graphs.batch_size // m))  # fmt: skip
+        settings.append(
+            PipelineChoice(
+                num_microbatches=m,
+                schedule=schedule,
+                graph=graph,
+                layers=layers,
+                stage_plan=None,
+                spans=spans,
+                boundary_s=boundary,
+                rows=graphs.batch_size // m,
+            )
+        )
     return settings
 
 
 def _priced(
-    found: list, full_graph: OpGraph, tables: LayerTables, *, times: tuple[float, float, float],
-    progress: Progress | None, method: str, schedule: str,
-) -> HandwrittenResult:  # fmt: skip
+    found: list,
+    full_graph: OpGraph,
+    tables: LayerTables,
+    *,
+    times: tuple[float, float, float],
+    progress: Progress | None,
+    method: str,
+    schedule: str,
+) -> HandwrittenResult:
     """The candidates priced exactly (no refinement, stage problems shared by shape); the fastest that fits.
     Megatron's pipelines are also tried under its interleaved schedule (Narayanan et al. 2021 §2.2), as an
     expert running Megatron-LM would (:func:`planner.inter.schedule_variants.best_rescheduled`)."""
@@ -242,21 +332,44 @@ def _priced(
         if progress is not None:
             progress("pricing candidates", done, len(found))
         setting = candidate.setting
-        priced = price_stages(full_graph=full_graph, graph=setting.graph, layers=setting.layers, tables=tables,
-                              specs=list(candidate.specs), m=setting.num_microbatches, schedule=setting.schedule,
-                              refine=False, shapes=shapes)  # fmt: skip
+        priced = price_stages(
+            full_graph=full_graph,
+            graph=setting.graph,
+            layers=setting.layers,
+            tables=tables,
+            specs=list(candidate.specs),
+            m=setting.num_microbatches,
+            schedule=setting.schedule,
+            refine=False,
+            shapes=shapes,
+        )
         if priced is not None and len(candidate.specs) > 1:
-            pipelines.append((priced, Candidate(graph=setting.graph, layers=setting.layers,
-                                                        specs=tuple(candidate.specs),
-                                                        num_microbatches=setting.num_microbatches,
-                                                        refine=False)))  # fmt: skip
+            pipelines.append(
+                (
+                    priced,
+                    Candidate(
+                        graph=setting.graph,
+                        layers=setting.layers,
+                        specs=tuple(candidate.specs),
+                        num_microbatches=setting.num_microbatches,
+                        refine=False,
+                    ),
+                )
+            )
         if priced is not None and (best is None or priced.estimate.step_time_s < best.estimate.step_time_s):
             best, graph = priced, setting.graph
-    found_variant = best_rescheduled(pipelines, full_graph=full_graph, tables=tables,
-                                     schedules=method_schedules(method, schedule))  # fmt: skip
+    found_variant = best_rescheduled(
+        pipelines, full_graph=full_graph, tables=tables, schedules=method_schedules(method, schedule)
+    )
     best = with_variant(best, found_variant, mode=schedule)
     graph = found_variant[1].graph if found_variant is not None and best is found_variant[0] else graph
     return HandwrittenResult(
-        best=best, graph=graph, num_solves=tables.num_solves, tables_s=tabled - started, score_s=scored - tabled,
-        price_s=time.perf_counter() - scored, stages_built=shapes.num_built, stages_reused=shapes.num_reused,
-    )  # fmt: skip
+        best=best,
+        graph=graph,
+        num_solves=tables.num_solves,
+        tables_s=tabled - started,
+        score_s=scored - tabled,
+        price_s=time.perf_counter() - scored,
+        stages_built=shapes.num_built,
+        stages_reused=shapes.num_reused,
+    )

@@ -48,8 +48,9 @@ def run_calibrate(argv: Sequence[str]) -> int:
         sys.stderr.write(f"{message}\n")
 
     probe_steps = 0 if options.no_probes else (3 if options.quick else 10)
-    result = calibrate_machine(num_processes=options.processes, quick=options.quick, progress=progress,
-                               probe_steps=probe_steps)  # fmt: skip
+    result = calibrate_machine(
+        num_processes=options.processes, quick=options.quick, progress=progress, probe_steps=probe_steps
+    )
     path = write_cluster_file(result, options.out)
     cluster = result.to_cluster()
     print(
@@ -62,9 +63,14 @@ def run_calibrate(argv: Sequence[str]) -> int:
 
 
 def calibrate_machine(
-    *, num_processes: int, progress: Callable[[str], None], quick: bool = False, probe_steps: int = 10,
-    cost_model: str = "roofline", probe_attempts: int = 1,
-) -> CalibrationResult:  # fmt: skip
+    *,
+    num_processes: int,
+    progress: Callable[[str], None],
+    quick: bool = False,
+    probe_steps: int = 10,
+    cost_model: str = "roofline",
+    probe_attempts: int = 1,
+) -> CalibrationResult:
     """The raw measurements of :func:`executors.calibrate.run_calibration`, then (``probe_steps`` > 0) the
     executors' host overheads fitted on probe plans run for real (``probe_attempts`` times, each probe's
     least disturbed timing kept), under ``cost_model`` (``profiled``: also the compute contention,
@@ -75,8 +81,14 @@ def calibrate_machine(
     result = run_calibration(num_processes=num_processes, quick=quick, progress=progress)
     if probe_steps <= 0:
         return result
-    runtime = fit_runtime_overheads(result.to_cluster(), world=num_processes, steps=probe_steps, report=progress,
-                                    cost_model=cost_model, attempts=probe_attempts)  # fmt: skip
+    runtime = fit_runtime_overheads(
+        result.to_cluster(),
+        world=num_processes,
+        steps=probe_steps,
+        report=progress,
+        cost_model=cost_model,
+        attempts=probe_attempts,
+    )
     progress("fit runtime: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in runtime.values.items()))
     return replace(result, runtime=runtime)
 
@@ -85,8 +97,9 @@ CALIBRATED_BY_DEFAULT = ("local-cpu",)  # presets of this machine: planned calib
 CALIBRATE_ENV = "AUTOPLAN_CALIBRATE"  # "0": never calibrate by default (the test suite sets it)
 
 
-def planning_cluster(name: str, *, num_nodes: int | None, devices_per_node: int | None, calibrate: bool,
-                     say: Callable[[str], None]) -> Cluster:  # fmt: skip
+def planning_cluster(
+    name: str, *, num_nodes: int | None, devices_per_node: int | None, calibrate: bool, say: Callable[[str], None]
+) -> Cluster:
     """The cluster ``plan`` prices with: ``name`` as :func:`cost_models.cluster.load_cluster` reads it, except that
     this machine's preset (``local-cpu``) is replaced by this machine's cached calibration for that many processes
     — measured once by ``plan calibrate --quick`` when none is cached, saying so in one line — and any cluster by
@@ -102,18 +115,22 @@ def planning_cluster(name: str, *, num_nodes: int | None, devices_per_node: int 
         return cluster
     cached = load_calibrated(cluster.name, processes=cluster.num_devices)  # plan tune's corrections, any cluster
     if cached is not None:
-        return replace(cached, name=cluster.name).with_shape(num_nodes=cluster.num_nodes,
-                                                             devices_per_node=cluster.devices_per_node)  # fmt: skip
+        return replace(cached, name=cluster.name).with_shape(
+            num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node
+        )
     if name not in CALIBRATED_BY_DEFAULT or cluster.num_nodes != 1:
         return cluster
     processes = cluster.devices_per_node
     if cached is None:
         path = calibration_path(name, processes=processes)
-        say(f"calibrating this machine for {processes} processes, once (about a minute; cached in {path}; "
-            "--no-calibrate plans with the rough preset figures)")  # fmt: skip
+        say(
+            f"calibrating this machine for {processes} processes, once (about a minute; cached in {path}; "
+            "--no-calibrate plans with the rough preset figures)"
+        )
         even = processes >= 2 and processes % 2 == 0  # the runtime probes need pairs of processes
-        result = calibrate_machine(num_processes=processes, quick=True, progress=lambda message: None,
-                                   probe_steps=3 if even else 0)  # fmt: skip
+        result = calibrate_machine(
+            num_processes=processes, quick=True, progress=lambda message: None, probe_steps=3 if even else 0
+        )
         save_calibrated(result.to_json(), name, processes=processes)
         cached = load_calibrated(name, processes=processes)
         assert cached is not None, "internal error (please report): a saved calibration does not load back"
@@ -128,5 +145,10 @@ def cluster_of(options: argparse.Namespace) -> Cluster:
         sys.stderr.write(f"plan: {message}\n")
         sys.stderr.flush()
 
-    return planning_cluster(options.cluster, num_nodes=options.nodes, devices_per_node=options.devices_per_node,
-                            calibrate=not options.no_calibrate, say=say)  # fmt: skip
+    return planning_cluster(
+        options.cluster,
+        num_nodes=options.nodes,
+        devices_per_node=options.devices_per_node,
+        calibrate=not options.no_calibrate,
+        say=say,
+    )

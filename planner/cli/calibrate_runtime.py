@@ -69,9 +69,15 @@ def probe_degrees(kind: str, world: int) -> tuple[int, int, int]:
 
 
 def fit_runtime_overheads(
-    cluster: Cluster, *, world: int, steps: int, report: Callable[[str], None], timeout_s: float = 1200.0,
-    cost_model: str = "roofline", attempts: int = 1,
-) -> RuntimeFit:  # fmt: skip
+    cluster: Cluster,
+    *,
+    world: int,
+    steps: int,
+    report: Callable[[str], None],
+    timeout_s: float = 1200.0,
+    cost_model: str = "roofline",
+    attempts: int = 1,
+) -> RuntimeFit:
     """Plan, run and fit the probes on ``world`` local processes (``cluster`` sized to them), under
     ``cost_model`` (``profiled``: the compute probes and the compute constant too); the probes are
     timed ``attempts`` times and each keeps its least disturbed timing (:func:`_least_disturbed`)."""
@@ -87,17 +93,25 @@ def fit_runtime_overheads(
     prepared, paths = {}, {}
     with tempfile.TemporaryDirectory(prefix="autoplan-probes-") as directory:
         for name, (path, args, batch, method, options) in probes.items():
-            prepared[name] = _prepare(path, cluster, world=world, batch=batch, args=args, options=options,
-                                      cost_model=cost_model)  # fmt: skip
+            prepared[name] = _prepare(
+                path, cluster, world=world, batch=batch, args=args, options=options, cost_model=cost_model
+            )
             paths[name] = str(Path(directory) / f"{name}.json")
             save_plan(plan_prepared(prepared[name], method), paths[name])
-        report(f"runtime probes: {len(probes)} plans on {world} processes, {steps} timed steps each, "
-               f"{attempts} run(s)")  # fmt: skip
+        report(f"runtime probes: {len(probes)} plans on {world} processes, {steps} timed steps each, {attempts} run(s)")
         measured = _least_disturbed(
-            [run_timing(list(paths.values()), world=world, steps=steps, out=Path(directory) / f"measured-{i}.json",
-                        timeout_s=timeout_s) for i in range(attempts)],
+            [
+                run_timing(
+                    list(paths.values()),
+                    world=world,
+                    steps=steps,
+                    out=Path(directory) / f"measured-{i}.json",
+                    timeout_s=timeout_s,
+                )
+                for i in range(attempts)
+            ],
             [json.loads(Path(directory, f"measured-{i}.json.machine.json").read_text()) for i in range(attempts)],
-        )  # fmt: skip
+        )
     rows = []
     for name, (*_, method, _) in probes.items():
 
@@ -110,8 +124,12 @@ def fit_runtime_overheads(
         def estimate(changed: Cluster, name: str = name, method: str = method) -> float:
             return scaled(changed, 1.0, name, method)
 
-        base_s, features = probe_features(estimate, cluster, scaled=scaled if profiled else None,
-                                          constants=PROFILED_CONSTANTS if profiled else CONSTANTS)  # fmt: skip
+        base_s, features = probe_features(
+            estimate,
+            cluster,
+            scaled=scaled if profiled else None,
+            constants=PROFILED_CONSTANTS if profiled else CONSTANTS,
+        )
         rows.append(ProbeRow(name=name, measured_s=measured[paths[name]], base_s=base_s, features=features))
         report(f"probe {name}: measured {rows[-1].measured_s * 1e3:.2f} ms")
     fit = fit_runtime(rows)
@@ -151,8 +169,9 @@ def _prepare(
     options = dict(options)
     if "degrees" in options:
         options["degrees"] = probe_degrees(options["degrees"], world)
-    return prepare_model_file(path, cluster, batch_size=batch, optimizer="sgd", model_args=args,
-                              cost_model=cost_model, **options)  # fmt: skip
+    return prepare_model_file(
+        path, cluster, batch_size=batch, optimizer="sgd", model_args=args, cost_model=cost_model, **options
+    )
 
 
 def _setup(setup: CostSetup, changed: Cluster, scale: float) -> CostSetup:
@@ -161,7 +180,11 @@ def _setup(setup: CostSetup, changed: Cluster, scale: float) -> CostSetup:
     roofline = RooflineCompute(device=changed.device)
     if isinstance(setup.compute, ProfiledCompute):
         device = changed.device
-        compute = replace(setup.compute, fallback=roofline, slowdown=device.shared_slowdown * scale,
-                          overhead_s=device.kernel_overhead_s)  # fmt: skip
+        compute = replace(
+            setup.compute,
+            fallback=roofline,
+            slowdown=device.shared_slowdown * scale,
+            overhead_s=device.kernel_overhead_s,
+        )
         return replace(setup, cluster=changed, compute=compute)
     return replace(setup, cluster=changed, compute=roofline)

@@ -51,8 +51,10 @@ def choices_text(choices: PlanChoices) -> str:
     lines = [f"{TITLE}:"]
     for row in choices.stages:
         schedule, remat, zero, sequence, sync = _settings(row)
-        lines.append(f"  stage {row.stage}, {_where(row)}: schedule {schedule}; recomputation {remat}; ZeRO {zero}; "
-                     f"sequence parallel {sequence}; grad sync {sync}")  # fmt: skip
+        lines.append(
+            f"  stage {row.stage}, {_where(row)}: schedule {schedule}; recomputation {remat}; ZeRO {zero}; "
+            f"sequence parallel {sequence}; grad sync {sync}"
+        )
         lines.extend(f"    saved: {saving_text(saving)}" for saving in row.savings)
     if choices.plan_savings:
         lines.append("  whole plan:")

@@ -61,8 +61,13 @@ def run_compare(argv: Sequence[str]) -> int:
         raise AutoplanError(f"--figure: directory {figure.parent} does not exist")
     load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
     cluster = cluster_of(options)
-    prepared = prepare_model_file(options.model_file, cluster, batch_size=options.batch_size,
-                                  model_args=parse_model_args(options.model_arg), **search_kwargs(options))  # fmt: skip
+    prepared = prepare_model_file(
+        options.model_file,
+        cluster,
+        batch_size=options.batch_size,
+        model_args=parse_model_args(options.model_arg),
+        **search_kwargs(options),
+    )
     rows = compare(prepared, methods, progress=_progress_line)
     best = best_step_s(rows)
     if figure is not None:
@@ -132,8 +137,13 @@ def draw_comparison(rows, path: Path, *, title: str) -> None:
     for bar, row in zip(bars, shown, strict=True):
         if not row.fits:
             bar.set_hatch("//")
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {row.step_time_s:.3g} s"
-                + ("" if row.fits else " (does not fit)"), va="center", fontsize=8)  # fmt: skip
+        ax.text(
+            bar.get_width(),
+            bar.get_y() + bar.get_height() / 2,
+            f" {row.step_time_s:.3g} s" + ("" if row.fits else " (does not fit)"),
+            va="center",
+            fontsize=8,
+        )
     missing = [row.method for row in rows if row.step_time_s is None]
     ax.invert_yaxis()
     ax.set_xlabel("estimated step time (s)" + (f"; no plan: {', '.join(missing)}" if missing else ""))

@@ -63,9 +63,13 @@ def _plan_parser() -> argparse.ArgumentParser:
     methods = "; ".join(f"{name}: {text}" for name, text in METHODS.items())
     parser.add_argument("--method", default="auto", choices=tuple(METHODS), metavar="M", help=methods)
     add_search_options(parser)
-    parser.add_argument("--explain", action="store_true", help="print each stage's choices (schedule, recomputation, "
-                        "ZeRO, sequence parallelism, gradient sync) and what each saved, then each node's split, spec "
-                        "and seconds")  # fmt: skip
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print each stage's choices (schedule, recomputation, "
+        "ZeRO, sequence parallelism, gradient sync) and what each saved, then each node's split, spec "
+        "and seconds",
+    )
     parser.add_argument(
         "--out", default="plan.json", metavar="FILE", help="where to write the plan (default plan.json)"
     )
@@ -138,12 +142,20 @@ def _run_plan(options: argparse.Namespace) -> int:
     load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
     cluster = cluster_of(options)
     model_args = parse_model_args(options.model_arg)
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
     console = Console(stderr=True)
     bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
-    phase = {"task": bar.add_task(f"capturing {options.model_file} for {cluster.num_devices} devices", total=None),
-             "what": "capture"}  # fmt: skip
+    phase = {
+        "task": bar.add_task(f"capturing {options.model_file} for {cluster.num_devices} devices", total=None),
+        "what": "capture",
+    }
 
     def progress(what: str, done: int, total: int) -> None:
         """One bar per phase (layer options per microbatch count, pricing, ...), so its ETA is that phase's."""

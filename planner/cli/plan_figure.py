@@ -75,8 +75,10 @@ def device_label(stage: Stage, device: int) -> str:
 def stage_legend(stage: Stage) -> str:
     sharded = sum(any(p.startswith("S") for p in spec) for spec in stage.param_placements.values())
     mesh = "×".join(map(str, stage.mesh_shape))
-    return (f"S{stage.index}: {len(stage.devices)} dev, mesh {mesh}, {len(stage.nodes)} nodes, "
-            f"{sharded}/{len(stage.param_placements)} params sharded{f', {stage.remat} remat' if stage.remat else ''}{f', ZeRO-{stage.zero}' if stage.zero else ''}")  # fmt: skip
+    return (
+        f"S{stage.index}: {len(stage.devices)} dev, mesh {mesh}, {len(stage.nodes)} nodes, "
+        f"{sharded}/{len(stage.param_placements)} params sharded{f', {stage.remat} remat' if stage.remat else ''}{f', ZeRO-{stage.zero}' if stage.zero else ''}"
+    )
 
 
 def timeline_rows(plan: Plan, spans: Sequence[Span]) -> tuple[list[str], dict[str, list[str]]]:
@@ -130,8 +132,10 @@ def timeline_bars(plan: Plan, spans: Sequence[Span]) -> tuple[list[str], list[Ba
         if span.end_s <= span.start_s or span.resource not in rows_of:
             continue
         kind, label = classify(span)
-        bars += [Bar(row=row, start_s=span.start_s, end_s=span.end_s, kind=kind, label=label)
-                 for row in rows_of[span.resource]]  # fmt: skip
+        bars += [
+            Bar(row=row, start_s=span.start_s, end_s=span.end_s, kind=kind, label=label)
+            for row in rows_of[span.resource]
+        ]
     return rows, bars
 
 
@@ -148,8 +152,15 @@ def _draw_grid(ax, plan: Plan, colors: list[tuple[float, ...]]) -> None:
         color = colors[stage.index] if stage is not None else UNUSED
         ax.add_patch(Rectangle((column + 0.04, node + 0.06), 0.92, 0.88, facecolor=color, edgecolor="white"))
         text = f"dev {device}\n{device_label(stage, device) if stage is not None else 'unused'}"
-        ax.text(column + 0.5, node + 0.5, text, ha="center", va="center", fontsize=fontsize,
-                color="black" if stage is None or _is_light(color) else "white")  # fmt: skip
+        ax.text(
+            column + 0.5,
+            node + 0.5,
+            text,
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            color="black" if stage is None or _is_light(color) else "white",
+        )
     ax.set_xlim(0, columns)
     ax.set_ylim(cluster.num_nodes, 0)
     ax.set_xticks([c + 0.5 for c in range(columns)], [str(c) for c in range(columns)], fontsize=7)
@@ -163,8 +174,14 @@ def _draw_grid(ax, plan: Plan, colors: list[tuple[float, ...]]) -> None:
     ]
     if len(owner) < cluster.num_devices:
         handles.append(Patch(facecolor=UNUSED, label=f"unused: {cluster.num_devices - len(owner)} dev"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
-              ncol=1 + (len(handles) - 1) // 12)  # fmt: skip
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=7,
+        frameon=False,
+        ncol=1 + (len(handles) - 1) // 12,
+    )
 
 
 def _is_light(color: tuple[float, ...]) -> bool:
@@ -179,13 +196,26 @@ def _draw_bars(ax, rows: list[str], bars: list[Bar], *, makespan_ms: float, plot
     for bar in bars:
         groups.setdefault((bar.row, bar.kind), []).append((bar.start_s * 1e3, (bar.end_s - bar.start_s) * 1e3))
     for (row, kind), ranges in groups.items():
-        ax.broken_barh(ranges, (y_of[row] - 0.36, 0.72), facecolors=KIND_COLORS[kind], edgecolor="white",
-                       linewidth=0.4, alpha=0.75 if kind == "transfer" else 1.0)  # fmt: skip
+        ax.broken_barh(
+            ranges,
+            (y_of[row] - 0.36, 0.72),
+            facecolors=KIND_COLORS[kind],
+            edgecolor="white",
+            linewidth=0.4,
+            alpha=0.75 if kind == "transfer" else 1.0,
+        )
     for bar in bars:
         width = (bar.end_s - bar.start_s) * 1e3
         if bar.label and width / makespan_ms * plot_width_px >= 7 * len(bar.label) + 4:
-            ax.text(bar.start_s * 1e3 + width / 2, y_of[bar.row], bar.label, ha="center", va="center", fontsize=6,
-                    color="black" if bar.kind == "transfer" else "white")  # fmt: skip
+            ax.text(
+                bar.start_s * 1e3 + width / 2,
+                y_of[bar.row],
+                bar.label,
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="black" if bar.kind == "transfer" else "white",
+            )
 
 
 def _draw_timeline(ax, plan: Plan, result: SimResult, *, plot_width_px: float) -> None:
@@ -201,10 +231,18 @@ def _draw_timeline(ax, plan: Plan, result: SimResult, *, plot_width_px: float) -
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     labels = {"forward": "forward", "backward": "backward", "step": "gradient sync + optimizer", "transfer": "transfer"}
-    ax.legend(handles=[Patch(facecolor=c, label=labels[k]) for k, c in KIND_COLORS.items()], loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)  # fmt: skip
-    ax.set_title(f"simulated step {result.step_time_s * 1e3:.4g} ms, bubble {result.bubble_fraction:.0%} "
-                 f"({plan.num_microbatches} microbatch(es), schedule {plan.schedule})", fontsize=9)  # fmt: skip
+    ax.legend(
+        handles=[Patch(facecolor=c, label=labels[k]) for k, c in KIND_COLORS.items()],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=7,
+        frameon=False,
+    )
+    ax.set_title(
+        f"simulated step {result.step_time_s * 1e3:.4g} ms, bubble {result.bubble_fraction:.0%} "
+        f"({plan.num_microbatches} microbatch(es), schedule {plan.schedule})",
+        fontsize=9,
+    )
 
 
 def draw_plan(plan: Plan, result: SimResult, path: Path) -> None:
@@ -217,8 +255,13 @@ def draw_plan(plan: Plan, result: SimResult, path: Path) -> None:
     height_in = TOP_IN + grid_in + GAP_IN + timeline_in + BOTTOM_IN
     fig = Figure(figsize=(FIGURE_WIDTH_IN, height_in))
     grid_ax, time_ax = fig.subplots(2, 1, gridspec_kw={"height_ratios": [grid_in, timeline_in]})
-    fig.subplots_adjust(left=LEFT, right=RIGHT, top=1 - TOP_IN / height_in, bottom=BOTTOM_IN / height_in,
-                        hspace=2 * GAP_IN / (grid_in + timeline_in))  # fmt: skip
+    fig.subplots_adjust(
+        left=LEFT,
+        right=RIGHT,
+        top=1 - TOP_IN / height_in,
+        bottom=BOTTOM_IN / height_in,
+        hspace=2 * GAP_IN / (grid_in + timeline_in),
+    )
     _draw_grid(grid_ax, plan, stage_colors(max(len(plan.stages), 1)))
     grid_ax.set_title(_title(plan), fontsize=10)
     _draw_timeline(time_ax, plan, result, plot_width_px=(RIGHT - LEFT) * FIGURE_WIDTH_IN * DPI)
@@ -229,8 +272,10 @@ def _title(plan: Plan) -> str:
     cluster, model = plan.cluster, plan.model
     args = ", ".join(f"{key}={value}" for key, value in model.args.items())
     name = Path(model.file).name if model.file else "model"
-    return (f"{plan.method} plan for {name}{f' ({args})' if args else ''}: {len(plan.stages)} stage(s) on "
-            f"{cluster.num_nodes} × {cluster.devices_per_node} {cluster.device.name}, batch {plan.batch_size}")  # fmt: skip
+    return (
+        f"{plan.method} plan for {name}{f' ({args})' if args else ''}: {len(plan.stages)} stage(s) on "
+        f"{cluster.num_nodes} × {cluster.devices_per_node} {cluster.device.name}, batch {plan.batch_size}"
+    )
 
 
 def _save_png(fig, path: Path) -> None:

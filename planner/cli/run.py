@@ -32,22 +32,46 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
     parser.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps (default 3)")
-    parser.add_argument("--check-parity", action="store_true",
-                        help="compare loss, gradient norm and every gradient with a single-process run each step, in "
-                             "the run's precision; exit 1 on a mismatch (fp32: rtol 1e-4, atol 1e-5; bf16: rtol "
-                             "3e-2, atol 1e-3)")  # fmt: skip
-    parser.add_argument("--backend", default=None, choices=("gloo", "nccl"),
-                        help="default: the plan's (nccl for GPU plans, gloo for CPU plans)")  # fmt: skip
-    parser.add_argument("--optimizer", default=None, choices=("adam-mixed", "adam-fp32", "sgd", "sgd-momentum"),
-                        help="default: the plan's; another one is reported as a deviation from the estimate")  # fmt: skip
+    parser.add_argument(
+        "--check-parity",
+        action="store_true",
+        help="compare loss, gradient norm and every gradient with a single-process run each step, in "
+        "the run's precision; exit 1 on a mismatch (fp32: rtol 1e-4, atol 1e-5; bf16: rtol "
+        "3e-2, atol 1e-3)",
+    )
+    parser.add_argument(
+        "--backend",
+        default=None,
+        choices=("gloo", "nccl"),
+        help="default: the plan's (nccl for GPU plans, gloo for CPU plans)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        default=None,
+        choices=("adam-mixed", "adam-fp32", "sgd", "sgd-momentum"),
+        help="default: the plan's; another one is reported as a deviation from the estimate",
+    )
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the program's, 3e-4)")
-    parser.add_argument("--max-grad-norm", type=float, default=None, metavar="X",
-                        help="clip the global gradient norm to X (default: the program's, 1.0; 0 turns it off)")  # fmt: skip
+    parser.add_argument(
+        "--max-grad-norm",
+        type=float,
+        default=None,
+        metavar="X",
+        help="clip the global gradient norm to X (default: the program's, 1.0; 0 turns it off)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic batches")
-    parser.add_argument("--measure-memory", action="store_true",
-                        help="print each device's model state + peak saved activations beside the estimate")  # fmt: skip
-    parser.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
-                        help="seconds a collective may wait for a peer before the run fails (default 60)")  # fmt: skip
+    parser.add_argument(
+        "--measure-memory",
+        action="store_true",
+        help="print each device's model state + peak saved activations beside the estimate",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds a collective may wait for a peer before the run fails (default 60)",
+    )
     return parser
 
 

@@ -68,8 +68,14 @@ def run_show(argv: Sequence[str]) -> int:
         return 0
     if figure is not None:
         print(f"wrote {figure}")
-    print(plan_summary(plan, plan_path=options.plan, simulated_line=simulated_line(plan, result),
-                       choices=choices_text(plan_choices(plan))))  # fmt: skip
+    print(
+        plan_summary(
+            plan,
+            plan_path=options.plan,
+            simulated_line=simulated_line(plan, result),
+            choices=choices_text(plan_choices(plan)),
+        )
+    )
     return 0
 
 
@@ -101,8 +107,10 @@ def microbatch_graph(plan: Plan) -> OpGraph:
         raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
     path = Path(plan.model.file)
     if not path.is_file():
-        raise AutoplanError(f"the plan's model file {path} does not exist: run `plan show` from the directory the plan "
-                            "was made in, or re-plan the model")  # fmt: skip
+        raise AutoplanError(
+            f"the plan's model file {path} does not exist: run `plan show` from the directory the plan "
+            "was made in, or re-plan the model"
+        )
     from planner.costing.stage_work import check_plan_strategies
     from planner.ir.model_file import load_model_file  # imports torch: after the cheap checks
     from planner.plan import validate_plan
@@ -118,8 +126,10 @@ def microbatch_graph(plan: Plan) -> OpGraph:
     size = plan.batch_size // plan.num_microbatches
     graph = full if size == plan.batch_size else _capture_at(plan, model_file, size)
     if [(n.name, n.target) for n in graph.nodes] != [(n.name, n.target) for n in full.nodes]:
-        raise AutoplanError(f"the model captured at microbatch size {size} has different operators from the planned "
-                            "capture: make the model's graph independent of the batch size")  # fmt: skip
+        raise AutoplanError(
+            f"the model captured at microbatch size {size} has different operators from the planned "
+            "capture: make the model's graph independent of the batch size"
+        )
     check_plan_strategies(plan, graph)  # a hand-edited strategy is refused, not guessed at
     return graph
 
@@ -166,8 +176,10 @@ def show_json(plan: Plan, result: SimResult) -> dict[str, Any]:
 def simulated_line(plan: Plan, result: SimResult) -> str:
     estimate = plan.estimate.step_time_s
     versus = f" ({result.step_time_s / estimate - 1:+.0%} vs the estimate)" if estimate > 0 else ""
-    return (f"simulated: step {result.step_time_s:.4g} s{versus}, peak {_size(result.max_memory_bytes)} per device "
-            "(discrete-event simulator, roofline compute times)")  # fmt: skip
+    return (
+        f"simulated: step {result.step_time_s:.4g} s{versus}, peak {_size(result.max_memory_bytes)} per device "
+        "(discrete-event simulator, roofline compute times)"
+    )
 
 
 def _size(num_bytes: float) -> str:

@@ -54,8 +54,9 @@ def charged_collectives(
             source = strategies[value].output.placements
             for phase, kind in _reshard(source, need.placements, requires_grad=value in needs_grad):
                 per_microbatch[phase][kind] += 1
-    result = {phase: Counter({k: n * num_microbatches for k, n in counts.items()})
-              for phase, counts in per_microbatch.items()}  # fmt: skip
+    result = {
+        phase: Counter({k: n * num_microbatches for k, n in counts.items()}) for phase, counts in per_microbatch.items()
+    }
     result["sync_params"] = Counter("all_reduce" for axes in synced.values() for _ in axes)
     grad_itemsize = optimizer_bytes(setup.optimizer).grads
     buckets = stage_buckets(stage_grad_entries(stage, graph), grad_itemsize=grad_itemsize)

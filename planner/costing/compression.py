@@ -105,14 +105,17 @@ def sync_groups(grad_sync: GradSync, bucket_axes: Sequence[int], *, mesh: StageM
         return [(mesh.mesh_shape[axis], mesh.link(axis)) for axis in bucket_axes]
     cluster, devices = mesh.cluster, mesh.devices
     if grad_sync.kind == "local-sgd":
-        per_node = max(sum(1 for rank in devices if cluster.node_of(rank) == node)
-                       for node in {cluster.node_of(rank) for rank in devices})  # fmt: skip
+        per_node = max(
+            sum(1 for rank in devices if cluster.node_of(rank) == node)
+            for node in {cluster.node_of(rank) for rank in devices}
+        )
         return [(per_node, cluster.intra_node)]
     return [(len(devices), cluster.link_between(devices))]
 
 
-def bucket_sync_s(entries: Sequence[GradEntry], groups: Sequence[Group], grad_sync: GradSync, setup: CostSetup
-                  ) -> tuple[float, float]:  # fmt: skip
+def bucket_sync_s(
+    entries: Sequence[GradEntry], groups: Sequence[Group], grad_sync: GradSync, setup: CostSetup
+) -> tuple[float, float]:
     """(communication s, compression compute s) of one bucket under ``grad_sync`` (module docstring)."""
     itemsize = optimizer_bytes(setup.optimizer).grads
     numel = sum(entry.numel for entry in entries)
@@ -196,8 +199,9 @@ def sync_state_bytes(buckets: Sequence[ReadyBucket], grad_sync: GradSync, *, ite
     return sum(bucket.numel for bucket in buckets) * itemsize
 
 
-def stage_sync(stage: Stage, graph: OpGraph, bwd_s: Mapping[str, float], setup: CostSetup, *, grad_sync: GradSync,
-               ddp: bool) -> StageSync:  # fmt: skip
+def stage_sync(
+    stage: Stage, graph: OpGraph, bwd_s: Mapping[str, float], setup: CostSetup, *, grad_sync: GradSync, ddp: bool
+) -> StageSync:
     """The stage's buckets cut into its last backward and priced under ``grad_sync`` (``graph`` holds the
     stage's nodes; ``bwd_s`` each node's backward seconds); ``ddp``: the stage runs as DDP."""
     mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape)
@@ -215,8 +219,15 @@ def stage_sync(stage: Stage, graph: OpGraph, bwd_s: Mapping[str, float], setup: 
 
     amortised = 0.0
     if grad_sync.kind == "local-sgd":
-        amortised = local_sgd_average_s(sum(entry.numel for entry in entries), period=grad_sync.period,
-                                        devices=len(stage.devices), link=setup.cluster.link_between(stage.devices),
-                                        setup=setup)  # fmt: skip
-    return StageSync(segments=tuple(cut_backward(buckets, backward, price)), amortised_s=amortised,
-                     state_bytes=sync_state_bytes(buckets, grad_sync, itemsize=itemsize))  # fmt: skip
+        amortised = local_sgd_average_s(
+            sum(entry.numel for entry in entries),
+            period=grad_sync.period,
+            devices=len(stage.devices),
+            link=setup.cluster.link_between(stage.devices),
+            setup=setup,
+        )
+    return StageSync(
+        segments=tuple(cut_backward(buckets, backward, price)),
+        amortised_s=amortised,
+        state_bytes=sync_state_bytes(buckets, grad_sync, itemsize=itemsize),
+    )

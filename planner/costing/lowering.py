@@ -105,8 +105,9 @@ class Lowered:
 
 def pipeline_order(schedule: str, *, num_stages: int, stage: int, num_microbatches: int) -> list[tuple[str, int]]:
     """``("F", i)`` / ``("B", i)`` in the order stage ``stage`` of a one-stage-per-rank pipeline runs them."""
-    actions = rank_actions(schedule, num_ranks=num_stages, virtual_stages=1, num_microbatches=num_microbatches,
-                           rank=stage)  # fmt: skip
+    actions = rank_actions(
+        schedule, num_ranks=num_stages, virtual_stages=1, num_microbatches=num_microbatches, rank=stage
+    )
     return [(kind, i) for _, kind, i in actions]
 
 
@@ -118,9 +119,14 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
     groups = []
     for g in range(num_groups):  # one resource per pipeline rank: its stages share its devices and memory
         members = [s for s in range(len(lowered.stage_devices)) if lowered.group_of(s) == g]
-        groups.append(graph.add_resource(f"stage {g}" if len(members) == 1 else f"rank {g}",
-                                         devices=lowered.stage_devices[members[0]], order="fixed" if fixed else "ready",
-                                         base_memory_bytes=math.fsum(lowered.state_bytes[s] for s in members)))  # fmt: skip
+        groups.append(
+            graph.add_resource(
+                f"stage {g}" if len(members) == 1 else f"rank {g}",
+                devices=lowered.stage_devices[members[0]],
+                order="fixed" if fixed else "ready",
+                base_memory_bytes=math.fsum(lowered.state_bytes[s] for s in members),
+            )
+        )
     stages = [groups[lowered.group_of(s)] for s in range(len(lowered.stage_devices))]
     links: dict[tuple[int, int], int] = {}
 
@@ -144,8 +150,11 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
             deps = []
             for u, num_bytes in into[c]:
                 same = chunks[u].stage == chunk.stage
-                deps.append(forward[u, i] if same else transfer(f"F{i} {u}>{c}", chunks[u].stage, chunk.stage,
-                                                                   num_bytes, forward[u, i]))  # fmt: skip
+                deps.append(
+                    forward[u, i]
+                    if same
+                    else transfer(f"F{i} {u}>{c}", chunks[u].stage, chunk.stage, num_bytes, forward[u, i])
+                )
             forward[c, i] = graph.add_task(
                 f"F{i} c{c}",
                 resource=stages[chunk.stage],
@@ -164,13 +173,16 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
             chunk, deps = chunks[c], [forward[c, i]]
             for v, num_bytes in out[c]:
                 same = chunks[v].stage == chunk.stage
-                deps.append(backward[v, i] if same else transfer(f"B{i} {v}>{c}", chunks[v].stage, chunk.stage,
-                                                                    num_bytes, backward[v, i]))  # fmt: skip
+                deps.append(
+                    backward[v, i]
+                    if same
+                    else transfer(f"B{i} {v}>{c}", chunks[v].stage, chunk.stage, num_bytes, backward[v, i])
+                )
             segments = lowered.sync_segments.get(chunk.stage, ()) if i == m - 1 else ()
             if segments and not split:  # the buckets go out while the stage's last backward runs
-                parts[c, i], syncs[chunk.stage] = _overlapped_backward(graph, segments, stages[chunk.stage],
-                                                                       f"B{i} c{c}", chunk, deps,
-                                                                       include_step=include_step)  # fmt: skip
+                parts[c, i], syncs[chunk.stage] = _overlapped_backward(
+                    graph, segments, stages[chunk.stage], f"B{i} c{c}", chunk, deps, include_step=include_step
+                )
                 backward[c, i] = parts[c, i][-1]
                 continue
             if split:
@@ -182,8 +194,13 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
                     alloc_bytes=chunk.transient_bytes + chunk.deferred_bytes,
                     free_bytes=chunk.transient_bytes,
                 )
-                weight[c, i] = graph.add_task(f"W{i} c{c}", resource=stages[chunk.stage], duration_s=chunk.weight_grad_s,
-                                              deps=(backward[c, i],), free_bytes=chunk.activation_bytes + chunk.deferred_bytes)  # fmt: skip
+                weight[c, i] = graph.add_task(
+                    f"W{i} c{c}",
+                    resource=stages[chunk.stage],
+                    duration_s=chunk.weight_grad_s,
+                    deps=(backward[c, i],),
+                    free_bytes=chunk.activation_bytes + chunk.deferred_bytes,
+                )
                 continue
             backward[c, i] = graph.add_task(
                 f"B{i} c{c}",
@@ -195,22 +212,39 @@ def build_tasks(lowered: Lowered, *, include_transfers: bool = True, include_ste
             )
     steps = {}
     for s, resource in enumerate(stages):
-        mine = [weight.get((c, i), backward[c, i]) for c, chunk in enumerate(chunks) if chunk.stage == s
-                for i in range(m)]  # fmt: skip
+        mine = [
+            weight.get((c, i), backward[c, i]) for c, chunk in enumerate(chunks) if chunk.stage == s for i in range(m)
+        ]
         seconds = lowered.step_s[s] if include_step else 0.0
         if split and lowered.sync_segments.get(s):  # zero bubble: the buckets go out after the last W
             syncs[s] = _syncs_after(graph, lowered.sync_segments[s], after=mine[-1], include_step=include_step)
         at_end = lowered.step_bytes[s] if lowered.step_bytes else 0.0  # what the last backward leaves, the buckets
-        steps[s] = graph.add_task(f"step s{s}", resource=resource, duration_s=seconds, deps=mine + syncs.get(s, []),
-                                  end_of_step=True, alloc_bytes=at_end, free_bytes=at_end)  # fmt: skip
+        steps[s] = graph.add_task(
+            f"step s{s}",
+            resource=resource,
+            duration_s=seconds,
+            deps=mine + syncs.get(s, []),
+            end_of_step=True,
+            alloc_bytes=at_end,
+            free_bytes=at_end,
+        )
     if fixed:
-        _set_pipeline_orders(graph, lowered, groups, forward, backward | {("W", c, i): t for (c, i), t in weight.items()},
-                             steps, parts)  # fmt: skip
+        _set_pipeline_orders(
+            graph, lowered, groups, forward, backward | {("W", c, i): t for (c, i), t in weight.items()}, steps, parts
+        )
     return graph
 
 
-def _overlapped_backward(graph: TaskGraph, segments: Sequence[SyncSegment], resource: int, name: str, chunk: Chunk,
-                         deps: list[int], *, include_step: bool) -> tuple[list[int], list[int]]:  # fmt: skip
+def _overlapped_backward(
+    graph: TaskGraph,
+    segments: Sequence[SyncSegment],
+    resource: int,
+    name: str,
+    chunk: Chunk,
+    deps: list[int],
+    *,
+    include_step: bool,
+) -> tuple[list[int], list[int]]:
     """The last backward of a stage cut where its buckets become ready, and one all-reduce task per bucket
     on a communication resource, one after another (:mod:`planner.costing.overlap`); a lossy choice's
     compression compute runs on the stage's devices before its bucket goes out. Recomputation, when the
@@ -233,8 +267,15 @@ def _overlapped_backward(graph: TaskGraph, segments: Sequence[SyncSegment], reso
         )
         if segment.all_reduce_s > 0:
             seconds = segment.all_reduce_s if include_step else 0.0
-            syncs.append(graph.add_task(f"sync bucket {k}", resource=comm, duration_s=seconds,
-                                        deps=(parts[-1], *syncs[-1:]), end_of_step=True))  # fmt: skip
+            syncs.append(
+                graph.add_task(
+                    f"sync bucket {k}",
+                    resource=comm,
+                    duration_s=seconds,
+                    deps=(parts[-1], *syncs[-1:]),
+                    end_of_step=True,
+                )
+            )
     return parts, syncs
 
 
@@ -247,14 +288,18 @@ def _syncs_after(graph: TaskGraph, segments: Sequence[SyncSegment], *, after: in
     for k, segment in enumerate(segments):
         if segment.all_reduce_s > 0:
             seconds = segment.all_reduce_s + pending if include_step else 0.0
-            syncs.append(graph.add_task(f"sync bucket {k}", resource=comm, duration_s=seconds,
-                                        deps=(after, *syncs[-1:]), end_of_step=True))  # fmt: skip
+            syncs.append(
+                graph.add_task(
+                    f"sync bucket {k}", resource=comm, duration_s=seconds, deps=(after, *syncs[-1:]), end_of_step=True
+                )
+            )
             pending = 0.0
     return syncs
 
 
-def _set_pipeline_orders(graph: TaskGraph, lowered: Lowered, groups: list[int], forward: dict, backward: dict,
-                         steps: dict, parts: dict) -> None:  # fmt: skip
+def _set_pipeline_orders(
+    graph: TaskGraph, lowered: Lowered, groups: list[int], forward: dict, backward: dict, steps: dict, parts: dict
+) -> None:
     """Each pipeline rank runs its stages' tasks in the schedule's order (:func:`planner.plan.schedules.rank_actions`),
     then its stages' steps. ``backward`` holds ``B``/``I`` tasks by ``(stage, i)``, ``W`` tasks by ``("W", stage, i)``."""
     count = len(lowered.chunks)
@@ -264,8 +309,9 @@ def _set_pipeline_orders(graph: TaskGraph, lowered: Lowered, groups: list[int], 
     virtual = len(lowered.chunks) // num_ranks
     for rank, resource in enumerate(groups):
         tasks = []
-        for s, kind, i in rank_actions(schedule, num_ranks=num_ranks, virtual_stages=virtual,
-                                       num_microbatches=lowered.num_microbatches, rank=rank):  # fmt: skip
+        for s, kind, i in rank_actions(
+            schedule, num_ranks=num_ranks, virtual_stages=virtual, num_microbatches=lowered.num_microbatches, rank=rank
+        ):
             if kind == "F":
                 tasks.append(forward[s, i])
             elif kind == "W":
@@ -276,8 +322,9 @@ def _set_pipeline_orders(graph: TaskGraph, lowered: Lowered, groups: list[int], 
         graph.set_order(resource, [*tasks, *mine])
 
 
-def simulate_lowered(lowered: Lowered, *, record: bool = False, include_transfers: bool = True,
-                     include_step: bool = True) -> SimResult:  # fmt: skip
+def simulate_lowered(
+    lowered: Lowered, *, record: bool = False, include_transfers: bool = True, include_step: bool = True
+) -> SimResult:
     tasks = build_tasks(lowered, include_transfers=include_transfers, include_step=include_step)
     return simulate(tasks, record=record)
 
@@ -294,14 +341,27 @@ def chunks_of(stage_of: Sequence[int]) -> list[list[int]]:
 
 def lower_plan(plan: Plan, graph: OpGraph, setup: CostSetup) -> Lowered:
     """``graph`` is the model at the plan's microbatch size (``batch_size / num_microbatches``)."""
-    return lower_stages(plan.stages, graph, setup, num_microbatches=plan.num_microbatches, schedule=plan.schedule,
-                        zero=plan.zero, grad_sync=plan.grad_sync)  # fmt: skip
+    return lower_stages(
+        plan.stages,
+        graph,
+        setup,
+        num_microbatches=plan.num_microbatches,
+        schedule=plan.schedule,
+        zero=plan.zero,
+        grad_sync=plan.grad_sync,
+    )
 
 
 def lower_stages(
-    plan_stages: Sequence[Stage], graph: OpGraph, setup: CostSetup, *, num_microbatches: int, schedule: str,
-    zero: bool = False, grad_sync: GradSync = EXACT,
-) -> Lowered:  # fmt: skip
+    plan_stages: Sequence[Stage],
+    graph: OpGraph,
+    setup: CostSetup,
+    *,
+    num_microbatches: int,
+    schedule: str,
+    zero: bool = False,
+    grad_sync: GradSync = EXACT,
+) -> Lowered:
     """:func:`lower_plan` from a plan's parts (candidates that are not plans yet)."""
     m = num_microbatches
     stages = sorted(plan_stages, key=lambda s: s.index)
@@ -316,8 +376,10 @@ def lower_stages(
     chunks = tuple(_chunk(graph, run, order[run[0]], work) for run in runs)
     fsdp_step = fsdp_price(stages[0], graph, setup, work=work, num_microbatches=m) if fsdp else None
     if fsdp_step is not None:  # FSDP's gathers the compute waits for, on average per microbatch
-        chunks = tuple(replace(c, fwd_s=c.fwd_s + fsdp_step.forward_wait_s, bwd_s=c.bwd_s + fsdp_step.backward_wait_s)
-                       for c in chunks)  # fmt: skip
+        chunks = tuple(
+            replace(c, fwd_s=c.fwd_s + fsdp_step.forward_wait_s, bwd_s=c.bwd_s + fsdp_step.backward_wait_s)
+            for c in chunks
+        )
     pipeline = schedule in PIPELINE_SCHEDULES and [c.stage for c in chunks] == list(range(len(stages)))
     if pipeline and len(stages) > 1:  # the schedule's host work per stage and microbatch, half per pass
         half = setup.cluster.device.microbatch_overhead_s / 2
@@ -325,8 +387,10 @@ def lower_stages(
     edges, grad_edges = pipeline_edges(graph, runs, setup) if pipeline else dataflow_edges(graph, runs, setup)
     # tied weights' gradients are summed over every rank after the backward pass (executors.stages.sync_shared_grads)
     tied_s = shared_param_sync_s(stages, graph, setup) if pipeline and len(stages) > 1 else 0.0
-    step_s = [math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s + tied_s
-              for stage in stages]  # fmt: skip
+    step_s = [
+        math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s + tied_s
+        for stage in stages
+    ]
     state_bytes = [math.fsum(work[n].state_bytes for n in stage.nodes) for stage in stages]
     step_bytes: tuple[float, ...] = ()
     if pipeline or ddp or fsdp:  # one chunk per stage: its memory as the estimate charges it (plan_memory)
@@ -397,8 +461,14 @@ def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork]
     nodes = [work[graph.nodes[p].name] for p in run]
     fwd, bwd = math.fsum(w.fwd_s for w in nodes), math.fsum(w.bwd_s + w.recompute_s for w in nodes)
     deferred = math.fsum(w.output_bytes for w in nodes if w.weight_grad_s > 0)  # what W reads besides the inputs
-    return Chunk(stage=stage, fwd_s=fwd, bwd_s=bwd, activation_bytes=math.fsum(w.kept_bytes for w in nodes),
-                 weight_grad_s=math.fsum(w.weight_grad_s for w in nodes), deferred_bytes=deferred)  # fmt: skip
+    return Chunk(
+        stage=stage,
+        fwd_s=fwd,
+        bwd_s=bwd,
+        activation_bytes=math.fsum(w.kept_bytes for w in nodes),
+        weight_grad_s=math.fsum(w.weight_grad_s for w in nodes),
+        deferred_bytes=deferred,
+    )
 
 
 def simulate_plan(plan: Plan, graph: OpGraph, setup: CostSetup, *, record: bool = False) -> SimResult:

@@ -90,9 +90,15 @@ def strategy_context(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> Strat
 
 
 def node_cost(
-    node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh, *, saved: bool, zero: int = 0,
+    node: OpNode,
+    strategy: NodeStrategy,
+    setup: CostSetup,
+    mesh: StageMesh,
+    *,
+    saved: bool,
+    zero: int = 0,
     ddp: bool = False,
-) -> NodeCost:  # fmt: skip
+) -> NodeCost:
     """The cost of ``node`` under ``strategy`` on ``mesh``; ``saved``: its output is kept for backward; ``zero``:
     the stage's ZeRO level over the parameters' sync axes (planner.costing.zero)."""
     computed = computed_output(strategy, rank=len(node.output.shape))  # before a reduce-scatter or gather
@@ -114,14 +120,20 @@ def node_cost(
         numel = _param_numel(node, name)
         shards = spec.num_shards(mesh.mesh_shape)
         if not zero:
-            state += model_state_bytes(numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=shards,
-                                       state_shards=shards)  # fmt: skip
+            state += model_state_bytes(
+                numel, optimizer=setup.optimizer, weight_shards=shards, grad_shards=shards, state_shards=shards
+            )
             local_params += numel / shards
             continue
         axes = sync_axes.get(name, ())
         weight, grad, optimizer_state = zero_shards(int(zero), math.prod(mesh.mesh_shape[axis] for axis in axes))
-        state += model_state_bytes(numel, optimizer=setup.optimizer, weight_shards=shards * weight,
-                                   grad_shards=shards * grad, state_shards=shards * optimizer_state)  # fmt: skip
+        state += model_state_bytes(
+            numel,
+            optimizer=setup.optimizer,
+            weight_shards=shards * weight,
+            grad_shards=shards * grad,
+            state_shards=shards * optimizer_state,
+        )
         local_params += numel / (shards * optimizer_state)
         terms = param_terms(int(zero), local_numel=numel / shards, setup=setup, mesh=mesh, axes=axes, plain=ddp)
         zero_step_s, zero_comm_s = zero_step_s + terms.step_s, zero_comm_s + terms.per_microbatch_s

@@ -116,9 +116,12 @@ def grad_ready_order(graph: OpGraph, nodes: Sequence[str] | None = None) -> list
 
 
 def pack_buckets(
-    sizes: Sequence[float], keys: Sequence[Hashable], *, bucket_bytes: float = DDP_BUCKET_BYTES,
+    sizes: Sequence[float],
+    keys: Sequence[Hashable],
+    *,
+    bucket_bytes: float = DDP_BUCKET_BYTES,
     first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES,
-) -> list[list[int]]:  # fmt: skip
+) -> list[list[int]]:
     """Positions of the gradients in each bucket, ``sizes`` in gradient-ready order: each key (a process group)
     fills its own buckets as DDP does (:func:`cost_models.communication.ddp_buckets`: a bucket closes once it
     holds its cap, 1 MiB for the key's first, then 25 MiB; a gradient is never split). Buckets come in the order
@@ -172,8 +175,9 @@ def stage_buckets(
     return [b for b in buckets if len(b[0].axes) == 1] + [b for b in buckets if len(b[0].axes) > 1]
 
 
-def ready_buckets(graph: OpGraph, nodes: Sequence[str], buckets: Sequence[tuple[GradEntry, ...]],
-                  bwd_s: Mapping[str, float]) -> tuple[list[ReadyBucket], float]:  # fmt: skip
+def ready_buckets(
+    graph: OpGraph, nodes: Sequence[str], buckets: Sequence[tuple[GradEntry, ...]], bwd_s: Mapping[str, float]
+) -> tuple[list[ReadyBucket], float]:
     """Each bucket with the time its last gradient is ready (a several-axes bucket: the backward's end), and
     the backward's seconds, walking ``nodes`` backwards with ``bwd_s``."""
     ready: dict[str, float] = {}
@@ -182,8 +186,10 @@ def ready_buckets(graph: OpGraph, nodes: Sequence[str], buckets: Sequence[tuple[
         elapsed += bwd_s.get(name, 0.0)
         for value in graph.node(name).inputs:
             ready[value] = elapsed
-    return [ReadyBucket(entries=bucket, ready_s=elapsed if len(bucket[0].axes) > 1 else
-                        max(ready[e.name] for e in bucket)) for bucket in buckets], elapsed  # fmt: skip
+    return [
+        ReadyBucket(entries=bucket, ready_s=elapsed if len(bucket[0].axes) > 1 else max(ready[e.name] for e in bucket))
+        for bucket in buckets
+    ], elapsed
 
 
 def runtime_buckets(
@@ -206,8 +212,9 @@ def runtime_buckets(
     return ready, total
 
 
-def cut_backward(buckets: Sequence[ReadyBucket], backward_s: float,
-                 price: Callable[[ReadyBucket], tuple[float, float]]) -> list[SyncSegment]:  # fmt: skip
+def cut_backward(
+    buckets: Sequence[ReadyBucket], backward_s: float, price: Callable[[ReadyBucket], tuple[float, float]]
+) -> list[SyncSegment]:
     """The backward cut where each bucket goes out, ``price(bucket) = (communication s, compression s)``; a
     final segment with no bucket ends it."""
     segments, done = [], 0.0
@@ -241,8 +248,9 @@ def ddp_segments(
     ready, total = runtime_buckets(
         graph, [node.name for node in graph.nodes], ddp_entries(graph), bwd_s, grad_itemsize=grad_bytes, runtime=runtime
     )
-    return cut_backward(ready, total, lambda bucket: (
-        all_reduce_s(bucket.numel * grad_bytes, num_devices=num_devices, link=link), 0.0))  # fmt: skip
+    return cut_backward(
+        ready, total, lambda bucket: (all_reduce_s(bucket.numel * grad_bytes, num_devices=num_devices, link=link), 0.0)
+    )
 
 
 def exposed_sync_s(segments: Sequence[SyncSegment]) -> float:

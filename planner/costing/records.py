@@ -33,8 +33,10 @@ def record_of(node: OpNode, strategy: NodeStrategy) -> NodeSharding:
     """The plan's record of ``strategy`` (one of ``node``'s); nodes of identical layers share positions,
     so the record of a representative is the record of each copy."""
     position_of = {name: node.inputs.index(name) for name in node.inputs}
-    collectives = [Collective(kind=kind, axis=axis, phase=phase, operand=operand)
-                   for kind, axis, phase, operand in strategy.collectives]  # fmt: skip
+    collectives = [
+        Collective(kind=kind, axis=axis, phase=phase, operand=operand)
+        for kind, axis, phase, operand in strategy.collectives
+    ]
     for name, axes in strategy.grad_sync_axes:
         collectives += [
             Collective(kind="all_reduce", axis=axis, phase="sync", operand=position_of[name]) for axis in axes

@@ -83,8 +83,13 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
     finally:
         torch.set_num_threads(threads)
     device = cluster.device
-    return ProfiledCompute(table=result.times, fallback=roofline, measure=NodeMeasurer(cache=cache, repeats=repeats),
-                           slowdown=device.shared_slowdown, overhead_s=device.kernel_overhead_s)  # fmt: skip
+    return ProfiledCompute(
+        table=result.times,
+        fallback=roofline,
+        measure=NodeMeasurer(cache=cache, repeats=repeats),
+        slowdown=device.shared_slowdown,
+        overhead_s=device.kernel_overhead_s,
+    )
 
 
 def plan_setup(plan: Plan) -> CostSetup:

@@ -78,15 +78,21 @@ def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...], *, zero: object = None)
     devices, every parameter replicated, at ZeRO level 0 (a level above runs FSDP:
     :func:`planner.costing.zero.runs_as_fsdp`). ``zero`` is not read: each stage has its own level."""
     return (
-        len(stages) == 1 and len(stages[0].devices) > 1 and stages[0].zero == 0
+        len(stages) == 1
+        and len(stages[0].devices) > 1
+        and stages[0].zero == 0
         and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
-    )  # fmt: skip
+    )
 
 
 def stage_context(stage: Stage, graph: OpGraph, setup: CostSetup) -> StrategyContext:
     """The stage's subgraph on its mesh, as the intra-op problem sees it (``graph`` at the microbatch size)."""
-    mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
-                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    mesh = StageMesh(
+        cluster=setup.cluster,
+        devices=stage.devices,
+        mesh_shape=stage.mesh_shape,
+        activation_itemsize=setup.activation_itemsize,
+    )
     local = subgraph(graph, list(stage.nodes))
     return strategy_context(local, setup, mesh)
 
@@ -156,8 +162,14 @@ def stage_node_work(
     return work
 
 
-def _with_recomputation(work: dict[str, NodeWork], graph: OpGraph, mesh: StageMesh, kept: KeptUnderRecompute,
-                        chosen: Mapping[str, NodeStrategy], first_reader: Mapping[str, str]) -> None:  # fmt: skip
+def _with_recomputation(
+    work: dict[str, NodeWork],
+    graph: OpGraph,
+    mesh: StageMesh,
+    kept: KeptUnderRecompute,
+    chosen: Mapping[str, NodeStrategy],
+    first_reader: Mapping[str, str],
+) -> None:
     """What each node keeps and recomputes under the stage's checkpointed runs (:func:`kept_under_recompute`):
     a kept value's bytes on its producer, a kept stage input's on its first reader (at the size it reads it in),
     the masks outside the runs on their dropouts; a recomputed node's forward once more in the backward."""
@@ -185,17 +197,30 @@ def explain_stage(stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: objec
     rows = []
     for name in stage.nodes:
         node, w, record = graph.node(name), work[name], stage.strategies[name]
-        rows.append(ExplainRow(node=name, target=node.target, strategy=split_label(node, record.split),
-                               spec=f"[{', '.join(record.output_spec)}]", compute_s=w.compute_s, comm_s=w.comm_s,
-                               step_s=w.step_s, reshard_s=w.reshard_s,
-                               memory_bytes=w.state_bytes + w.activation_bytes))  # fmt: skip
+        rows.append(
+            ExplainRow(
+                node=name,
+                target=node.target,
+                strategy=split_label(node, record.split),
+                spec=f"[{', '.join(record.output_spec)}]",
+                compute_s=w.compute_s,
+                comm_s=w.comm_s,
+                step_s=w.step_s,
+                reshard_s=w.reshard_s,
+                memory_bytes=w.state_bytes + w.activation_bytes,
+            )
+        )
     return tuple(rows)
 
 
 def _reshard_in(
-    graph: OpGraph, mesh: StageMesh, name: str, strategy: NodeStrategy, chosen: Mapping[str, NodeStrategy],
+    graph: OpGraph,
+    mesh: StageMesh,
+    name: str,
+    strategy: NodeStrategy,
+    chosen: Mapping[str, NodeStrategy],
     grad: frozenset[str],
-) -> float:  # fmt: skip
+) -> float:
     """Seconds to bring the node's inputs from their producers' specs to the ones it needs."""
     total = 0.0
     node = graph.node(name)

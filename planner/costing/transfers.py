@@ -66,8 +66,13 @@ def stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipeline
         if not pipeline:
             return p2p_s(num_bytes, link=cluster.link_between([devices[a][0], devices[b][0]]))
         crosses = cluster.node_of(devices[a][0]) != cluster.node_of(devices[b][0])
-        return stage_transfer_s(num_bytes, cluster=cluster, sender_size=len(devices[a]),
-                                receiver_size=len(devices[b]), crosses_nodes=crosses,
-                                sender_nodes=len({cluster.node_of(rank) for rank in devices[a]}))  # fmt: skip
+        return stage_transfer_s(
+            num_bytes,
+            cluster=cluster,
+            sender_size=len(devices[a]),
+            receiver_size=len(devices[b]),
+            crosses_nodes=crosses,
+            sender_nodes=len({cluster.node_of(rank) for rank in devices[a]}),
+        )
 
     return transfer_s

@@ -55,8 +55,9 @@ class ZeroTerms:
     per_microbatch_s: float = 0.0  # every microbatch: FSDP's reduce-scatter (levels 2, 3) and gathers (3)
 
 
-def param_terms(level: int, *, local_numel: float, setup: CostSetup, mesh: StageMesh, axes: Sequence[int],
-                plain: bool) -> ZeroTerms:  # fmt: skip
+def param_terms(
+    level: int, *, local_numel: float, setup: CostSetup, mesh: StageMesh, axes: Sequence[int], plain: bool
+) -> ZeroTerms:
     """One parameter's ZeRO communication beyond level 0 (module docstring); ``plain``: the stage runs on plain
     tensors (a data-parallel plan, FSDP), else a sharded stage (level 1: the all-gather only, its gradient
     reduced as at level 0)."""
@@ -86,9 +87,11 @@ def param_terms(level: int, *, local_numel: float, setup: CostSetup, mesh: Stage
 def runs_as_fsdp(stages: Sequence[Stage]) -> bool:
     """A data-parallel plan (one stage on several devices, every parameter replicated) at ZeRO level ≥ 1."""
     return (
-        len(stages) == 1 and len(stages[0].devices) > 1 and stages[0].zero >= 1
+        len(stages) == 1
+        and len(stages[0].devices) > 1
+        and stages[0].zero >= 1
         and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,8 +105,9 @@ class FsdpGroup:
     weight_bytes: float = 0.0  # its parameters unsharded
 
 
-def fsdp_groups(stage: Stage, graph: OpGraph, setup: CostSetup, *, forward_s: Mapping[str, float],
-                backward_s: Mapping[str, float]) -> list[FsdpGroup]:  # fmt: skip
+def fsdp_groups(
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, forward_s: Mapping[str, float], backward_s: Mapping[str, float]
+) -> list[FsdpGroup]:
     """The stage's FSDP groups in forward order (``graph`` at the microbatch size): the root first (parameters
     read by several groups), then one per layer group; ``forward_s``/``backward_s``: each node's seconds."""
     chosen = set(stage.nodes)
@@ -123,11 +127,15 @@ def fsdp_groups(stage: Stage, graph: OpGraph, setup: CostSetup, *, forward_s: Ma
     result = []
     for index, params in enumerate(owned):
         run = runs[index - 1] if index else []
-        result.append(FsdpGroup(forward_s=math.fsum(forward_s[name] for name in run),
-                                backward_s=math.fsum(backward_s[name] for name in run),
-                                gather_s=all_gather_s(params * per.weights, num_devices=n, link=link),
-                                scatter_s=reduce_scatter_s(params * per.grads, num_devices=n, link=link),
-                                weight_bytes=params * per.weights))  # fmt: skip
+        result.append(
+            FsdpGroup(
+                forward_s=math.fsum(forward_s[name] for name in run),
+                backward_s=math.fsum(backward_s[name] for name in run),
+                gather_s=all_gather_s(params * per.weights, num_devices=n, link=link),
+                scatter_s=reduce_scatter_s(params * per.grads, num_devices=n, link=link),
+                weight_bytes=params * per.weights,
+            )
+        )
     return result
 
 
@@ -178,8 +186,12 @@ def fsdp_timeline(groups: Sequence[FsdpGroup], *, level: int, num_microbatches: 
                 comm = max(comm, clock) + groups[k].scatter_s
                 total += groups[k].scatter_s
         backward_waits.append(clock - start - math.fsum(g.backward_s for g in groups))
-    return FsdpTimeline(forward_wait_s=tuple(forward_waits), backward_wait_s=tuple(backward_waits),
-                        tail_s=max(0.0, comm - clock), comm_s=total)  # fmt: skip
+    return FsdpTimeline(
+        forward_wait_s=tuple(forward_waits),
+        backward_wait_s=tuple(backward_waits),
+        tail_s=max(0.0, comm - clock),
+        comm_s=total,
+    )
 
 
 def gathered_bytes(groups: Sequence[FsdpGroup], *, level: int) -> float:
@@ -202,8 +214,9 @@ class FsdpPrice:
     comm_s: float  # every collective of the step
 
 
-def fsdp_price(stage: Stage, graph: OpGraph, setup: CostSetup, *, work: Mapping[str, object],
-               num_microbatches: int) -> FsdpPrice:  # fmt: skip
+def fsdp_price(
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, work: Mapping[str, object], num_microbatches: int
+) -> FsdpPrice:
     """:func:`fsdp_timeline` of a data-parallel ``stage`` from its nodes' work (``NodeWork``: ``fwd_s``, and
     ``bwd_s`` + ``recompute_s``, the recomputed forward running in the backward)."""
     forward = {name: w.fwd_s for name, w in work.items()}  # type: ignore[attr-defined]
@@ -211,9 +224,13 @@ def fsdp_price(stage: Stage, graph: OpGraph, setup: CostSetup, *, work: Mapping[
     groups = fsdp_groups(stage, graph, setup, forward_s=forward, backward_s=backward)
     timeline = fsdp_timeline(groups, level=stage.zero, num_microbatches=num_microbatches)
     m = num_microbatches
-    return FsdpPrice(forward_wait_s=math.fsum(timeline.forward_wait_s) / m,
-                     backward_wait_s=math.fsum(timeline.backward_wait_s) / m, tail_s=timeline.tail_s,
-                     gathered_bytes=gathered_bytes(groups, level=stage.zero), comm_s=timeline.comm_s)  # fmt: skip
+    return FsdpPrice(
+        forward_wait_s=math.fsum(timeline.forward_wait_s) / m,
+        backward_wait_s=math.fsum(timeline.backward_wait_s) / m,
+        tail_s=timeline.tail_s,
+        gathered_bytes=gathered_bytes(groups, level=stage.zero),
+        comm_s=timeline.comm_s,
+    )
 
 
 def fsdp_memory(stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int = 1) -> StageMemory:

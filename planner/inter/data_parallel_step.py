@@ -19,8 +19,15 @@ from planner.ir.graph import OpGraph
 from planner.plan import GradSync
 
 
-def reprice_data_parallel(candidate: PricedPipeline, graph: OpGraph, setup: CostSetup, *, allow_lossy: bool,
-                          forced: GradSync | None, zero: bool) -> PricedPipeline | None:  # fmt: skip
+def reprice_data_parallel(
+    candidate: PricedPipeline,
+    graph: OpGraph,
+    setup: CostSetup,
+    *,
+    allow_lossy: bool,
+    forced: GradSync | None,
+    zero: bool,
+) -> PricedPipeline | None:
     """The pure data-parallel plan (one stage, one microbatch, ``graph`` the whole batch's, priced by
     :func:`ddp_step`) under the gradient syncs offered (:func:`planner.inter.grad_sync_choice.offered`): each
     choice priced by :func:`ddp_step` under it; the fastest that fits; None when none can run."""
@@ -39,13 +46,25 @@ def reprice_data_parallel(candidate: PricedPipeline, graph: OpGraph, setup: Cost
         assert variant.step_s > 0, f"internal error (please report): {grad_sync.label} priced at {variant.step_s} s"
         return variant.step_s, variant.state_bytes - own_state
 
-    choice = choose_grad_sync(choices, price=price, memory_bytes=candidate.estimate.memory_per_device_bytes,
-                              budget_bytes=setup.memory_budget_bytes)  # fmt: skip
+    choice = choose_grad_sync(
+        choices,
+        price=price,
+        memory_bytes=candidate.estimate.memory_per_device_bytes,
+        budget_bytes=setup.memory_budget_bytes,
+    )
     if choice is None or choice.grad_sync == own:
         return None if choice is None else candidate
-    estimate = ddp_estimate(graph, setup, priced[choice.grad_sync],
-                            memory_bytes=candidate.estimate.memory_per_device_bytes + choice.state_bytes,
-                            savings={**candidate.estimate.savings, "grad_sync_saved_s": choice.saved_s})  # fmt: skip
+    estimate = ddp_estimate(
+        graph,
+        setup,
+        priced[choice.grad_sync],
+        memory_bytes=candidate.estimate.memory_per_device_bytes + choice.state_bytes,
+        savings={**candidate.estimate.savings, "grad_sync_saved_s": choice.saved_s},
+    )
     notes = tuple(note for note in candidate.notes if not note.startswith("gradient sync "))
-    return replace(candidate, estimate=estimate, grad_sync=choice.grad_sync,
-                   notes=(*notes, choice.note()) if choice.grad_sync.lossy else notes)  # fmt: skip
+    return replace(
+        candidate,
+        estimate=estimate,
+        grad_sync=choice.grad_sync,
+        notes=(*notes, choice.note()) if choice.grad_sync.lossy else notes,
+    )

@@ -38,8 +38,14 @@ def _child(work: Callable[[Item], Result], share: Sequence[Item], pipe: Connecti
         pipe.close()
 
 
-def fork_map(work: Callable[[Item], Result], items: Sequence[Item], *, jobs: int,
-             on_done: Callable[[int], None] | None = None, min_items: int = MIN_ITEMS) -> list[Result]:  # fmt: skip
+def fork_map(
+    work: Callable[[Item], Result],
+    items: Sequence[Item],
+    *,
+    jobs: int,
+    on_done: Callable[[int], None] | None = None,
+    min_items: int = MIN_ITEMS,
+) -> list[Result]:
     """``[work(item) for item in items]``, over ``jobs`` processes where the platform can fork and there are
     at least ``min_items`` items.
 

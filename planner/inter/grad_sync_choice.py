@@ -63,12 +63,22 @@ class StageBackward:
 
 def stage_backward(stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: bool = False) -> StageBackward:
     work = stage_node_work(stage, graph, setup, zero=zero)
-    return StageBackward(node_bwd_s={name: w.bwd_s for name, w in work.items()},
-                         additive_s=math.fsum(w.grad_sync_s for w in work.values()))  # fmt: skip
+    return StageBackward(
+        node_bwd_s={name: w.bwd_s for name, w in work.items()},
+        additive_s=math.fsum(w.grad_sync_s for w in work.values()),
+    )
 
 
-def after_s(stage: Stage, graph: OpGraph, backward: StageBackward, setup: CostSetup, *, grad_sync: GradSync,
-            last_backward_s: float, overlapped: bool = True) -> tuple[float, float]:  # fmt: skip
+def after_s(
+    stage: Stage,
+    graph: OpGraph,
+    backward: StageBackward,
+    setup: CostSetup,
+    *,
+    grad_sync: GradSync,
+    last_backward_s: float,
+    overlapped: bool = True,
+) -> tuple[float, float]:
     """(``A_s(g)``: seconds the stage's step waits past its last backward for its gradient sync, per-device bytes
     the choice adds) for ``stage`` (its nodes in ``graph``)."""
     sync = stage_sync(stage, graph, backward.node_bwd_s, setup, grad_sync=grad_sync, ddp=False)
@@ -101,9 +111,12 @@ class SyncChoice:
 
 
 def choose_grad_sync(
-    choices: Sequence[GradSync], *, price: Callable[[GradSync], tuple[float, float] | None], memory_bytes: float,
+    choices: Sequence[GradSync],
+    *,
+    price: Callable[[GradSync], tuple[float, float] | None],
+    memory_bytes: float,
     budget_bytes: float,
-) -> SyncChoice | None:  # fmt: skip
+) -> SyncChoice | None:
     """The fastest of ``choices`` (``price(g)``: (step s, bytes added per device), None where the plan cannot run
     ``g``) that fits; exact on a tie. None when none can run. Exact sync is priced too, to say what a lossy
     choice saved."""

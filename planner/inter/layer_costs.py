@@ -62,8 +62,13 @@ LAMBDA_STEPS = (0.0, 0.25, 1.0, 4.0)
 SOURCES = (*(f"λ={kappa:g}" for kappa in LAMBDA_STEPS), "data-parallel", "megatron")
 FSDP_LEVELS = (2, 3)  # ZeRO levels that run under FSDP only: data-parallel plans
 # (source, recomputation, ZeRO level); levels 2 and 3 for the data-parallel layout only
-SLOTS = tuple((source, remat, zero) for zero in ZERO_LEVELS for remat in REMAT_KINDS for source in SOURCES
-              if zero not in FSDP_LEVELS or source == "data-parallel")  # fmt: skip
+SLOTS = tuple(
+    (source, remat, zero)
+    for zero in ZERO_LEVELS
+    for remat in REMAT_KINDS
+    for source in SOURCES
+    if zero not in FSDP_LEVELS or source == "data-parallel"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,8 +134,18 @@ class _Base:
     activation_bytes: float
 
 
-def _option(problem: StageProblem, choice: tuple[int, ...], base: _Base, *, source: str, remat: str,
-            runs: tuple[tuple[str, ...], ...], zero: int, setup: CostSetup, memo: dict) -> LayerOption | None:  # fmt: skip
+def _option(
+    problem: StageProblem,
+    choice: tuple[int, ...],
+    base: _Base,
+    *,
+    source: str,
+    remat: str,
+    runs: tuple[tuple[str, ...], ...],
+    zero: int,
+    setup: CostSetup,
+    memo: dict,
+) -> LayerOption | None:
     """The slot's option (a layer without attention cores recomputes nothing under ``attention``); ``memo`` holds
     each choice's recomputation and ZeRO figures once (sources often share a choice)."""
     time_s, state, activation = base.time_s, base.state_bytes, base.activation_bytes
@@ -145,8 +160,15 @@ def _option(problem: StageProblem, choice: tuple[int, ...], base: _Base, *, sour
         costs = memo[choice, zero]
         time_s += costs.per_microbatch_s + costs.step_s / problem.num_microbatches
         state = costs.state_bytes
-    return LayerOption(time_s=time_s, state_bytes=state, activation_bytes=activation, remat=remat, choice=choice,
-                       source=source, zero=zero)  # fmt: skip
+    return LayerOption(
+        time_s=time_s,
+        state_bytes=state,
+        activation_bytes=activation,
+        remat=remat,
+        choice=choice,
+        source=source,
+        zero=zero,
+    )
 
 
 def _lagrangian_choices(problem: StageProblem, options: IntraOpOptions) -> list[tuple[int, ...]]:
@@ -199,11 +221,28 @@ def layer_table(
             time_s, _ = evaluate(problem.problem, choice)
             state, activation, _ = split_costs(problem, choice)
             bases[choice] = _Base(time_s=time_s, state_bytes=state, activation_bytes=activation)
-        found.append(None if choice is None else _option(problem, choice, bases[choice], source=source, remat=remat,
-                                                         runs=runs[remat], zero=zero, setup=setup, memo=memo))  # fmt: skip
+        found.append(
+            None
+            if choice is None
+            else _option(
+                problem,
+                choice,
+                bases[choice],
+                source=source,
+                remat=remat,
+                runs=runs[remat],
+                zero=zero,
+                setup=setup,
+                memo=memo,
+            )
+        )
     names = tuple(tuple(strategy.name for strategy in row) for row in problem.strategies)
-    return LayerTable(variables=tuple(problem.variables), representative=dict(problem.representative),
-                      strategy_names=names, options=tuple(found))  # fmt: skip
+    return LayerTable(
+        variables=tuple(problem.variables),
+        representative=dict(problem.representative),
+        strategy_names=names,
+        options=tuple(found),
+    )
 
 
 def loss_and_output_bytes(graph: OpGraph, names: tuple[str, ...] | list[str], setup: CostSetup) -> float:

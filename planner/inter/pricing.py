@@ -56,17 +56,26 @@ from planner.plan import Estimate, GradSync, Stage
 
 
 def price_stages(
-    *, full_graph: OpGraph, graph: OpGraph, layers: Layering, tables: LayerTables, specs: list[StageSpec], m: int,
-    schedule: str, refine: bool = True, shapes: StageShapes | None = None,
-) -> PricedPipeline | None:  # fmt: skip
+    *,
+    full_graph: OpGraph,
+    graph: OpGraph,
+    layers: Layering,
+    tables: LayerTables,
+    specs: list[StageSpec],
+    m: int,
+    schedule: str,
+    refine: bool = True,
+    shapes: StageShapes | None = None,
+) -> PricedPipeline | None:
     """The exact estimate of a candidate (see the module docstring); None if a stage does not fit.
 
     ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself).
     ``shapes``: stage problems by shape, shared by the candidates of one search (:mod:`planner.inter.stage_shapes`)."""
     setup = tables.setup
     cluster = setup.cluster
-    ranks = assign_devices([spec.submesh for spec in specs], num_nodes=cluster.num_nodes,
-                           devices_per_node=cluster.devices_per_node)  # fmt: skip
+    ranks = assign_devices(
+        [spec.submesh for spec in specs], num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node
+    )
     boundary = boundary_table(graph, layers, setup)
     shapes = StageShapes() if shapes is None else shapes
     count, priced, times, periods, drains = len(specs), [], [], [], []
@@ -74,16 +83,28 @@ def price_stages(
         schedule = "gpipe"
     for s, spec in enumerate(specs):
         in_flight = m if schedule == "gpipe" else min(count - s, m)
-        stage = price_stage(graph, layers, tables, spec, devices=ranks[s], m=m, in_flight=in_flight,
-                            refine=refine, exact=count == 1, shapes=shapes, index=s)  # fmt: skip
+        stage = price_stage(
+            graph,
+            layers,
+            tables,
+            spec,
+            devices=ranks[s],
+            m=m,
+            in_flight=in_flight,
+            refine=refine,
+            exact=count == 1,
+            shapes=shapes,
+            index=s,
+        )
         if stage.memory_bytes > setup.memory_budget_bytes:
             return None
         overhead = cluster.device.microbatch_overhead_s if count > 1 else 0.0
         after = link = 0.0
         if s < count - 1:
             after = boundary(spec.last, spec.submesh, specs[s + 1].submesh, ranks=ranks[s : s + 2])
-            link = boundary(spec.last, spec.submesh, specs[s + 1].submesh, ranks=ranks[s : s + 2],
-                            longest_direction=True)  # fmt: skip
+            link = boundary(
+                spec.last, spec.submesh, specs[s + 1].submesh, ranks=ranks[s : s + 2], longest_direction=True
+            )
         priced.append(stage)
         times.append(stage.time_s + after + overhead)
         periods.extend((stage.time_s + overhead, link))
@@ -115,25 +136,47 @@ def price_stages(
         for stage in priced:
             step_s = stage.step_s
             if stage.backward is not None:  # the buckets instead of the additive shares
-                wait, added = after_s(stage.stage, graph, stage.backward, setup, grad_sync=grad_sync,
-                                      last_backward_s=stage.backward_s + half,
-                                      overlapped=schedule != "zero-bubble")  # fmt: skip
+                wait, added = after_s(
+                    stage.stage,
+                    graph,
+                    stage.backward,
+                    setup,
+                    grad_sync=grad_sync,
+                    last_backward_s=stage.backward_s + half,
+                    overlapped=schedule != "zero-bubble",
+                )
                 step_s += wait - stage.backward.additive_s
                 extra = max(extra, added)
             steps.append(step_s)
         return fixed + _sync_after_s(steps, drains), extra
 
-    choice = choose_grad_sync(offered(allow_lossy=options.allow_lossy, forced=options.grad_sync), price=price,
-                              memory_bytes=max(stage.memory_bytes for stage in priced),
-                              budget_bytes=setup.memory_budget_bytes)  # fmt: skip
+    choice = choose_grad_sync(
+        offered(allow_lossy=options.allow_lossy, forced=options.grad_sync),
+        price=price,
+        memory_bytes=max(stage.memory_bytes for stage in priced),
+        budget_bytes=setup.memory_budget_bytes,
+    )
     if choice is None:
         return None
     ddp = ddp_step(stages[0], graph, setup, m=m, grad_sync=choice.grad_sync) if is_ddp else None
-    estimate = _estimate(full_graph, setup, priced, stages, times, step=choice.step_s, m=m, tied_s=tied_s,
-                         period=longest, ddp=ddp if ddp is not None else fsdp)  # fmt: skip
+    estimate = _estimate(
+        full_graph,
+        setup,
+        priced,
+        stages,
+        times,
+        step=choice.step_s,
+        m=m,
+        tied_s=tied_s,
+        period=longest,
+        ddp=ddp if ddp is not None else fsdp,
+    )
     if choice.grad_sync.lossy:
-        estimate = replace(estimate, memory_per_device_bytes=int(estimate.memory_per_device_bytes + choice.state_bytes),
-                           savings={**estimate.savings, "grad_sync_saved_s": choice.saved_s})  # fmt: skip
+        estimate = replace(
+            estimate,
+            memory_per_device_bytes=int(estimate.memory_per_device_bytes + choice.state_bytes),
+            savings={**estimate.savings, "grad_sync_saved_s": choice.saved_s},
+        )
     return PricedPipeline(
         stages=stages,
         estimate=estimate,
@@ -149,8 +192,9 @@ def data_parallel_layout(stage: Stage) -> bool:
     return len(stage.devices) > 1 and all(set(spec) == {"R"} for spec in stage.param_placements.values())
 
 
-def _at_best_level(stage: Stage, priced: PricedStage, graph: OpGraph, setup: CostSetup, *, m: int,
-                   zero: str | int) -> tuple[tuple[Stage, ...], list[PricedStage]]:  # fmt: skip
+def _at_best_level(
+    stage: Stage, priced: PricedStage, graph: OpGraph, setup: CostSetup, *, m: int, zero: str | int
+) -> tuple[tuple[Stage, ...], list[PricedStage]]:
     """The one-stage data-parallel candidate at its fastest fitting ZeRO level, each priced as DDP or FSDP runs it
     (:mod:`planner.inter.data_parallel_levels`), its stage line that exact comparison."""
 
@@ -209,8 +253,16 @@ def _nonnegative(value: float, *, scale: float, what: str) -> float:
     return max(0.0, value)
 
 
-def _pipeline_breakdown(setup: CostSetup, priced: list[PricedStage], times: list[float], *, step: float, m: int,
-                        period: float, tied_s: float) -> dict[str, float]:  # fmt: skip
+def _pipeline_breakdown(
+    setup: CostSetup,
+    priced: list[PricedStage],
+    times: list[float],
+    *,
+    step: float,
+    m: int,
+    period: float,
+    tied_s: float,
+) -> dict[str, float]:
     """The parts of ``T = Σ t_s + (m − 1)·P + U + w + o`` (module docstring), each non-negative: one stage and one
     microbatch as its operators' compute, collectives, resharding and recomputation; otherwise the steady state
     ``m·P`` and the fill and drain ``Σ t_s − P``. ``U`` is what the step has past the pipeline phase."""
@@ -219,20 +271,37 @@ def _pipeline_breakdown(setup: CostSetup, priced: list[PricedStage], times: list
     after = _nonnegative(step - phase - tied_s - overhead, scale=step, what="the sync after the pipeline phase")
     if len(times) == 1 and m == 1:
         rows = priced[0].stage.explanation
-        work = {"compute_s": math.fsum(r["compute_s"] for r in rows), "comm_s": math.fsum(r["comm_s"] for r in rows),
-                "reshard_s": math.fsum(r["reshard_s"] for r in rows)}  # fmt: skip
+        work = {
+            "compute_s": math.fsum(r["compute_s"] for r in rows),
+            "comm_s": math.fsum(r["comm_s"] for r in rows),
+            "reshard_s": math.fsum(r["reshard_s"] for r in rows),
+        }
         recompute = _nonnegative(times[0] - math.fsum(work.values()), scale=step, what="recomputation")
         parts = {**work, "recompute_s": recompute}
     else:
         fill = _nonnegative(math.fsum(times) - period, scale=step, what="the fill and drain")
         parts = {"steady_s": m * period, "fill_and_drain_s": fill}
-    return {**parts, "grad_sync_and_optimizer_s": after, **({"tied_grad_sync_s": tied_s} if tied_s else {}),
-            "host_overhead_s": overhead}  # fmt: skip
+    return {
+        **parts,
+        "grad_sync_and_optimizer_s": after,
+        **({"tied_grad_sync_s": tied_s} if tied_s else {}),
+        "host_overhead_s": overhead,
+    }
 
 
-def _estimate(graph: OpGraph, setup: CostSetup, priced: list[PricedStage], stages: tuple[Stage, ...],
-              times: list[float], *, step: float, m: int, period: float, tied_s: float = 0.0,
-              ddp: DdpStep | None = None) -> Estimate:  # fmt: skip
+def _estimate(
+    graph: OpGraph,
+    setup: CostSetup,
+    priced: list[PricedStage],
+    stages: tuple[Stage, ...],
+    times: list[float],
+    *,
+    step: float,
+    m: int,
+    period: float,
+    tied_s: float = 0.0,
+    ddp: DdpStep | None = None,
+) -> Estimate:
     num_devices = setup.cluster.num_devices
     if ddp is not None:  # the plan runs as DDP or FSDP: its own parts
         breakdown, hidden = dict(ddp.breakdown_s), dict(ddp.hidden_s)

@@ -82,8 +82,15 @@ def balanced_cuts(times: list[float], parts: int) -> list[tuple[int, int]]:
     return ranges[::-1]
 
 
-def variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, schedule: str, virtual_stages: int,
-            shapes: StageShapes) -> PricedPipeline | None:  # fmt: skip
+def variant(
+    candidate: Candidate,
+    *,
+    full_graph: OpGraph,
+    tables: LayerTables,
+    schedule: str,
+    virtual_stages: int,
+    shapes: StageShapes,
+) -> PricedPipeline | None:
     """The candidate under ``schedule`` with ``virtual_stages`` per rank, priced by replay; None if not offered."""
     specs, m, v = candidate.specs, candidate.num_microbatches, virtual_stages
     ranks_count = len(specs)
@@ -99,13 +106,28 @@ def variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, s
         return None
     setup = tables.setup
     cluster = setup.cluster
-    homes = assign_devices([spec.submesh for spec in specs], num_nodes=cluster.num_nodes,
-                           devices_per_node=cluster.devices_per_node)  # fmt: skip
+    homes = assign_devices(
+        [spec.submesh for spec in specs], num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node
+    )
     template = specs[0]
     virtual = specs if v == 1 else _cut(candidate, tables, template, parts=ranks_count * v)
     graph, layers = candidate.graph, candidate.layers
-    priced = [price_stage(graph, layers, tables, spec, devices=homes[k % ranks_count], m=m, in_flight=m,
-                          refine=candidate.refine, exact=False, shapes=shapes, index=k) for k, spec in enumerate(virtual)]  # fmt: skip
+    priced = [
+        price_stage(
+            graph,
+            layers,
+            tables,
+            spec,
+            devices=homes[k % ranks_count],
+            m=m,
+            in_flight=m,
+            refine=candidate.refine,
+            exact=False,
+            shapes=shapes,
+            index=k,
+        )
+        for k, spec in enumerate(virtual)
+    ]
     stages = plan_stages(priced, full_graph)
     zero = tables.options.zero
     lowered = lower_stages(stages, graph, setup, num_microbatches=m, schedule=schedule, zero=zero)
@@ -115,17 +137,26 @@ def variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, s
     boundary = boundary_table(graph, layers, setup)
     times = [stage.time_s for stage in priced]
     for k, spec in enumerate(virtual[:-1]):  # each stage's time with its boundary to the next, as pricing reports it
-        times[k] += boundary(spec.last, spec.submesh, virtual[k + 1].submesh,
-                             ranks=[homes[k % ranks_count], homes[(k + 1) % ranks_count]])  # fmt: skip
+        times[k] += boundary(
+            spec.last,
+            spec.submesh,
+            virtual[k + 1].submesh,
+            ranks=[homes[k % ranks_count], homes[(k + 1) % ranks_count]],
+        )
     step, devices = result.step_time_s, cluster.num_devices
     estimate = Estimate(
-        step_time_s=step, per_stage_time_s=tuple(times), memory_per_device_bytes=int(result.max_memory_bytes),
+        step_time_s=step,
+        per_stage_time_s=tuple(times),
+        memory_per_device_bytes=int(result.max_memory_bytes),
         bubble_fraction=result.bubble_fraction,
         tflops_per_device=model_tflops_per_device(full_graph, step_time_s=step, num_devices=devices),
         mfu=mfu(full_graph, setup, step_time_s=step, num_devices=devices),
-        breakdown_s=replay_breakdown(step, phase_s=simulate_lowered(lowered, include_step=False).step_time_s,
-                                     overhead_s=cluster.device.step_overhead_s),
-    )  # fmt: skip
+        breakdown_s=replay_breakdown(
+            step,
+            phase_s=simulate_lowered(lowered, include_step=False).step_time_s,
+            overhead_s=cluster.device.step_overhead_s,
+        ),
+    )
     return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=m, schedule=schedule)
 
 
@@ -150,11 +181,15 @@ def _cut(candidate: Candidate, tables: LayerTables, template: StageSpec, *, part
     return tuple(replace(template, first=first + a, last=first + b) for a, b in balanced_cuts(times, parts))
 
 
-def best_variant(candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, schedules: tuple[str, ...],
-                 shapes: StageShapes) -> PricedPipeline | None:  # fmt: skip
+def best_variant(
+    candidate: Candidate, *, full_graph: OpGraph, tables: LayerTables, schedules: tuple[str, ...], shapes: StageShapes
+) -> PricedPipeline | None:
     """The fastest variant whose schedule is in ``schedules`` (None if none is offered)."""
-    found = [variant(candidate, full_graph=full_graph, tables=tables, schedule=schedule, virtual_stages=v,
-                     shapes=shapes) for schedule, v in VARIANTS if schedule in schedules]  # fmt: skip
+    found = [
+        variant(candidate, full_graph=full_graph, tables=tables, schedule=schedule, virtual_stages=v, shapes=shapes)
+        for schedule, v in VARIANTS
+        if schedule in schedules
+    ]
     found = [priced for priced in found if priced is not None]
     return min(found, key=lambda priced: priced.estimate.step_time_s, default=None)
 
@@ -178,13 +213,20 @@ def method_schedules(method: str, mode: str) -> tuple[str, ...]:
     if mode not in MULTI_STAGE_SCHEDULES:
         return ()
     if method == "megatron" and mode not in allowed:
-        raise AutoplanError(f"--schedule {mode} is not one of this method's schedules ({', '.join(allowed)}, "
-                            "1f1b, gpipe): use --method auto")  # fmt: skip
+        raise AutoplanError(
+            f"--schedule {mode} is not one of this method's schedules ({', '.join(allowed)}, "
+            "1f1b, gpipe): use --method auto"
+        )
     return (mode,)
 
 
-def best_rescheduled(pipelines: Pipelines, *, full_graph: OpGraph, tables: LayerTables, schedules: tuple[str, ...],
-                     ) -> tuple[PricedPipeline, Candidate] | None:  # fmt: skip
+def best_rescheduled(
+    pipelines: Pipelines,
+    *,
+    full_graph: OpGraph,
+    tables: LayerTables,
+    schedules: tuple[str, ...],
+) -> tuple[PricedPipeline, Candidate] | None:
     """The fastest variant under ``schedules`` of the :data:`VARIANT_CANDIDATES` fastest ``pipelines``, its notes
     saying what it saved against the candidate it came from, and that candidate; None if none is offered."""
     if not schedules or tables.options.space == "alpa":  # Alpa searches GPipe and 1F1B only
@@ -193,8 +235,10 @@ def best_rescheduled(pipelines: Pipelines, *, full_graph: OpGraph, tables: Layer
     for base, candidate in sorted(pipelines, key=lambda entry: entry[0].estimate.step_time_s)[:VARIANT_CANDIDATES]:
         found = best_variant(candidate, full_graph=full_graph, tables=tables, schedules=schedules, shapes=shapes)
         if found is not None and (best is None or found.estimate.step_time_s < best[0].estimate.step_time_s):
-            best = (replace(found, notes=(*found.notes, _saving_note(found, base)), estimate=_with_saving(found, base)),
-                    candidate)  # fmt: skip
+            best = (
+                replace(found, notes=(*found.notes, _saving_note(found, base)), estimate=_with_saving(found, base)),
+                candidate,
+            )
     return best
 
 
@@ -202,13 +246,19 @@ def _with_saving(chosen: PricedPipeline, other: PricedPipeline) -> Estimate:
     """The variant's estimate with what it saved against its candidate, per step and per device
     (``savings``: ``schedule_saved_s``, ``schedule_saved_bytes``; read by :mod:`planner.plan.choices`)."""
     a, b = chosen.estimate, other.estimate
-    saved = {"schedule_saved_s": b.step_time_s - a.step_time_s,
-             "schedule_saved_bytes": float(b.memory_per_device_bytes - a.memory_per_device_bytes)}  # fmt: skip
+    saved = {
+        "schedule_saved_s": b.step_time_s - a.step_time_s,
+        "schedule_saved_bytes": float(b.memory_per_device_bytes - a.memory_per_device_bytes),
+    }
     return replace(a, savings={**a.savings, **saved})
 
 
-def with_variant(best: PricedPipeline | None, found: tuple[PricedPipeline, Candidate] | None, *, mode: str,
-                 ) -> PricedPipeline | None:  # fmt: skip
+def with_variant(
+    best: PricedPipeline | None,
+    found: tuple[PricedPipeline, Candidate] | None,
+    *,
+    mode: str,
+) -> PricedPipeline | None:
     """A method's plan after its variants: under ``--schedule auto`` the faster of ``best`` and the variant, under a
     named multi-stage schedule the variant (None: the method has no pipeline under it)."""
     variant_plan = None if found is None else found[0]
@@ -223,8 +273,10 @@ def _saving_note(chosen: PricedPipeline, other: PricedPipeline) -> str:
     ranks = len({stage.devices for stage in chosen.stages})
     virtual = len(chosen.stages) // ranks
     a, b = chosen.estimate, other.estimate
-    return (f"schedule {chosen.schedule} with {virtual} virtual stage{'s' if virtual > 1 else ''} per rank: step "
-            f"{a.step_time_s * 1e3:.4g} ms (bubble {a.bubble_fraction:.0%}, {a.memory_per_device_bytes / GIB:.3g} GiB "
-            f"per device) against {b.step_time_s * 1e3:.4g} ms (bubble {b.bubble_fraction:.0%}, "
-            f"{b.memory_per_device_bytes / GIB:.3g} GiB) under {other.schedule} with {len(other.stages)} stages: "
-            f"saves {(b.step_time_s - a.step_time_s) * 1e3:.3g} ms per step")  # fmt: skip
+    return (
+        f"schedule {chosen.schedule} with {virtual} virtual stage{'s' if virtual > 1 else ''} per rank: step "
+        f"{a.step_time_s * 1e3:.4g} ms (bubble {a.bubble_fraction:.0%}, {a.memory_per_device_bytes / GIB:.3g} GiB "
+        f"per device) against {b.step_time_s * 1e3:.4g} ms (bubble {b.bubble_fraction:.0%}, "
+        f"{b.memory_per_device_bytes / GIB:.3g} GiB) under {other.schedule} with {len(other.stages)} stages: "
+        f"saves {(b.step_time_s - a.step_time_s) * 1e3:.3g} ms per step"
+    )

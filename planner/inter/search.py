@@ -85,8 +85,12 @@ class PipelineOptions:
 
     def asked_choices(self) -> str:
         """The choices the user fixed, in words (``--degrees 2,1,4, ZeRO-3, selective recomputation``); empty if none."""
-        remat = {"off": "no recomputation", "on": "full recomputation", "full": "full recomputation",
-                 "attention": "selective recomputation"}.get(self.remat)  # fmt: skip
+        remat = {
+            "off": "no recomputation",
+            "on": "full recomputation",
+            "full": "full recomputation",
+            "attention": "selective recomputation",
+        }.get(self.remat)
         choices = [
             *([f"--degrees {','.join(map(str, self.degrees))}"] if self.degrees else []),
             *([f"ZeRO-{self.zero}" if str(self.zero) != "0" else "no ZeRO"] if str(self.zero) != "auto" else []),
@@ -169,8 +173,9 @@ class LayerTables:
         self._meshes: dict[tuple, StageMesh] = {}
         self.num_solves = 0
 
-    def get(self, graph: OpGraph, layers: Layering, kind: int, submesh: Submesh, shape: tuple[int, ...], m: int
-            ) -> LayerTable:  # fmt: skip
+    def get(
+        self, graph: OpGraph, layers: Layering, kind: int, submesh: Submesh, shape: tuple[int, ...], m: int
+    ) -> LayerTable:
         key = (kind, submesh, shape, m)
         if key not in self._tables:
             self._tables[key] = self._build(graph, layers, key)
@@ -182,14 +187,18 @@ class LayerTables:
         mesh_key = (submesh, shape)
         if mesh_key not in self._meshes:
             self._meshes[mesh_key] = canonical_mesh(self.setup, submesh, shape)
-        intra = IntraOpOptions(num_microbatches=m, time_limit_s=self.options.ilp_time_limit_s,  # ZeRO: per slot
-                               sequence_parallel=self.options.space != "alpa")  # fmt: skip
+        intra = IntraOpOptions(
+            num_microbatches=m,
+            time_limit_s=self.options.ilp_time_limit_s,  # ZeRO: per slot
+            sequence_parallel=self.options.space != "alpa",
+        )
         part = subgraph(graph, list(layers.layers[kind]))
         table = layer_table(part, self.setup, self._meshes[mesh_key], options=intra, sources=self.sources)
         return with_loss(table, loss_and_output_bytes(graph, layers.layers[kind], self.setup))
 
-    def prefetch(self, graph: OpGraph, layers: Layering, keys: list[tuple], *,
-                 progress: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+    def prefetch(
+        self, graph: OpGraph, layers: Layering, keys: list[tuple], *, progress: Callable[[int, int], None] | None = None
+    ) -> None:
         """Build the missing tables of ``keys`` ((kind, submesh, shape, m)) over ``options.jobs`` processes."""
         missing = [key for key in dict.fromkeys(keys) if key not in self._tables]
         if not missing:
@@ -217,8 +226,12 @@ def allowed_slots(remat: str, zero: str | int = "auto") -> np.ndarray:
         raise AutoplanError(f"--remat must be one of {', '.join(REMAT_MODES)}, got {remat!r}")
     if str(zero) not in ZERO_MODES:
         raise AutoplanError(f"--zero must be one of {', '.join(ZERO_MODES)}, got {zero!r}")
-    kinds = {"auto": ("none", "attention", "full"), "on": ("full",), "off": ("none",),
-             "off-or-full": ("none", "full")}.get(remat, (remat,))  # fmt: skip
+    kinds = {
+        "auto": ("none", "attention", "full"),
+        "on": ("full",),
+        "off": ("none",),
+        "off-or-full": ("none", "full"),
+    }.get(remat, (remat,))
     # --zero N: every stage at level N, so at 2 and 3 only data-parallel layouts (FSDP) remain (method_options)
     levels = ZERO_LEVELS if zero == "auto" else {int(zero)}
     return np.array([slot_remat in kinds and slot_zero in levels for _, slot_remat, slot_zero in SLOTS])
@@ -235,9 +248,14 @@ class SpanOptions:
 
 
 def option_arrays(
-    graph: OpGraph, layers: Layering, tables: LayerTables, m: int, *, choices: MeshChoices | None = None,
+    graph: OpGraph,
+    layers: Layering,
+    tables: LayerTables,
+    m: int,
+    *,
+    choices: MeshChoices | None = None,
     progress: Progress | None = None,
-) -> SpanOptions:  # fmt: skip
+) -> SpanOptions:
     """Span options for every (first, last, submesh) by prefix sums of per-layer slots; over ``choices``
     (submeshes and their logical meshes) when given, else over every one of :func:`mesh_choices`."""
     choices = mesh_choices(tables.setup) if choices is None else choices
@@ -276,9 +294,10 @@ def option_arrays(
             state[:, :, j, columns], activation[:, :, j, columns] = spans[:, :, 1], spans[:, :, 2]
     times[~np.isfinite(times)] = np.inf  # inf − inf in the prefix sums
     return SpanOptions(
-        arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation), labels=tuple(labels),
+        arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation),
+        labels=tuple(labels),
         meshes=tuple(submesh for submesh, _ in choices),
-    )  # fmt: skip
+    )
 
 
 def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callable[..., float]:
@@ -291,8 +310,14 @@ def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callab
     crossing = [(forward[k], backward[k]) for k in position]
     cluster, per_node = setup.cluster, setup.cluster.devices_per_node
 
-    def boundary_s(i: int, sender: Submesh, receiver: Submesh, *, ranks: tuple[tuple[int, ...], ...] = (),
-                   longest_direction: bool = False) -> float:  # fmt: skip
+    def boundary_s(
+        i: int,
+        sender: Submesh,
+        receiver: Submesh,
+        *,
+        ranks: tuple[tuple[int, ...], ...] = (),
+        longest_direction: bool = False,
+    ) -> float:
         """``ranks``: the sender's and receiver's devices once placed (the stage DP knows only their sizes);
         ``longest_direction``: the slower of the two directions alone (each has a link of its own)."""
         if ranks:
@@ -302,10 +327,16 @@ def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callab
             one_node = sender.num_nodes == receiver.num_nodes == 1 and sender.size + receiver.size <= per_node
             crosses, sender_nodes = not one_node and cluster.num_nodes > 1, sender.num_nodes
         directions = [
-            stage_transfer_s(num_bytes, cluster=cluster, sender_size=sender.size, receiver_size=receiver.size,
-                             sender_nodes=sender_nodes, crosses_nodes=crosses)
+            stage_transfer_s(
+                num_bytes,
+                cluster=cluster,
+                sender_size=sender.size,
+                receiver_size=receiver.size,
+                sender_nodes=sender_nodes,
+                crosses_nodes=crosses,
+            )
             for num_bytes in crossing[i]
-        ]  # fmt: skip
+        ]
         return max(directions) if longest_direction else sum(directions)
 
     return boundary_s
@@ -354,10 +385,16 @@ def search_pipeline(
         m, _, layers, spans, boundary = item
         try:
             return solve_stages(
-                num_layers=len(layers.layers), num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node,
-                num_microbatches=m, costs=spans.arrays, memory_budget_bytes=setup.memory_budget_bytes,
-                max_stages=options.max_stages, boundary_s=boundary, schedule=schedule,
-            ), ""  # fmt: skip
+                num_layers=len(layers.layers),
+                num_nodes=cluster.num_nodes,
+                devices_per_node=cluster.devices_per_node,
+                num_microbatches=m,
+                costs=spans.arrays,
+                memory_budget_bytes=setup.memory_budget_bytes,
+                max_stages=options.max_stages,
+                boundary_s=boundary,
+                schedule=schedule,
+            ), ""
         except AutoplanError as error:
             return None, f"{m} microbatches: {error}"
 
@@ -365,8 +402,17 @@ def search_pipeline(
     report = None if progress is None else (lambda done: progress("stage DP", done, len(inputs)))
     solved = fork_map(solve, inputs, jobs=options.jobs, on_done=report, min_items=2)
     choices = [
-        PipelineChoice(num_microbatches=m, schedule=schedule, graph=graph, layers=layers, stage_plan=plan,
-                       spans=spans, boundary_s=boundary, failure=failure, rows=graphs.batch_size // m)
+        PipelineChoice(
+            num_microbatches=m,
+            schedule=schedule,
+            graph=graph,
+            layers=layers,
+            stage_plan=plan,
+            spans=spans,
+            boundary_s=boundary,
+            failure=failure,
+            rows=graphs.batch_size // m,
+        )
         for (m, graph, layers, spans, boundary), (plan, failure) in zip(inputs, solved, strict=True)
-    ]  # fmt: skip
+    ]
     return PipelineSearch(choices=choices, dp_s=time.perf_counter() - started)

@@ -67,21 +67,30 @@ def with_sequence_parallel_savings(plan: Plan, graphs: MicrobatchGraphs, setup: 
     for stage in plan.stages:
         if stage.uses_sequence_parallelism:
             held = in_flight(plan.schedule, num_stages=count, stage=stage.index, m=m)
-            stage = replace(stage, sequence_parallel_saving=stage_saving(stage, graph, setup, m=m, in_flight=held,
-                                                                         known=known))  # fmt: skip
+            stage = replace(
+                stage, sequence_parallel_saving=stage_saving(stage, graph, setup, m=m, in_flight=held, known=known)
+            )
         stages.append(stage)
     return replace(plan, stages=tuple(stages))
 
 
-def stage_saving(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, in_flight: int,
-                 known: dict | None = None) -> dict[str, Any]:  # fmt: skip
+def stage_saving(
+    stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, in_flight: int, known: dict | None = None
+) -> dict[str, Any]:
     """``{choice, next_best, saved_s, saved_bytes}`` of a sequence-parallel stage ({} if its strategies are not the
     rules'); ``known``: per-microbatch figures of stages already priced, by shape."""
     part = subgraph(graph, list(stage.nodes))
     start = stage.devices[0] % setup.cluster.devices_per_node
-    key = (shape_key(part), stage.mesh_shape, start, tuple(d - stage.devices[0] for d in stage.devices),
-           tuple(stage.strategies[name] for name in stage.nodes), tuple(map(len, stage.recomputed_runs())),
-           stage.zero, m)  # fmt: skip
+    key = (
+        shape_key(part),
+        stage.mesh_shape,
+        start,
+        tuple(d - stage.devices[0] for d in stage.devices),
+        tuple(stage.strategies[name] for name in stage.nodes),
+        tuple(map(len, stage.recomputed_runs())),
+        stage.zero,
+        m,
+    )
     known = {} if known is None else known
     if key not in known:
         known[key] = _figures(stage, part, setup, m=m)
@@ -91,16 +100,24 @@ def stage_saving(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, in_f
     (chosen_s, chosen_state, chosen_kept), (other_s, other_state, other_kept) = figures
     chosen_bytes, other_bytes = chosen_state + chosen_kept * in_flight, other_state + other_kept * in_flight
     fits = other_bytes <= setup.memory_budget_bytes
-    return {"choice": "sequence parallel", "next_best": NEXT_BEST + ("" if fits else " (does not fit)"),
-            "saved_s": other_s - chosen_s, "saved_bytes": other_bytes - chosen_bytes}  # fmt: skip
+    return {
+        "choice": "sequence parallel",
+        "next_best": NEXT_BEST + ("" if fits else " (does not fit)"),
+        "saved_s": other_s - chosen_s,
+        "saved_bytes": other_bytes - chosen_bytes,
+    }
 
 
 Figures = tuple[float, float, float]  # seconds per step, state bytes, kept bytes per microbatch
 
 
 def _figures(stage: Stage, part: OpGraph, setup: CostSetup, *, m: int) -> tuple[Figures, Figures] | None:
-    mesh = StageMesh(cluster=setup.cluster, devices=stage.devices, mesh_shape=stage.mesh_shape,
-                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    mesh = StageMesh(
+        cluster=setup.cluster,
+        devices=stage.devices,
+        mesh_shape=stage.mesh_shape,
+        activation_itemsize=setup.activation_itemsize,
+    )
     with_sp = build_stage_problem(part, setup, mesh, IntraOpOptions(num_microbatches=m))
     chosen = stored_choice(with_sp, stage)
     if chosen is None:
@@ -108,8 +125,10 @@ def _figures(stage: Stage, part: OpGraph, setup: CostSetup, *, m: int) -> tuple[
     plain = build_stage_problem(part, setup, mesh, IntraOpOptions(num_microbatches=m, sequence_parallel=False))
     other = best_without_sequence_parallelism(plain, with_sp, chosen)
     runs = stage.recomputed_runs()
-    return (_price(with_sp, chosen, runs=runs, zero=stage.zero, setup=setup),
-            _price(plain, other, runs=runs, zero=stage.zero, setup=setup))  # fmt: skip
+    return (
+        _price(with_sp, chosen, runs=runs, zero=stage.zero, setup=setup),
+        _price(plain, other, runs=runs, zero=stage.zero, setup=setup),
+    )
 
 
 def stored_choice(problem: StageProblem, stage: Stage) -> tuple[int, ...] | None:
@@ -124,8 +143,9 @@ def stored_choice(problem: StageProblem, stage: Stage) -> tuple[int, ...] | None
     return tuple(choice)
 
 
-def best_without_sequence_parallelism(plain: StageProblem, with_sp: StageProblem, chosen: tuple[int, ...]
-                                      ) -> tuple[int, ...]:  # fmt: skip
+def best_without_sequence_parallelism(
+    plain: StageProblem, with_sp: StageProblem, chosen: tuple[int, ...]
+) -> tuple[int, ...]:
     """The choice of ``plain`` (no sequence-parallel strategies) that keeps every node of ``chosen`` not using
     sequence parallelism and is cheapest over the rest."""
     assert plain.variables == with_sp.variables, "one graph, one collapse: the same variables"
@@ -138,8 +158,9 @@ def best_without_sequence_parallelism(plain: StageProblem, with_sp: StageProblem
     return solve_unconstrained(replace(plain.problem, node_costs=tuple(costs))).choice
 
 
-def _price(problem: StageProblem, choice: tuple[int, ...], *, runs: tuple[tuple[str, ...], ...], zero: int,
-           setup: CostSetup) -> Figures:  # fmt: skip
+def _price(
+    problem: StageProblem, choice: tuple[int, ...], *, runs: tuple[tuple[str, ...], ...], zero: int, setup: CostSetup
+) -> Figures:
     """(seconds per step, state bytes, kept bytes per microbatch) of ``choice`` (see the module docstring)."""
     m = problem.num_microbatches
     objective, _ = evaluate(problem.problem, choice)

@@ -199,8 +199,12 @@ def solve_stages(
     meshes = tuple(submeshes(num_nodes, devices_per_node))
     labels = None
     if not isinstance(costs, OptionArrays):
-        labels = {(k, i, j): tuple(costs.options(k, i, mesh)) for k in range(num_layers) for i in range(k, num_layers)
-                  for j, mesh in enumerate(meshes)}  # fmt: skip
+        labels = {
+            (k, i, j): tuple(costs.options(k, i, mesh))
+            for k in range(num_layers)
+            for i in range(k, num_layers)
+            for j, mesh in enumerate(meshes)
+        }
         costs = _arrays(labels, num_layers, len(meshes))
     boundary = _boundary(boundary_s, num_layers, meshes)
     queried = time.perf_counter()
@@ -210,16 +214,26 @@ def solve_stages(
         times, open_class = _fitting_times(costs, [num_microbatches], memory_budget_bytes), True
     else:
         flights = range(1, min(num_microbatches, stage_limit) + 1)
-        times, open_class = _classes(_fitting_times(costs, flights, memory_budget_bytes), stage_limit,
-                                     exact=stage_limit < natural)  # fmt: skip
+        times, open_class = _classes(
+            _fitting_times(costs, flights, memory_budget_bytes), stage_limit, exact=stage_limit < natural
+        )
     order = np.argsort(boundary, axis=2, kind="stable")
     unit = math.gcd(num_nodes * devices_per_node, *(mesh.size for mesh in meshes))  # devices are counted in units
     tables = _Tables(
-        meshes=meshes, sizes=np.array([mesh.size // unit for mesh in meshes]), arrays=costs, labels=labels,
-        times=times, boundary=boundary, order=order, sorted_boundary=np.take_along_axis(boundary, order, axis=2),
-        open_class=open_class, flight_all=schedule == "gpipe", num_devices=num_nodes * devices_per_node // unit,
-        num_microbatches=num_microbatches, budget=memory_budget_bytes,
-    )  # fmt: skip
+        meshes=meshes,
+        sizes=np.array([mesh.size // unit for mesh in meshes]),
+        arrays=costs,
+        labels=labels,
+        times=times,
+        boundary=boundary,
+        order=order,
+        sorted_boundary=np.take_along_axis(boundary, order, axis=2),
+        open_class=open_class,
+        flight_all=schedule == "gpipe",
+        num_devices=num_nodes * devices_per_node // unit,
+        num_microbatches=num_microbatches,
+        budget=memory_budget_bytes,
+    )
     best, tried = _search(tables, early_stop)
     if best is None:
         gib = memory_budget_bytes / GIB
@@ -393,8 +407,9 @@ def _last_layer(tables: _Tables, t_max: float, scratch: _Scratch, c: int, k: int
     return last if final else k + int(np.argmin(steps))
 
 
-def _follow(tables: _Tables, t_max: float, value: np.ndarray, c: int, i: int, j: int, devices: int, tau: float
-            ) -> tuple[float, int, int]:  # fmt: skip
+def _follow(
+    tables: _Tables, t_max: float, value: np.ndarray, c: int, i: int, j: int, devices: int, tau: float
+) -> tuple[float, int, int]:
     """(boundary, class, submesh) of the stage after ``k..i`` on ``j``: the argmin behind ``_prefix``."""
     classes = [c - 1] if c else []
     if tables.open_class and c == len(tables.times) - 1:
@@ -428,5 +443,11 @@ def _plan(tables: _Tables, run: _Run, tried: int, dp_s: float) -> StagePlan:
     total, longest = math.fsum(stage.time_s for stage in stages), max(stage.time_s for stage in stages)
     step = total + (batches - 1) * longest
     bubble = 1.0 - batches * total / (count * step) if step > 0 else 0.0
-    return StagePlan(stages=tuple(stages), step_time_s=step, max_stage_s=longest, bubble_fraction=bubble,
-                     num_candidates_tried=tried, dp_s=dp_s)  # fmt: skip
+    return StagePlan(
+        stages=tuple(stages),
+        step_time_s=step,
+        max_stage_s=longest,
+        bubble_fraction=bubble,
+        num_candidates_tried=tried,
+        dp_s=dp_s,
+    )

@@ -106,8 +106,15 @@ def _composed_choice(
     return tuple(choice)
 
 
-def _memory(template: StageTemplate, choice: tuple[int, ...], *, remat: str, in_flight: int, zero: int = 0,
-            setup: CostSetup | None = None) -> float:  # fmt: skip
+def _memory(
+    template: StageTemplate,
+    choice: tuple[int, ...],
+    *,
+    remat: str,
+    in_flight: int,
+    zero: int = 0,
+    setup: CostSetup | None = None,
+) -> float:
     """Memory bytes per device of a choice with ``in_flight`` microbatches, recomputing the runs of ``remat``
     (their kept bytes), its model state at ZeRO level ``zero``."""
     state = template.costs(choice)[2] if zero == 0 or setup is None else template.zero(choice, zero, setup).state_bytes
@@ -175,21 +182,39 @@ def _refined_choice(
         return choice
 
 
-def _template(part: OpGraph, graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, m: int
-              ) -> StageTemplate:  # fmt: skip
+def _template(
+    part: OpGraph, graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, m: int
+) -> StageTemplate:
     setup, options = tables.setup, tables.options
     mesh = canonical_mesh(setup, spec.submesh, spec.mesh_shape)
-    intra = IntraOpOptions(num_microbatches=m, time_limit_s=options.ilp_time_limit_s,  # ZeRO: the slot's, added
-                           sequence_parallel=options.space != "alpa")  # fmt: skip
+    intra = IntraOpOptions(
+        num_microbatches=m,
+        time_limit_s=options.ilp_time_limit_s,  # ZeRO: the slot's, added
+        sequence_parallel=options.space != "alpa",
+    )
     problem = build_stage_problem(part, setup, mesh, intra)
-    return StageTemplate(part=part, problem=problem, composed=_composed_choice(problem, graph, layers, tables, spec, m),
-                         layers=tuple(layers.layers[spec.first : spec.last + 1]))  # fmt: skip
+    return StageTemplate(
+        part=part,
+        problem=problem,
+        composed=_composed_choice(problem, graph, layers, tables, spec, m),
+        layers=tuple(layers.layers[spec.first : spec.last + 1]),
+    )
 
 
 def price_stage(
-    graph: OpGraph, layers: Layering, tables: LayerTables, spec: StageSpec, *, devices: tuple[int, ...], m: int,
-    in_flight: int, refine: bool, exact: bool, shapes: StageShapes, index: int,
-) -> PricedStage:  # fmt: skip
+    graph: OpGraph,
+    layers: Layering,
+    tables: LayerTables,
+    spec: StageSpec,
+    *,
+    devices: tuple[int, ...],
+    m: int,
+    in_flight: int,
+    refine: bool,
+    exact: bool,
+    shapes: StageShapes,
+    index: int,
+) -> PricedStage:
     """Stage ``index`` of a candidate (``spec``) priced on ranks ``devices`` with ``in_flight`` of ``m``
     microbatches (the module docstring). ``refine``: try the stage's own optimum; ``exact`` (a one-stage plan):
     also the memory-constrained ILP, and a data-parallel slot's memory saving weighs every ZeRO level;
@@ -203,8 +228,9 @@ def price_stage(
     choice = template.composed
     if refine and remat == "none" and zero == 0:
         limit = min(options.ilp_time_limit_s, EXACT_LIMIT_S) if exact else None
-        choice = _refined_choice(template, choice, in_flight=in_flight, budget=setup.memory_budget_bytes,
-                                 exact_limit_s=limit)  # fmt: skip
+        choice = _refined_choice(
+            template, choice, in_flight=in_flight, budget=setup.memory_budget_bytes, exact_limit_s=limit
+        )
     objective, step_s, _, _, _ = template.costs(choice)
     time_s = objective - step_s / m + template.recompute_s(choice, remat)
     if zero:  # the slot's ZeRO level (planner.costing.zero)
@@ -218,8 +244,9 @@ def price_stage(
     base = template.stage(choice, remat=remat, zero=zero, explain=explain)
     planned = relabel(base, template.part, part, devices=devices, index=index)
     levels = ZERO_LEVELS if exact and SLOTS[spec.slot][0] == "data-parallel" else (0, 1)
-    saving = template.memory_saving(choice, remat=remat, zero=zero, levels=levels, m=m, in_flight=in_flight,
-                                    setup=setup)  # fmt: skip
+    saving = template.memory_saving(
+        choice, remat=remat, zero=zero, levels=levels, m=m, in_flight=in_flight, setup=setup
+    )
     planned = replace(planned, memory_saving=saving)
     memory = _stage_memory(
         template,
@@ -244,9 +271,16 @@ def price_stage(
     assert isinstance(known, StageBackward)
     names = dict(zip((n.name for n in template.part.nodes), (n.name for n in part.nodes), strict=True))
     backward = StageBackward(node_bwd_s={names[n]: t for n, t in known.node_bwd_s.items()}, additive_s=known.additive_s)
-    return PricedStage(stage=planned, objective_s=objective, time_s=time_s, step_s=step_s, memory_bytes=memory,
-                       remat=bool(remat), backward_s=max(0.0, time_s - template.forward_s(choice)),
-                       backward=backward)  # fmt: skip
+    return PricedStage(
+        stage=planned,
+        objective_s=objective,
+        time_s=time_s,
+        step_s=step_s,
+        memory_bytes=memory,
+        remat=bool(remat),
+        backward_s=max(0.0, time_s - template.forward_s(choice)),
+        backward=backward,
+    )
 
 
 def plan_stages(priced: list[PricedStage], full_graph: OpGraph) -> tuple[Stage, ...]:

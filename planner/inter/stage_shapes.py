@@ -82,8 +82,10 @@ class StageTemplate:
     def _recomputed(self, choice: tuple[int, ...], remat: str) -> tuple[float, float]:
         if (choice, remat) not in self._recompute:
             runs = self.runs(remat)
-            self._recompute[choice, remat] = (recompute_s(self.problem, choice, runs),
-                                              kept_bytes(self.problem, choice, runs))  # fmt: skip
+            self._recompute[choice, remat] = (
+                recompute_s(self.problem, choice, runs),
+                kept_bytes(self.problem, choice, runs),
+            )
         return self._recompute[choice, remat]
 
     def forward_s(self, choice: tuple[int, ...]) -> float:
@@ -106,8 +108,17 @@ class StageTemplate:
             self._zero[choice, level] = zero_costs(self.problem, choice, level=level, setup=setup)
         return self._zero[choice, level]
 
-    def memory_saving(self, choice: tuple[int, ...], *, remat: str, zero: int, levels: tuple[int, ...], m: int,
-                      in_flight: int, setup: CostSetup) -> dict[str, object]:  # fmt: skip
+    def memory_saving(
+        self,
+        choice: tuple[int, ...],
+        *,
+        remat: str,
+        zero: int,
+        levels: tuple[int, ...],
+        m: int,
+        in_flight: int,
+        setup: CostSetup,
+    ) -> dict[str, object]:
         """What the stage's recomputation and ZeRO level save, per step and per device, against the next-best pair:
         the fastest other pair that fits, or the fastest other one (said not to fit). Priced on the stage's problem:
         the recomputed forward and FSDP's per-microbatch collectives ``m`` times, ZeRO's per-step terms once, memory
@@ -125,29 +136,51 @@ class StageTemplate:
             return seconds, state + self.recompute_bytes(choice, kind) * in_flight
 
         chosen_s, chosen_bytes = price(remat, zero)
-        others = [(kind, level, *price(kind, level)) for kind in REMAT_KINDS for level in levels
-                  if (kind, level) != (remat, zero) and (kind != "attention" or self.runs(kind))]  # fmt: skip
+        others = [
+            (kind, level, *price(kind, level))
+            for kind in REMAT_KINDS
+            for level in levels
+            if (kind, level) != (remat, zero) and (kind != "attention" or self.runs(kind))
+        ]
         # an identical alternative (ZeRO where nothing syncs over data-parallel axes, as on one device) is no option
         others = [other for other in others if not _same(other[2:], (chosen_s, chosen_bytes))]
         if not others:
             return {}
         budget = setup.memory_budget_bytes
         kind, level, seconds, memory = min(others, key=lambda other: (other[3] > budget, other[2]))
-        return {"choice": memory_choice_label(remat, zero),
-                "next_best": memory_choice_label(kind, level) + (" (does not fit)" if memory > budget else ""),
-                "saved_s": seconds - chosen_s, "saved_bytes": memory - chosen_bytes,
-                "next_best_remat": kind, "next_best_zero": level}  # fmt: skip
+        return {
+            "choice": memory_choice_label(remat, zero),
+            "next_best": memory_choice_label(kind, level) + (" (does not fit)" if memory > budget else ""),
+            "saved_s": seconds - chosen_s,
+            "saved_bytes": memory - chosen_bytes,
+            "next_best_remat": kind,
+            "next_best_zero": level,
+        }
 
-    def stage(self, choice: tuple[int, ...], *, remat: str, explain: Callable[[Stage], tuple], zero: int = 0
-              ) -> Stage:  # fmt: skip
+    def stage(self, choice: tuple[int, ...], *, remat: str, explain: Callable[[Stage], tuple], zero: int = 0) -> Stage:
         """The plan stage of ``choice`` on the template's names and canonical ranks, explained by ``explain``."""
         if (choice, remat, zero) not in self._stages:
             objective = self.costs(choice)[0]
-            solution = StrategySolution(choice=choice, objective=objective, memory_bytes=0.0, optimal=False,
-                                        num_variables=0, num_constraints=0, build_s=0.0, solve_s=0.0,
-                                        status="composed")  # fmt: skip
-            result = IntraOpResult(stage=self.problem, choice=choice, objective_s=objective, memory_bytes=0.0,
-                                   solution=solution, incumbent_objectives_s={}, build_s=0.0)  # fmt: skip
+            solution = StrategySolution(
+                choice=choice,
+                objective=objective,
+                memory_bytes=0.0,
+                optimal=False,
+                num_variables=0,
+                num_constraints=0,
+                build_s=0.0,
+                solve_s=0.0,
+                status="composed",
+            )
+            result = IntraOpResult(
+                stage=self.problem,
+                choice=choice,
+                objective_s=objective,
+                memory_bytes=0.0,
+                solution=solution,
+                incumbent_objectives_s={},
+                build_s=0.0,
+            )
             base = stage_from_result(result)
             regions = tuple((run[0], run[-1]) for run in self.runs(remat))
             base = replace(base, remat=remat if regions else "none", remat_regions=regions, zero=zero)

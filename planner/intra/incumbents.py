@@ -154,8 +154,11 @@ def _plain_or_sequence_parallel(
 
 
 def _sequence_parallel(
-    stage: StageProblem, axis: int, data: Preference, arrives_split_last: Callable[[OpNode, dict[str, NodeStrategy]], bool]
-) -> Preference:  # fmt: skip
+    stage: StageProblem,
+    axis: int,
+    data: Preference,
+    arrives_split_last: Callable[[OpNode, dict[str, NodeStrategy]], bool],
+) -> Preference:
     """Megatron sequence parallelism (Korthikanti et al. 2022, §4.2.2) on the tensor ``axis`` (``data`` on the
     others): the row-parallel linears and the vocabulary-parallel embedding reduce-scatter their partial sums
     along the sequence (``ḡ``); the operators that read sequence shards keep them (the residual adds, dropouts
@@ -167,12 +170,19 @@ def _sequence_parallel(
 
     def arrived(node: OpNode, chosen: dict[str, NodeStrategy]) -> list[tuple[int, str]]:
         """(position, placement on ``axis``) of each activation input as its producer left it."""
-        return [(position, chosen[name].output.placements[axis]) for position, name in enumerate(node.inputs)
-                if graph.value_kind(name) == ValueKind.NODE and name in chosen]  # fmt: skip
+        return [
+            (position, chosen[name].output.placements[axis])
+            for position, name in enumerate(node.inputs)
+            if graph.value_kind(name) == ValueKind.NODE and name in chosen
+        ]
 
     def feeds_column_parallel(node: OpNode) -> bool:
-        return any(graph.node(reader).kind == NodeKind.MATMUL and graph.node(reader).params
-                   and graph.node(reader).inputs[0] == node.name for reader in readers.get(node.name, ()))  # fmt: skip
+        return any(
+            graph.node(reader).kind == NodeKind.MATMUL
+            and graph.node(reader).params
+            and graph.node(reader).inputs[0] == node.name
+            for reader in readers.get(node.name, ())
+        )
 
     def prefers(node: OpNode, strategy: NodeStrategy, chosen: dict[str, NodeStrategy]) -> bool:
         if not data(node, strategy, chosen):
@@ -194,8 +204,10 @@ def _sequence_parallel(
         inside = [(position, text) for position, text in split if text != sequence_of[position]]
         if not inside and feeds_column_parallel(node):
             return placement == GATHERED
-        kept = all(strategy.inputs[position] is not None and strategy.inputs[position].placements[axis] == text
-                   for position, text in inside or split)  # fmt: skip
+        kept = all(
+            strategy.inputs[position] is not None and strategy.inputs[position].placements[axis] == text
+            for position, text in inside or split
+        )
         # inside attention or the MLP (heads or hidden split) the split stays; in the residual stream the sequence's
         return bool(split) and kept and placement not in (REPLICATE, GATHERED)
 

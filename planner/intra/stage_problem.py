@@ -100,8 +100,12 @@ def build_stage_problem(
         if reason:
             unruled.append(node.target)
         strategies.append(tuple(options_v))
-        costs.append(tuple(node_cost(node, s, setup, mesh, saved=name in saved, zero=options.zero, ddp=options.ddp)
-                           for s in options_v))  # fmt: skip
+        costs.append(
+            tuple(
+                node_cost(node, s, setup, mesh, saved=name in saved, zero=options.zero, ddp=options.ddp)
+                for s in options_v
+            )
+        )
     weights = Counter(collapsed.representative.values())
     m = options.num_microbatches
     edges, self_costs = _edges(graph, collapsed.representative, index, strategies, mesh, context.grad_values)
@@ -177,8 +181,9 @@ def _edges(
     return edges, self_costs
 
 
-def recompute_s(problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple[str, ...], ...] | None = None
-                ) -> float:  # fmt: skip
+def recompute_s(
+    problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple[str, ...], ...] | None = None
+) -> float:
     """Seconds to recompute, once (a microbatch), the forward of ``runs`` (None: the whole stage) under a stage
     problem's ``choice``: each recomputed node's ``forward_s`` plus half the resharding into it. When the runs
     cover every node, the resharding is the objective less the nodes' own compute, collectives and amortised
@@ -248,8 +253,11 @@ def kept_bytes(problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple
         elif graph.value_kind(value) == ValueKind.INPUT:
             reader = next(n for n in graph.nodes if value in n.inputs)
             spec = _strategy(problem, choice, reader.name).inputs[reader.inputs.index(value)]
-            total += mesh.local_bytes(graph.value(value).meta, spec) if spec is not None else mesh.tensor_bytes(
-                graph.value(value).meta)  # fmt: skip
+            total += (
+                mesh.local_bytes(graph.value(value).meta, spec)
+                if spec is not None
+                else mesh.tensor_bytes(graph.value(value).meta)
+            )
     return total
 
 
@@ -271,8 +279,9 @@ def zero_costs(problem: StageProblem, choice: tuple[int, ...], *, level: int, se
         if not node.params:
             state += weight * base.state_bytes
             continue
-        other = node_cost(node, problem.strategies[variable][choice[variable]], setup, problem.mesh, saved=False,
-                          zero=level)  # fmt: skip
+        other = node_cost(
+            node, problem.strategies[variable][choice[variable]], setup, problem.mesh, saved=False, zero=level
+        )
         per_microbatch += weight * (other.zero_comm_s - base.zero_comm_s)
         step += weight * (other.step_s - base.step_s)
         state += weight * other.state_bytes

@@ -73,8 +73,10 @@ class GraphBuilder:
                 flops_fwd, flops_bwd = known, 2 * known
             elif target not in self.unknown_custom:
                 self.unknown_custom.add(target)
-                warnings.warn(f"no FLOP count for custom operator {target} (node {name}): its time is its bytes "
-                              "moved alone", stacklevel=2)  # fmt: skip
+                warnings.warn(
+                    f"no FLOP count for custom operator {target} (node {name}): its time is its bytes moved alone",
+                    stacklevel=2,
+                )
         node = OpNode(
             name=name,
             target=target,

@@ -117,9 +117,13 @@ class MetaResult:
 
 
 def trace_on_meta(
-    target: str, args: Sequence[Any], kwargs: Sequence[tuple[str, Any]], input_metas: Sequence[TensorMeta],
-    *, frozen: Sequence[bool] = (),
-) -> MetaResult:  # fmt: skip
+    target: str,
+    args: Sequence[Any],
+    kwargs: Sequence[tuple[str, Any]],
+    input_metas: Sequence[TensorMeta],
+    *,
+    frozen: Sequence[bool] = (),
+) -> MetaResult:
     """Run ``target`` forward and backward on meta tensors, counting FLOPs.
 
     Backward FLOPs are those of ``torch.autograd.grad`` of every floating output with respect

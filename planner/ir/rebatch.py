@@ -38,9 +38,14 @@ class MicrobatchGraphs:
     """``at(b)``: the graph at microbatch size ``b`` (``b`` divides the batch), cached per size."""
 
     def __init__(
-        self, *, full: OpGraph, batch_size: int, capture_at: Callable[[int], OpGraph], smallest: int | None = None,
+        self,
+        *,
+        full: OpGraph,
+        batch_size: int,
+        capture_at: Callable[[int], OpGraph],
+        smallest: int | None = None,
         smallest_graph: OpGraph | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``smallest_graph``: the graph at ``smallest`` when it was captured already (in a child process,
         :mod:`planner.ir.parallel_capture`); else it is captured here."""
         self.batch_size = batch_size
@@ -178,8 +183,9 @@ def capture_graphs(
     finally:
         if pending is not None:
             pending.close()
-    return MicrobatchGraphs(full=graph, batch_size=batch_size, smallest=smallest, capture_at=capture_at,
-                            smallest_graph=low)  # fmt: skip
+    return MicrobatchGraphs(
+        full=graph, batch_size=batch_size, smallest=smallest, capture_at=capture_at, smallest_graph=low
+    )
 
 
 def slice_batch(example_inputs: Sequence[Any], batch_size: int, size: int) -> tuple[Any, ...]:
@@ -187,7 +193,8 @@ def slice_batch(example_inputs: Sequence[Any], batch_size: int, size: int) -> tu
     sliced = [
         x[:size] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size else x for x in example_inputs
     ]
-    if size != batch_size and not any(isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size
-                                      for x in example_inputs):  # fmt: skip
+    if size != batch_size and not any(
+        isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch_size for x in example_inputs
+    ):
         raise AutoplanError(f"no example input has the batch ({batch_size}) as dim 0: use --microbatches 1")
     return tuple(sliced)

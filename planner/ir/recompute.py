@@ -29,8 +29,9 @@ _PASS_THROUGH = (NodeKind.ELEMENTWISE, NodeKind.VIEW)  # between a core's matmul
 _MAX_STEPS = 8
 
 
-def remat_runs(kind: str, graph: OpGraph, nodes: Sequence[str], *, layers: Sequence[Sequence[str]] = ()
-               ) -> tuple[tuple[str, ...], ...]:  # fmt: skip
+def remat_runs(
+    kind: str, graph: OpGraph, nodes: Sequence[str], *, layers: Sequence[Sequence[str]] = ()
+) -> tuple[tuple[str, ...], ...]:
     """The runs of ``nodes`` (a stage's, in graph order) that recomputation ``kind`` checkpoints; ``layers``:
     the stage's layers (node names each) for ``full`` (one run for the whole stage without them)."""
     assert kind in REMAT_KINDS, kind
@@ -89,8 +90,11 @@ def _scores_matmul(graph: OpGraph, softmax: OpNode) -> str | None:
     """Back from the softmax through same-shaped elementwise and view nodes to the matmul that made its scores."""
     current = softmax
     for _ in range(_MAX_STEPS):
-        sources = [graph.node(value) for value in current.inputs if graph.value_kind(value) == ValueKind.NODE
-                   and graph.node(value).output.shape == softmax.output.shape]  # fmt: skip
+        sources = [
+            graph.node(value)
+            for value in current.inputs
+            if graph.value_kind(value) == ValueKind.NODE and graph.node(value).output.shape == softmax.output.shape
+        ]
         if not sources:
             return None
         current = sources[0]

@@ -46,12 +46,22 @@ class ChoiceSaving:
         """A stage's stored ``{choice, next_best, saved_s, saved_bytes}``; None when empty."""
         if not saving:
             return None
-        return cls(kind=kind, choice=str(saving["choice"]), next_best=str(saving["next_best"]),
-                   saved_s=float(saving["saved_s"]), saved_bytes=float(saving["saved_bytes"]))  # fmt: skip
+        return cls(
+            kind=kind,
+            choice=str(saving["choice"]),
+            next_best=str(saving["next_best"]),
+            saved_s=float(saving["saved_s"]),
+            saved_bytes=float(saving["saved_bytes"]),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "choice": self.choice, "next_best": self.next_best, "saved_s": self.saved_s,
-                "saved_bytes": self.saved_bytes}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "choice": self.choice,
+            "next_best": self.next_best,
+            "saved_s": self.saved_s,
+            "saved_bytes": self.saved_bytes,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,10 +77,17 @@ class StageChoices:
     savings: tuple[ChoiceSaving, ...] = ()  # this stage's: recomputation and ZeRO, sequence parallelism
 
     def to_json(self) -> dict[str, Any]:
-        return {"stage": self.stage, "devices": list(self.devices), "mesh_shape": list(self.mesh_shape),
-                "schedule": self.schedule, "recomputation": self.recomputation, "zero": self.zero,
-                "sequence_parallel": self.sequence_parallel, "grad_sync": self.grad_sync,
-                "savings": [saving.to_json() for saving in self.savings]}  # fmt: skip
+        return {
+            "stage": self.stage,
+            "devices": list(self.devices),
+            "mesh_shape": list(self.mesh_shape),
+            "schedule": self.schedule,
+            "recomputation": self.recomputation,
+            "zero": self.zero,
+            "sequence_parallel": self.sequence_parallel,
+            "grad_sync": self.grad_sync,
+            "savings": [saving.to_json() for saving in self.savings],
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,8 +96,10 @@ class PlanChoices:
     plan_savings: tuple[ChoiceSaving, ...] = ()  # the whole plan's: schedule, lossy gradient sync
 
     def to_json(self) -> dict[str, Any]:
-        return {"stages": [row.to_json() for row in self.stages],
-                "plan_savings": [saving.to_json() for saving in self.plan_savings]}  # fmt: skip
+        return {
+            "stages": [row.to_json() for row in self.stages],
+            "plan_savings": [saving.to_json() for saving in self.plan_savings],
+        }
 
 
 def memory_saving_of(stage: Stage) -> ChoiceSaving | None:
@@ -108,28 +127,40 @@ def _schedule_saving(plan: Plan) -> ChoiceSaving | None:
         return None
     ranks = len({stage.devices for stage in plan.stages})
     source = "gpipe" if plan.num_microbatches < ranks else "1f1b"  # what the variant's candidate was priced under
-    return ChoiceSaving(kind="schedule", choice=schedule_label(plan),
-                        next_best=f"{source} on the same {ranks} device groups, one stage each",
-                        saved_s=float(breakdown["schedule_saved_s"]),
-                        saved_bytes=breakdown.get("schedule_saved_bytes"))  # fmt: skip
+    return ChoiceSaving(
+        kind="schedule",
+        choice=schedule_label(plan),
+        next_best=f"{source} on the same {ranks} device groups, one stage each",
+        saved_s=float(breakdown["schedule_saved_s"]),
+        saved_bytes=breakdown.get("schedule_saved_bytes"),
+    )
 
 
 def _grad_sync_saving(plan: Plan) -> ChoiceSaving | None:
     if not plan.grad_sync.lossy or "grad_sync_saved_s" not in plan.estimate.savings:
         return None
-    return ChoiceSaving(kind="gradient sync", choice=plan.grad_sync.label, next_best="exact",
-                        saved_s=float(plan.estimate.savings["grad_sync_saved_s"]), saved_bytes=None)  # fmt: skip
+    return ChoiceSaving(
+        kind="gradient sync",
+        choice=plan.grad_sync.label,
+        next_best="exact",
+        saved_s=float(plan.estimate.savings["grad_sync_saved_s"]),
+        saved_bytes=None,
+    )
 
 
 def _stage_row(plan: Plan, stage: Stage) -> StageChoices:
     savings = (memory_saving_of(stage), ChoiceSaving.from_stored("sequence parallel", stage.sequence_parallel_saving))
     return StageChoices(
-        stage=stage.index, devices=stage.devices, mesh_shape=stage.mesh_shape, schedule=schedule_label(plan),
-        recomputation=REMAT_WORDS[stage.remat], zero=f"ZeRO-{stage.zero}" if stage.zero else "none",
+        stage=stage.index,
+        devices=stage.devices,
+        mesh_shape=stage.mesh_shape,
+        schedule=schedule_label(plan),
+        recomputation=REMAT_WORDS[stage.remat],
+        zero=f"ZeRO-{stage.zero}" if stage.zero else "none",
         sequence_parallel=stage.uses_sequence_parallelism,
         grad_sync=plan.grad_sync.label if plan.grad_sync.lossy else EXACT_SYNC,
         savings=tuple(saving for saving in savings if saving is not None),
-    )  # fmt: skip
+    )
 
 
 def plan_choices(plan: Plan) -> PlanChoices:

@@ -84,11 +84,15 @@ class GradSync:
         if self.kind == "bf16":
             return "gradients are all-reduced in bf16 (cast before, back after: 8-bit mantissa sums)"
         if self.kind == "powersgd":
-            return (f"matrix gradients are all-reduced as rank-{self.rank} PowerSGD factors P·Qᵀ with error feedback "
-                    f"(1-D gradients exact), after {self.warmup_steps} exact steps")  # fmt: skip
+            return (
+                f"matrix gradients are all-reduced as rank-{self.rank} PowerSGD factors P·Qᵀ with error feedback "
+                f"(1-D gradients exact), after {self.warmup_steps} exact steps"
+            )
         if self.kind == "local-sgd":
-            return (f"after {self.warmup_steps} exact steps, gradients are averaged within each node only and the "
-                    f"parameters over every replica once every {self.period} steps (post-local SGD)")  # fmt: skip
+            return (
+                f"after {self.warmup_steps} exact steps, gradients are averaged within each node only and the "
+                f"parameters over every replica once every {self.period} steps (post-local SGD)"
+            )
         return "gradients are synchronised exactly"
 
     def to_json(self) -> dict[str, Any]:
@@ -98,5 +102,9 @@ class GradSync:
     def from_json(cls, data: Mapping[str, Any] | None) -> GradSync:
         if not data:
             return cls()
-        return cls(kind=str(data.get("kind", "exact")), rank=int(data.get("rank", 0)),
-                   period=int(data.get("period", 0)), warmup_steps=int(data.get("warmup_steps", 0)))  # fmt: skip
+        return cls(
+            kind=str(data.get("kind", "exact")),
+            rank=int(data.get("rank", 0)),
+            period=int(data.get("period", 0)),
+            warmup_steps=int(data.get("warmup_steps", 0)),
+        )

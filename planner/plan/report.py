@@ -195,8 +195,11 @@ def next_step_lines(plan: Plan, *, plan_path: str | None = None) -> list[str]:
     path = shlex.quote(plan_path) if plan_path else "PLAN.json"
     cluster = plan.cluster
     if is_cpu_cluster(cluster) and cluster.num_nodes == 1:
-        check = ("   (trains here; a lossy gradient sync is not checked against one device)" if plan.grad_sync.lossy
-                 else " --check-parity   (trains here, checked against one device)")  # fmt: skip
+        check = (
+            "   (trains here; a lossy gradient sync is not checked against one device)"
+            if plan.grad_sync.lossy
+            else " --check-parity   (trains here, checked against one device)"
+        )
         return [
             f"next: plan run {path} --steps 10{check}",
             f"      plan compile {path} --out train_dir   (writes train_dir/train.py for torchrun)",
@@ -212,8 +215,9 @@ def _batch_text(plan: Plan) -> str:
     return f"batch {plan.batch_size}" + (f" in {m} microbatches of {plan.batch_size // m}" if m > 1 else "")
 
 
-def plan_summary(plan: Plan, *, plan_path: str | None = None, simulated_line: str | None = None,
-                 choices: str | None = None) -> str:  # fmt: skip
+def plan_summary(
+    plan: Plan, *, plan_path: str | None = None, simulated_line: str | None = None, choices: str | None = None
+) -> str:
     """A few lines: the plan's shape, what was planned, the stages, the estimate (and ``simulated_line``
     after it), why this plan, the search time, notes, ``choices`` (``plan show``: each stage's choices and savings,
     :mod:`planner.plan.choices`), and what to run next (on ``plan_path``)."""

@@ -55,13 +55,19 @@ def check_schedule(schedule: str, *, num_ranks: int, virtual_stages: int, num_mi
         )
 
 
-def rank_actions(schedule: str, *, num_ranks: int, virtual_stages: int, num_microbatches: int, rank: int
-                 ) -> list[Action]:  # fmt: skip
+def rank_actions(
+    schedule: str, *, num_ranks: int, virtual_stages: int, num_microbatches: int, rank: int
+) -> list[Action]:
     """Rank ``rank``'s actions, in the order it runs them (see the module docstring)."""
     assert 0 <= rank < num_ranks, "a rank of the pipeline"
     if schedule in MULTI_STAGE_SCHEDULES:
-        return interleaved_actions(num_ranks=num_ranks, virtual_stages=virtual_stages, num_microbatches=num_microbatches,
-                                   rank=rank, zero_bubble=schedule == "zero-bubble")  # fmt: skip
+        return interleaved_actions(
+            num_ranks=num_ranks,
+            virtual_stages=virtual_stages,
+            num_microbatches=num_microbatches,
+            rank=rank,
+            zero_bubble=schedule == "zero-bubble",
+        )
     assert virtual_stages == 1, f"{schedule} runs one stage per rank"
     m = num_microbatches
     if schedule == "gpipe":
@@ -79,8 +85,9 @@ def one_f_one_b(*, num_stages: int, stage: int, num_microbatches: int) -> list[t
     return order + [("B", i) for i in range(m - warmup, m)]
 
 
-def interleaved_actions(*, num_ranks: int, virtual_stages: int, num_microbatches: int, rank: int,
-                        zero_bubble: bool) -> list[Action]:  # fmt: skip
+def interleaved_actions(
+    *, num_ranks: int, virtual_stages: int, num_microbatches: int, rank: int, zero_bubble: bool
+) -> list[Action]:
     """torch's ``_get_1f1b_rank_ops`` for interleaved 1F1B or ZB1P, the empty slots left out."""
     p, v, m = num_ranks, virtual_stages, num_microbatches
     per_round = m // rounds(m, p)

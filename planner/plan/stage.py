@@ -37,8 +37,11 @@ class Remat(enum.StrEnum):
 
 def memory_choice_label(remat: Remat | str, zero: int) -> str:
     """``selective recomputation, ZeRO-1``; ``no recomputation, no ZeRO``."""
-    kind = {"none": "no recomputation", "attention": "selective recomputation (attention)",
-            "full": "full recomputation"}[str(as_remat(remat))]  # fmt: skip
+    kind = {
+        "none": "no recomputation",
+        "attention": "selective recomputation (attention)",
+        "full": "full recomputation",
+    }[str(as_remat(remat))]
     return f"{kind}, {f'ZeRO-{zero}' if zero else 'no ZeRO'}"
 
 
@@ -75,8 +78,12 @@ class Collective:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Collective:
         operand = data.get("operand")
-        return cls(kind=str(data["kind"]), axis=int(data["axis"]), phase=str(data["phase"]),
-                   operand=None if operand is None else int(operand))  # fmt: skip
+        return cls(
+            kind=str(data["kind"]),
+            axis=int(data["axis"]),
+            phase=str(data["phase"]),
+            operand=None if operand is None else int(operand),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

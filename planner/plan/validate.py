@@ -43,8 +43,12 @@ def validate_plan(plan: Plan, graph: OpGraph) -> None:
             ranks = plan.num_pipeline_ranks
             raise PlanError(f"{len(plan.stages)} stages do not spread evenly over {ranks} pipeline ranks")
         try:
-            check_schedule(plan.schedule, num_ranks=plan.num_pipeline_ranks, virtual_stages=plan.virtual_stages,
-                           num_microbatches=plan.num_microbatches)  # fmt: skip
+            check_schedule(
+                plan.schedule,
+                num_ranks=plan.num_pipeline_ranks,
+                virtual_stages=plan.virtual_stages,
+                num_microbatches=plan.num_microbatches,
+            )
         except AutoplanError as error:
             raise PlanError(str(error)) from None
     if plan.model.fingerprint != graph.fingerprint():
@@ -69,24 +73,33 @@ def _check_memory_choices(plan: Plan, stage: Stage, graph: OpGraph) -> None:
     stage on several devices, every parameter replicated)."""
     if stage.zero not in ZERO_LEVELS:
         raise PlanError(f"stage {stage.index}: ZeRO level {stage.zero} is not one of {list(ZERO_LEVELS)}")
-    data_parallel = len(plan.stages) == 1 and len(stage.devices) > 1 and all(
-        set(spec) == {"R"} for spec in stage.param_placements.values())  # fmt: skip
+    data_parallel = (
+        len(plan.stages) == 1
+        and len(stage.devices) > 1
+        and all(set(spec) == {"R"} for spec in stage.param_placements.values())
+    )
     if stage.zero >= 2 and not data_parallel:
-        raise PlanError(f"stage {stage.index}: ZeRO level {stage.zero} runs under FSDP, on a data-parallel plan only "
-                        "(one stage, every parameter replicated): use level 1 (optimizer state sharded) or 0")  # fmt: skip
+        raise PlanError(
+            f"stage {stage.index}: ZeRO level {stage.zero} runs under FSDP, on a data-parallel plan only "
+            "(one stage, every parameter replicated): use level 1 (optimizer state sharded) or 0"
+        )
     if stage.remat_regions and not stage.remat:
         raise PlanError(f"stage {stage.index}: remat_regions without recomputation (remat is none)")
     position, last = {name: index for index, name in enumerate(stage.nodes)}, -1
     for first, final in stage.remat_regions:
         if first not in position or final not in position or not last < position[first] <= position[final]:
-            raise PlanError(f"stage {stage.index}: remat region {first}..{final} is not a run of the stage's nodes "
-                            "after the previous region")  # fmt: skip
+            raise PlanError(
+                f"stage {stage.index}: remat region {first}..{final} is not a run of the stage's nodes "
+                "after the previous region"
+            )
         last = position[final]
     for run in stage.recomputed_runs():
         held = [name for name in run if graph.node(name).op_name in BATCH_STATISTICS]
         if held:
-            raise PlanError(f"stage {stage.index}: {held[0]} keeps batch statistics and cannot be recomputed "
-                            "(its running statistics would be updated twice)")  # fmt: skip
+            raise PlanError(
+                f"stage {stage.index}: {held[0]} keeps batch statistics and cannot be recomputed "
+                "(its running statistics would be updated twice)"
+            )
 
 
 def _check_devices(plan: Plan) -> None:
@@ -96,8 +109,10 @@ def _check_devices(plan: Plan) -> None:
         if stage.index >= ranks:  # a later virtual stage: on the devices of stage index mod P, nothing new
             home = plan.stages[stage.index % ranks]
             if (stage.devices, stage.mesh_shape) != (home.devices, home.mesh_shape):
-                raise PlanError(f"stage {stage.index} must run on stage {home.index}'s devices and mesh "
-                                f"(virtual stages: stage k on the devices of stage k mod {ranks})")  # fmt: skip
+                raise PlanError(
+                    f"stage {stage.index} must run on stage {home.index}'s devices and mesh "
+                    f"(virtual stages: stage k on the devices of stage k mod {ranks})"
+                )
             continue
         if math.prod(stage.mesh_shape) != len(stage.devices) or any(size <= 0 for size in stage.mesh_shape):
             raise PlanError(

@@ -220,8 +220,10 @@ def enumerate_strategies(node: OpNode, context: StrategyContext) -> tuple[list[N
 
 def _read_by_contraction(value: str, context: StrategyContext) -> bool:
     graph = context.graph
-    return any(graph.node(reader).kind == NodeKind.MATMUL and letters_for(graph.node(reader)) is not None
-               for reader in context.readers.get(value, ()))  # fmt: skip
+    return any(
+        graph.node(reader).kind == NodeKind.MATMUL and letters_for(graph.node(reader)) is not None
+        for reader in context.readers.get(value, ())
+    )
 
 
 def _gathering_inputs(node: OpNode, context: StrategyContext) -> list[int]:

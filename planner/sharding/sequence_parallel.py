@@ -61,8 +61,9 @@ def _with_token(name: str, axis: int, token: str) -> str:
 
 
 def _priced(node: OpNode, strategy: NodeStrategy, context: StrategyContext) -> NodeStrategy:
-    comm_s = own_collectives_s(node, strategy.collectives, output=strategy.output, operands=strategy.operands,
-                               mesh=context.mesh)  # fmt: skip
+    comm_s = own_collectives_s(
+        node, strategy.collectives, output=strategy.output, operands=strategy.operands, mesh=context.mesh
+    )
     return replace(strategy, comm_s=comm_s)
 
 
@@ -74,8 +75,11 @@ def reduce_scatter_variants(
     if seq is None:
         return []
     seq_letter = letters.output[seq]
-    activations = [word for name, word in zip(node.inputs, letters.inputs, strict=True)
-                   if word is not None and context.graph.value_kind(name) != ValueKind.PARAM]  # fmt: skip
+    activations = [
+        word
+        for name, word in zip(node.inputs, letters.inputs, strict=True)
+        if word is not None and context.graph.value_kind(name) != ValueKind.PARAM
+    ]
     if not any(seq_letter in word for word in activations):  # the output's dim must come from the activations
         return []
     variants = []
@@ -92,8 +96,12 @@ def reduce_scatter_variants(
         collectives = [("reduce_scatter", axis, "forward", None) if c == partial else c for c in strategy.collectives]
         if node.name in context.grad_values:
             collectives.append(("all_gather", axis, "backward", None))
-        variant = replace(strategy, name=_with_token(strategy.name, axis, f"{tokens[axis]}>{seq}"), output=output,
-                          collectives=tuple(collectives))  # fmt: skip
+        variant = replace(
+            strategy,
+            name=_with_token(strategy.name, axis, f"{tokens[axis]}>{seq}"),
+            output=output,
+            collectives=tuple(collectives),
+        )
         variants.append(_priced(node, variant, context))
     return variants
 
@@ -102,10 +110,13 @@ def can_gather(node: OpNode, excluded: set[int], context: StrategyContext) -> bo
     """An aligned operator (working along ``excluded``) that may compute on sequence shards and gather its output."""
     seq = sequence_dim(node)
     return (
-        seq is not None and seq not in {d % len(node.output.shape) for d in excluded} and len(node.outputs) == 1
-        and node.output.is_floating and node.name in context.grad_values
+        seq is not None
+        and seq not in {d % len(node.output.shape) for d in excluded}
+        and len(node.outputs) == 1
+        and node.output.is_floating
+        and node.name in context.grad_values
         and any(size > 1 and node.output.shape[seq] % size == 0 for size in context.mesh.mesh_shape)
-    )  # fmt: skip
+    )
 
 
 def gathered_output_variants(node: OpNode, base: list[NodeStrategy], context: StrategyContext) -> list[NodeStrategy]:
@@ -118,10 +129,17 @@ def gathered_output_variants(node: OpNode, base: list[NodeStrategy], context: St
                 continue
             if mesh.mesh_shape[axis] == 1:
                 continue
-            collectives = (*strategy.collectives, ("all_gather", axis, "forward", None),
-                           ("reduce_scatter", axis, "backward", None))  # fmt: skip
-            variant = replace(strategy, name=_with_token(strategy.name, axis, f"{seq}*"),
-                              output=strategy.output.with_placement(axis, GATHERED), collectives=collectives)  # fmt: skip
+            collectives = (
+                *strategy.collectives,
+                ("all_gather", axis, "forward", None),
+                ("reduce_scatter", axis, "backward", None),
+            )
+            variant = replace(
+                strategy,
+                name=_with_token(strategy.name, axis, f"{seq}*"),
+                output=strategy.output.with_placement(axis, GATHERED),
+                collectives=collectives,
+            )
             variants.append(_priced(node, variant, context))
     return variants
 
@@ -144,8 +162,13 @@ def gathered_input_variants(
                 gathered = spec.with_placement(axis, GATHERED)
                 operands = (*strategy.operands[:position], gathered, *strategy.operands[position + 1 :])
                 inputs = (*strategy.inputs[:position], gathered, *strategy.inputs[position + 1 :])
-                variant = replace(strategy, name=_with_token(strategy.name, axis, f"{tokens[axis]}*"), inputs=inputs,
-                                  operands=operands, collectives=tuple(c for c in strategy.collectives if c != collective))  # fmt: skip
+                variant = replace(
+                    strategy,
+                    name=_with_token(strategy.name, axis, f"{tokens[axis]}*"),
+                    inputs=inputs,
+                    operands=operands,
+                    collectives=tuple(c for c in strategy.collectives if c != collective),
+                )
                 variants.append(_priced(node, variant, context))
     return variants
 
@@ -173,5 +196,7 @@ def is_sequence_parallel(strategy: NodeStrategy) -> bool:
 
 def uses_sequence_parallelism(strategy: NodeStrategy) -> bool:
     """The strategy scatters its output along the sequence (``ḡ``) or gathers it from sequence shards (``g``)."""
-    return any(phase == "forward" and operand is None and kind in ("reduce_scatter", "all_gather")
-               for kind, _, phase, operand in strategy.collectives)  # fmt: skip
+    return any(
+        phase == "forward" and operand is None and kind in ("reduce_scatter", "all_gather")
+        for kind, _, phase, operand in strategy.collectives
+    )

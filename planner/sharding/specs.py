@@ -200,20 +200,28 @@ def locally_sliced_axes(source: ShardingSpec, target: ShardingSpec) -> list[int]
     """Axes on which a gathered tensor (``R*``) is read as a shard ``S(d)`` that no other axis of ``target``
     splits: sliced locally, its gradient handed back as a partial sum without communication."""
     dims = [shard_dim(placement) for placement in target.placements]
-    return [axis for axis, (before, dim) in enumerate(zip(source.placements, dims, strict=True))
-            if before == GATHERED and dim is not None and dims.count(dim) == 1]  # fmt: skip
+    return [
+        axis
+        for axis, (before, dim) in enumerate(zip(source.placements, dims, strict=True))
+        if before == GATHERED and dim is not None and dims.count(dim) == 1
+    ]
 
 
 def partial_gradient_axes(source: ShardingSpec, target: ShardingSpec) -> list[int]:
     """Axes on which a reader of ``target`` hands back a partial gradient that the edge itself must all-reduce:
     ``R*`` read from anything but a producer that gathered its output (``R*``)."""
-    return [axis for axis, (before, after) in enumerate(zip(source.placements, target.placements, strict=True))
-            if after == GATHERED and before != GATHERED]  # fmt: skip
+    return [
+        axis
+        for axis, (before, after) in enumerate(zip(source.placements, target.placements, strict=True))
+        if after == GATHERED and before != GATHERED
+    ]
 
 
 def _partial_gradient_s(source: ShardingSpec, target: ShardingSpec, meta: TensorMeta, mesh: StageMesh) -> float:
-    return sum(mesh.all_reduce_s(mesh.gathered_bytes(meta, target, axis), axis)
-               for axis in partial_gradient_axes(source, target))  # fmt: skip
+    return sum(
+        mesh.all_reduce_s(mesh.gathered_bytes(meta, target, axis), axis)
+        for axis in partial_gradient_axes(source, target)
+    )
 
 
 def _reshard_steps_s(

@@ -239,9 +239,13 @@ Collective = tuple[str, int, str, int | None]  # (kind, mesh axis, phase, operan
 
 
 def own_collectives_s(
-    node: OpNode, collectives: Sequence[Collective], *, output: ShardingSpec,
-    operands: Sequence[ShardingSpec | None], mesh: StageMesh,
-) -> float:  # fmt: skip
+    node: OpNode,
+    collectives: Sequence[Collective],
+    *,
+    output: ShardingSpec,
+    operands: Sequence[ShardingSpec | None],
+    mesh: StageMesh,
+) -> float:
     """Seconds of a node's own forward and backward collectives, each on its tensor local to the other mesh axes
     and whole on its own (:meth:`StageMesh.gathered_bytes`), summed in one order — the forward ones, then each
     input's backward ones, then the output gradient's — so a strategy and its stored record price alike

@@ -95,8 +95,9 @@ def _simulate_batch(rows: np.ndarray, arrays: tuple, step: np.ndarray, peak: np.
         return
     bounds = np.linspace(0, rows.shape[0], workers + 1).astype(int)
     with ThreadPoolExecutor(workers) as pool:
-        done = [pool.submit(_simulate_rows, rows[a:b], *arrays, step[a:b], peak[a:b])
-                for a, b in itertools.pairwise(bounds)]  # fmt: skip
+        done = [
+            pool.submit(_simulate_rows, rows[a:b], *arrays, step[a:b], peak[a:b]) for a, b in itertools.pairwise(bounds)
+        ]
         for future in done:
             future.result()
 
@@ -105,11 +106,42 @@ _JIT = {"cache": True, "nogil": True}
 
 
 @numba.njit(**_JIT)
-def _simulate_rows(rows, fwd, bwd, step, state, act, edge_u, edge_v, edge_bytes, speed, latency, bandwidth, overhead, m,
-                   out_step, out_peak):  # fmt: skip
+def _simulate_rows(
+    rows,
+    fwd,
+    bwd,
+    step,
+    state,
+    act,
+    edge_u,
+    edge_v,
+    edge_bytes,
+    speed,
+    latency,
+    bandwidth,
+    overhead,
+    m,
+    out_step,
+    out_peak,
+):
     for b in range(rows.shape[0]):
-        out_step[b] = _simulate_one(rows[b], fwd, bwd, step, state, act, edge_u, edge_v, edge_bytes, speed, latency,
-                                    bandwidth, overhead, m, out_peak[b])  # fmt: skip
+        out_step[b] = _simulate_one(
+            rows[b],
+            fwd,
+            bwd,
+            step,
+            state,
+            act,
+            edge_u,
+            edge_v,
+            edge_bytes,
+            speed,
+            latency,
+            bandwidth,
+            overhead,
+            m,
+            out_peak[b],
+        )
 
 
 @numba.njit(**_JIT)
@@ -186,14 +218,16 @@ def _chunk_edges(chunk_of, num_chunks, edge_u, edge_v, edge_bytes):
 
 
 @numba.njit(**_JIT)
-def _simulate_one(row, fwd, bwd, step, state, act, edge_u, edge_v, edge_bytes, speed, latency, bandwidth, overhead, m,
-                  out_peak):  # fmt: skip
+def _simulate_one(
+    row, fwd, bwd, step, state, act, edge_u, edge_v, edge_bytes, speed, latency, bandwidth, overhead, m, out_peak
+):
     """The step time of one placement; its peak memory per device into ``out_peak``."""
     chunk_of, device, f, b, a = _chunks(row, fwd, bwd, act, speed)
     base, step_s = _device_sums(row, step, state, speed, overhead)
     src, dst, num_bytes = _chunk_edges(chunk_of, device.shape[0], edge_u, edge_v, edge_bytes)
-    resource, duration, alloc, free, dep_start, deps = _build_tasks(device, f, b, a, step_s, src, dst, num_bytes,
-                                                                    latency, bandwidth, m)  # fmt: skip
+    resource, duration, alloc, free, dep_start, deps = _build_tasks(
+        device, f, b, a, step_s, src, dst, num_bytes, latency, bandwidth, m
+    )
     return _run(resource, duration, alloc, free, dep_start, deps, base, out_peak)
 
 
@@ -353,8 +387,10 @@ def _run(resource, duration, alloc, free, dep_start, deps, base, out_peak):
             child = 2 * k + 1
             if child >= events:
                 break
-            if child + 1 < events and (event_time[child + 1] < event_time[child] or (
-                    event_time[child + 1] == event_time[child] and event_task[child + 1] < event_task[child])):  # fmt: skip
+            if child + 1 < events and (
+                event_time[child + 1] < event_time[child]
+                or (event_time[child + 1] == event_time[child] and event_task[child + 1] < event_task[child])
+            ):
                 child += 1
             if last_time < event_time[child] or (last_time == event_time[child] and last_task < event_task[child]):
                 break

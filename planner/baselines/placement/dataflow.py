@@ -25,9 +25,14 @@ def lower_assignment(problem: PlacementProblem, assignment: Sequence[int]) -> Lo
     chunks = []
     for run in runs:
         speed = problem.device_speed[assignment[run[0]]]
-        chunks.append(Chunk(stage=assignment[run[0]], fwd_s=math.fsum(problem.fwd_s[o] for o in run) / speed,
-                            bwd_s=math.fsum(problem.bwd_s[o] for o in run) / speed,
-                            activation_bytes=math.fsum(problem.activation_bytes[o] for o in run)))  # fmt: skip
+        chunks.append(
+            Chunk(
+                stage=assignment[run[0]],
+                fwd_s=math.fsum(problem.fwd_s[o] for o in run) / speed,
+                bwd_s=math.fsum(problem.bwd_s[o] for o in run) / speed,
+                activation_bytes=math.fsum(problem.activation_bytes[o] for o in run),
+            )
+        )
     edges: dict[tuple[int, int], float] = {}
     for u, v, num_bytes in problem.edges:
         key = (chunk_of[u], chunk_of[v])

@@ -28,8 +28,9 @@ def hash_placement(problem: PlacementProblem) -> tuple[int, ...]:
     counter = 0
     for op in range(problem.num_ops):
         need = problem.memory_bytes(op)
-        device = next((d % num_devices for d in range(counter, counter + num_devices) if need <= free[d % num_devices]),
-                      None)  # fmt: skip
+        device = next(
+            (d % num_devices for d in range(counter, counter + num_devices) if need <= free[d % num_devices]), None
+        )
         if device is None:
             raise no_device_error(problem, op, free, algorithm="hash placement")
         free[device] -= need

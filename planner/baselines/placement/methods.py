@@ -63,9 +63,17 @@ def placement_microbatches(batch_size: int, num_devices: int, requested: int | N
 
 
 def run_placement(
-    method: str, graphs: MicrobatchGraphs, setup: CostSetup, *, batch_size: int, microbatches: int | None,
-    rl_budget_s: float, rl_iterations: int | None = None, seed: int = 0, progress: Callable[[str, int, int], None] | None = None,
-) -> tuple[PricedPipeline, tuple[str, ...]]:  # fmt: skip
+    method: str,
+    graphs: MicrobatchGraphs,
+    setup: CostSetup,
+    *,
+    batch_size: int,
+    microbatches: int | None,
+    rl_budget_s: float,
+    rl_iterations: int | None = None,
+    seed: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[PricedPipeline, tuple[str, ...]]:
     """The placement of ``method`` as plan stages with its simulated estimate, and notes."""
     assert method in PLACEMENT_METHODS, method
     m = placement_microbatches(batch_size, setup.cluster.num_devices, microbatches)

@@ -148,8 +148,9 @@ def placement_problem(
 
     cluster = setup.cluster
     devices = tuple(range(cluster.num_devices)) if devices is None else tuple(devices)
-    mesh = StageMesh(cluster=cluster, devices=(devices[0],), mesh_shape=(1,),
-                     activation_itemsize=setup.activation_itemsize)  # fmt: skip
+    mesh = StageMesh(
+        cluster=cluster, devices=(devices[0],), mesh_shape=(1,), activation_itemsize=setup.activation_itemsize
+    )
     stage = build_stage_problem(graph, setup, mesh, IntraOpOptions(num_microbatches=num_microbatches))
     index = {name: i for i, name in enumerate(stage.variables)}
     fwd, bwd, step, state, activation = [], [], [], [], []
@@ -159,8 +160,11 @@ def placement_problem(
         split = _split(setup.compute.node_time(node), cost.compute_s)
         fwd.append(split[0] + cost.comm_s / 2)
         bwd.append(split[1] + cost.comm_s / 2)
-        own = [meta.numel for name, meta in zip(node.inputs, node.input_metas, strict=True)
-               if graph.value_kind(name) == ValueKind.PARAM and name not in held]  # fmt: skip
+        own = [
+            meta.numel
+            for name, meta in zip(node.inputs, node.input_metas, strict=True)
+            if graph.value_kind(name) == ValueKind.PARAM and name not in held
+        ]
         held.update(name for name in node.inputs if graph.value_kind(name) == ValueKind.PARAM)
         step.append(optimizer_step_s(sum(own), setup))
         state.append(float(sum(model_state_bytes(numel, optimizer=setup.optimizer) for numel in own)))

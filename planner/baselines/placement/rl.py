@@ -149,13 +149,21 @@ def rl_placement(
         raise _nothing_fits(problem, judge.num_simulations, time.perf_counter() - start)
     assignment = tuple(judge.best[g] for g in groups)
     step_time_s = simulate_assignment(problem, assignment).step_time_s
-    return RLResult(assignment=assignment, step_time_s=step_time_s, iterations=len(curve),
-                    num_simulations=judge.num_simulations + 1, mean_reward=tuple(curve), elapsed_s=tuple(elapsed),
-                    best_step_s=tuple(best), time_s=time.perf_counter() - start)  # fmt: skip
+    return RLResult(
+        assignment=assignment,
+        step_time_s=step_time_s,
+        iterations=len(curve),
+        num_simulations=judge.num_simulations + 1,
+        mean_reward=tuple(curve),
+        elapsed_s=tuple(elapsed),
+        best_step_s=tuple(best),
+        time_s=time.perf_counter() - start,
+    )
 
 
-def _fresh_policy(features: torch.Tensor, num_devices: int, *, generator: torch.Generator,
-                  around: tuple[int, ...] | None) -> tuple[ShiftPolicy, torch.optim.Optimizer]:  # fmt: skip
+def _fresh_policy(
+    features: torch.Tensor, num_devices: int, *, generator: torch.Generator, around: tuple[int, ...] | None
+) -> tuple[ShiftPolicy, torch.optim.Optimizer]:
     """A new policy and its optimizer; ``around``: its mode is that placement, drawn whole with probability
     about ``exp(−WARM_DEVIATIONS)``."""
     policy = ShiftPolicy(features, num_devices, generator=generator)
@@ -166,8 +174,12 @@ def _fresh_policy(features: torch.Tensor, num_devices: int, *, generator: torch.
         with torch.no_grad():
             policy.table.copy_(-policy.prior.expand(count, num_devices))
             policy.table[torch.arange(count), shifts] += margin
-    optimizer = torch.optim.Adam([{"params": [policy.table], "lr": LEARNING_RATE},
-                                  {"params": [*policy.weights, *policy.biases], "lr": MLP_LEARNING_RATE}])  # fmt: skip
+    optimizer = torch.optim.Adam(
+        [
+            {"params": [policy.table], "lr": LEARNING_RATE},
+            {"params": [*policy.weights, *policy.biases], "lr": MLP_LEARNING_RATE},
+        ]
+    )
     return policy, optimizer
 
 
@@ -267,8 +279,9 @@ class _Judge:
             result = simulate_placements(self.problem, rows)
             self.num_simulations += len(fresh)
             capacity = np.asarray(self.problem.device_memory_bytes)
-            for (key, _), row, step_s, peak in zip(fresh, rows, result.step_time_s, result.peak_memory_bytes,
-                                                   strict=True):  # fmt: skip
+            for (key, _), row, step_s, peak in zip(
+                fresh, rows, result.step_time_s, result.peak_memory_bytes, strict=True
+            ):
                 overflow = overflow_ratio(peak, capacity)
                 runtime = penalized_runtime(float(step_s), overflow)
                 self.cache[key] = runtime
@@ -277,8 +290,9 @@ class _Judge:
         return np.array([reward(self.cache[key], self.reference_s) for key in keys])
 
 
-def _train_step(policy: ShiftPolicy, optimizer: torch.optim.Optimizer, judge: _Judge, generator: torch.Generator, *,
-                samples: int) -> float:  # fmt: skip
+def _train_step(
+    policy: ShiftPolicy, optimizer: torch.optim.Optimizer, judge: _Judge, generator: torch.Generator, *, samples: int
+) -> float:
     """One REINFORCE iteration: sample, judge, step Adam, judge the new mode; the mean reward of the samples."""
     num_devices = policy.prior.shape[0]
     log_probs = torch.log_softmax(policy(), dim=-1)  # (G, D)
