@@ -4,7 +4,7 @@ Each size runs in a fresh process so its peak RSS is its own. Prints a table and
 ``--save``, writes it to ``benchmarks/results/capture-<date>.md`` with the machine and the
 command. Target (issue 2): GPT 39b captured under 2 GiB RSS.
 
-    python benchmarks/capture.py [--batch-size 8] [--tracer export] [--sizes 125m,39b] [--save]
+    python -m benchmarks.capture [--batch-size 8] [--tracer export] [--sizes 125m,39b] [--save]
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.results_page import save_table
 
-from results_page import save_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SIZES = ("125m", "350m", "760m", "1.3b", "2.6b", "6.7b", "15b", "39b")
 
@@ -50,7 +49,17 @@ def worker(size: str, batch_size: int, tracer: str) -> dict:
 
 
 def run(size: str, batch_size: int, tracer: str) -> dict:
-    command = [sys.executable, __file__, "--worker", size, "--batch-size", str(batch_size), "--tracer", tracer]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.capture",
+        "--worker",
+        size,
+        "--batch-size",
+        str(batch_size),
+        "--tracer",
+        tracer,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -69,14 +78,15 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.capture", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--tracer", default="export", choices=("export", "fx"))
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--save", action="store_true", help="write the table to benchmarks/results/")
     options = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     if options.worker:
         print(json.dumps(worker(options.worker, options.batch_size, options.tracer)))
         return
@@ -90,7 +100,7 @@ def main() -> None:
         save_table(
             "capture",
             title="Capture benchmark",
-            command=f"python benchmarks/capture.py --batch-size {options.batch_size} --tracer {options.tracer} --save",
+            command=f"python -m benchmarks.capture --batch-size {options.batch_size} --tracer {options.tracer} --save",
             description=f"GPT from `examples/gpt.py` built on the meta device, batch {options.batch_size}, sequence "
             "1024; each size in a fresh process (peak RSS includes importing torch).",
             table=text,

@@ -10,7 +10,7 @@ critical path, multi-objective, m-ETF) that fits. Targets: auto ≤ every baseli
 with ``--rl-budget-s 60``, RL at least 10% faster than the best heuristic (≤ 0.90) on at least 6 of the 8
 cases and never slower than hash (issue 21).
 
-    python benchmarks/compare.py [--cases gpt-350m@p3x1,...] [--rl-budget-s 30] [--save]
+    python -m benchmarks.compare [--cases gpt-350m@p3x1,...] [--rl-budget-s 30] [--save]
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.results_page import save_table
 
-from results_page import save_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # name -> (example, model args, batch size, cluster, nodes, devices per node)
 CASES = {
@@ -63,7 +62,7 @@ def worker(case: str, rl_budget_s: float) -> dict:
 
 
 def run(case: str, rl_budget_s: float) -> dict:
-    command = [sys.executable, __file__, "--worker", case, "--rl-budget-s", str(rl_budget_s)]
+    command = [sys.executable, "-m", "benchmarks.compare", "--worker", case, "--rl-budget-s", str(rl_budget_s)]
     result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -109,13 +108,14 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     parser.add_argument("--rl-budget-s", type=float, default=30.0)
     parser.add_argument("--save", action="store_true", help="write the table to benchmarks/results/")
     options = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     if options.worker:
         print(json.dumps(worker(options.worker, options.rl_budget_s)))
         return
@@ -140,7 +140,7 @@ def main() -> None:
             "case, all methods.\n\nNotes the comparison printed (method failures, estimate vs simulation gaps):\n\n"
             + (notes or "- none")
         )
-        command = "python benchmarks/compare.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.compare " + " ".join(sys.argv[1:])
         save_table(
             "compare",
             title="Every method judged by one simulator",

@@ -2,8 +2,8 @@
 
 Usage (the whole sweep, about an hour on the 2-core machine; see docs/compatibility.md for the last):
 
-    python benchmarks/compat.py --out docs/compatibility.md
-    python benchmarks/compat.py --families nn_lstm,hf_gpt2 --methods auto,megatron --worlds 2
+    python -m benchmarks.compat --out docs/compatibility.md
+    python -m benchmarks.compat --families nn_lstm,hf_gpt2 --methods auto,megatron --worlds 2
 
 For each family (``examples/zoo/*.py``; files starting with ``_`` are shared helpers) and world size
 a fresh process captures the model once (:func:`planner.api.prepare_model_file`, cluster
@@ -90,7 +90,8 @@ def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.N
     with tempfile.TemporaryDirectory(prefix="autoplan-compat-plans-") as directory:
         command = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "benchmarks.compat",
             "--plan-family",
             str(path),
             "--worlds",
@@ -279,7 +280,7 @@ def _cell_text(cell: Cell | None) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compat", description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", help="comma-separated zoo file stems (default: every file in examples/zoo)")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (default: %(default)s)")
     parser.add_argument("--worlds", default=",".join(map(str, WORLDS)), help="world sizes (default: %(default)s)")
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     commit = _commit()
     started = time.perf_counter()
     cells: list[Cell] = []
-    command = "python benchmarks/compat.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.compat " + " ".join(argv if argv is not None else sys.argv[1:])
     for world in worlds:  # every family at the smaller world first: a cut-short sweep stays balanced
         for path in families(args.families):
             todo = [m for m in methods if (path.stem, m, world) not in kept]

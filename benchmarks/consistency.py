@@ -22,7 +22,7 @@ level, the microbatch count and schedule are the ones asked for — or that the 
 ``tests/test_consistency.py`` runs both on a CI slice; this script runs them over every quality case
 (``benchmarks/quality.py``'s) and saves a page::
 
-    python benchmarks/consistency.py [--cases mlp@a100x8,...] [--save]
+    python -m benchmarks.consistency [--cases mlp@a100x8,...] [--save]
 """
 
 from __future__ import annotations
@@ -35,13 +35,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from planner.api import Prepared, plan_prepared
+from planner.errors import AutoplanError
+from planner.plan import Plan
+from planner.plan.report import plan_summary
 
-from planner.api import Prepared, plan_prepared  # noqa: E402
-from planner.errors import AutoplanError  # noqa: E402
-from planner.plan import Plan  # noqa: E402
-from planner.plan.report import plan_summary  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FAMILIES = ("data-parallel", "megatron", "uniform-pipeline")
 METHODS = ("auto", *FAMILIES, "hash", "critical-path")
@@ -218,8 +217,7 @@ def with_options(prepared: Prepared, forced: Mapping[str, object]) -> Prepared:
 
 
 def _quality_case(name: str, **options: object) -> Prepared:
-    from quality import CLUSTERS, DEVICES_PER_NODE, MODELS
-
+    from benchmarks.quality import CLUSTERS, DEVICES_PER_NODE, MODELS
     from cost_models.cluster import load_cluster
     from planner.api import prepare_model_file
 
@@ -233,10 +231,10 @@ def _quality_case(name: str, **options: object) -> Prepared:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from quality import CASES
-    from results_page import save_table
+    from benchmarks.quality import CASES
+    from benchmarks.results_page import save_table
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.consistency", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated MODEL@CLUSTERxGPUS (quality.py's)")
     parser.add_argument("--no-options", action="store_true", help="skip the forced-option checks (the slow part)")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/consistency-DATE.md")
@@ -254,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = sum(1 for row in rows if row[1])
     print(f"{len(rows) - failed} of {len(rows)} cases consistent")
     if args.save:
-        command = "python benchmarks/consistency.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m benchmarks.consistency " + " ".join(argv if argv is not None else sys.argv[1:])
         table = "| case | problems | what | seconds |\n|---|---:|---|---:|\n" + "\n".join(
             f"| {name} | {count} | {what} | {seconds} |" for name, count, what, seconds in rows
         )

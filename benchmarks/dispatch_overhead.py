@@ -15,7 +15,7 @@ allocator, stream bookkeeping) — on a GPU host each call costs more than measu
 bound. The machine is not a DGX host either (a shared 2-core VM here). The constant is set once from this
 measurement, before and independently of the published runs it is then scored on (``benchmarks/published.py``).
 
-    python benchmarks/dispatch_overhead.py [--ops 400] [--repeats 15] [--save]
+    python -m benchmarks.dispatch_overhead [--ops 400] [--repeats 15] [--save]
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from results_page import save_table
+from benchmarks.results_page import save_table
 
 WIDTH = 8  # features per row: the kernels' own work is negligible
 # calls per layer the cost model prices (layer_norm, 2 linear, 2 matmul, mul, softmax, dropout, gelu, add); its 5 views
@@ -80,7 +77,7 @@ def measure(*, ops: int, repeats: int) -> tuple[list[float], list[float], int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dispatch_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=400, help="operator calls per run")
     parser.add_argument("--repeats", type=int, default=15, help="timed runs (after three warm-up runs)")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/dispatch_overhead-<date>.md")
@@ -101,7 +98,7 @@ def main() -> None:
             f"{WIDTH} features that require gradients: the time is the host path (Python binding, dispatcher, "
             "autograd), not the kernels. The CUDA launch call is not in it: a lower bound for a GPU host."
         )
-        command = "python benchmarks/dispatch_overhead.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.dispatch_overhead " + " ".join(sys.argv[1:])
         save_table(
             "dispatch_overhead",
             title="PyTorch eager host time per operator call",

@@ -8,7 +8,7 @@ memory (:func:`planner.costing.lowering.simulate_plan`), the plan's shape and a 
 node's output spec. Each case runs in its own process. Nothing is timed: the figures are exact and
 repeatable, so a refactor that must not change behaviour is checked by comparing two files exactly.
 
-    python benchmarks/estimates.py [--cases readme,mlp@a100x8,...] [--save] [--compare OLD.json]
+    python -m benchmarks.estimates [--cases readme,mlp@a100x8,...] [--save] [--compare OLD.json]
 
 ``--save`` writes ``benchmarks/results/estimates-<date>.json`` and a markdown page beside it;
 ``--compare OLD.json`` prints every row whose estimate, simulated step, simulated memory, shape or
@@ -25,12 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
+from benchmarks.quality import CASES, parse_case
+from benchmarks.results_page import RESULTS, save_table
 
-from quality import CASES, parse_case  # noqa: E402
-from results_page import RESULTS, save_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 METHODS = ("auto", "megatron", "uniform-pipeline", "data-parallel", "hash", "critical-path", "multi-objective", "m-etf")
 README_CASE = "readme"
@@ -78,7 +76,7 @@ def specs_digest(specs: dict[str, list[str]]) -> str:
 
 
 def run(case: str) -> dict[str, dict]:
-    command = [sys.executable, __file__, "--worker", case]
+    command = [sys.executable, "-m", "benchmarks.estimates", "--worker", case]
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, cwd=ROOT)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -115,7 +113,9 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.estimates", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cases", default=",".join((README_CASE, *CASES)), help="comma-separated; default: all")
     parser.add_argument("--save", action="store_true", help="write the results to benchmarks/results/")
@@ -135,7 +135,7 @@ def main() -> None:
         save_table(
             "estimates",
             title="Golden estimates: estimate / simulated step per method",
-            command="python benchmarks/estimates.py " + " ".join(sys.argv[1:]),
+            command="python -m benchmarks.estimates " + " ".join(sys.argv[1:]),
             description=f"Seconds per step, estimate / simulated (roofline). Every figure: `{path.name}`.",
             table=table(results),
         )

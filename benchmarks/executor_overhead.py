@@ -24,7 +24,7 @@ on a shared machine disturb less than wall time. Planning and the fingerprint ca
 before the loop, outside the timing. The first step's loss of both loops is reported: the same
 number says they compute the same thing.
 
-    python benchmarks/executor_overhead.py [--cases mlp-dp,...] [--warmup 3] [--steps 20] [--save]
+    python -m benchmarks.executor_overhead [--cases mlp-dp,...] [--warmup 3] [--steps 20] [--save]
 """
 
 from __future__ import annotations
@@ -39,13 +39,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.results_page import save_table
+from executors.training.launch import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
-
-from results_page import save_table  # noqa: E402
-
-from executors.training.launch import free_port  # noqa: E402
 
 TARGET = 1.10
 MLP_ARGS = {"hidden": 1024, "layers": 8}
@@ -93,7 +90,8 @@ def run_case(case: str, warmup: int, steps: int) -> dict:
             "2",
             "--master-port",
             str(free_port()),
-            __file__,
+            "-m",
+            "benchmarks.executor_overhead",
             "--rank-worker",
             case,
             "--plan",
@@ -139,7 +137,11 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.executor_overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)
     parser.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -176,7 +178,7 @@ def main() -> None:
             "(`time.thread_time`; no waiting), less disturbed by other processes than wall time. Load average "
             f"(1 min) before / after the run: {load_before:.1f} / {os.getloadavg()[0]:.1f}.\n\nModels: {models}."
         )
-        command = "python benchmarks/executor_overhead.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.executor_overhead " + " ".join(sys.argv[1:])
         save_table(
             "executor_overhead",
             title="Executor overhead against hand-written torch.distributed",

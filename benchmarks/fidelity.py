@@ -23,9 +23,9 @@ For each world size N (2 and 4 local gloo processes, one thread each), in one ru
 
 Per world: MAPE, worst row, rows within 20%, Spearman (:func:`fidelity_sets.world_summary`).
 
-    python benchmarks/fidelity.py [--save] [--worlds 2 4] [--only CASE ...] [--attempts 2] [--steps 10]
+    python -m benchmarks.fidelity [--save] [--worlds 2 4] [--only CASE ...] [--attempts 2] [--steps 10]
                                   [--probe-steps 10] [--cost-model profiled|roofline] [--no-memory]
-    python benchmarks/fidelity.py --draw-from benchmarks/results/fidelity-DATE.json   (redraw the figure only)
+    python -m benchmarks.fidelity --draw-from benchmarks/results/fidelity-DATE.json   (redraw the figure only)
 
 ``--save`` writes ``benchmarks/results/fidelity-DATE.md`` (page), ``.json`` (rows), ``.png`` (figure) and
 the two calibrated cluster files ``fidelity-DATE-cluster-w{2,4}.json``.
@@ -42,11 +42,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
-
-from fidelity_report import (  # noqa: E402
+from benchmarks.fidelity_report import (
     DESCRIPTION,
     attempts_table,
     calibration_text,
@@ -56,8 +52,8 @@ from fidelity_report import (  # noqa: E402
     sets_text,
     summary_table,
 )
-from fidelity_sets import SCORED, Attempt, Timing, check_disjoint, keep  # noqa: E402
-from results_page import RESULTS, save_table  # noqa: E402
+from benchmarks.fidelity_sets import SCORED, Attempt, Timing, check_disjoint, keep
+from benchmarks.results_page import RESULTS, save_table
 
 QUIET_SHARE = 0.25  # start an attempt once others take at most this share of the CPU (3 s window)...
 QUIET_WAIT_S = 60.0  # ...or after this long
@@ -216,7 +212,7 @@ def measure_memory(world: int, rows: dict, *, directory: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__.splitlines()[0])
     parser.add_argument("--save", action="store_true", help="write the page and figure to benchmarks/results/")
     parser.add_argument("--worlds", nargs="+", type=int, default=[2, 4], choices=[2, 4])
     parser.add_argument("--only", nargs="+", choices=sorted(SCORED), help="score only these cases")
@@ -267,7 +263,7 @@ def main() -> None:
     head = f"{sets_text()}\n\n{calibration_text(calibrations)}\n\nWall time of the run: {minutes:.0f} min."
     print(head + "\n\n" + body)
     if args.save:
-        command = " ".join(["python benchmarks/fidelity.py", *sys.argv[1:]])
+        command = " ".join(["python -m benchmarks.fidelity", *sys.argv[1:]])
         save_table(
             "fidelity",
             title="Held-out cost-model fidelity: predicted against measured step time and memory",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fidelity_sets import SCORED, Attempt, Timing, probe_set, world_summary
+from benchmarks.fidelity_sets import SCORED, Attempt, Timing, probe_set, world_summary
 
 MIB = 2**20
 TARGETS = "Targets: per-world MAPE ≤ 15%, every row within ±30%, Spearman ≥ 0.9 within each world."

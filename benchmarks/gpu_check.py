@@ -16,8 +16,8 @@ with its prediction beside it) with a log in ``OUT/gpu_check.log``:
 The device is priced as :func:`gpu_check_device.cluster_for` says (H100 preset; H200 built from its data
 sheet). ``--dry-run`` runs every section on the CPU with tiny shapes and gloo (the same code, tests/test_gpu_check.py).
 
-    python benchmarks/gpu_check.py --out DIR [--dry-run] [--budget-s 400] [--sections operators,cuda_path,steps]
-    python benchmarks/gpu_check.py --report DIR [--save]      (the page; --save: benchmarks/results/gpu-DATE.md)
+    python -m benchmarks.gpu_check --out DIR [--dry-run] [--budget-s 400] [--sections operators,cuda_path,steps]
+    python -m benchmarks.gpu_check --report DIR [--save]      (the page; --save: benchmarks/results/gpu-DATE.md)
 
 **On a lent GPU** (see ../shared/GPU.md): planning needs highspy and pulp, which the GPU machine lacks, so
 download their wheels here first (Python 3.12 wheels; the versions installed here)::
@@ -27,11 +27,11 @@ download their wheels here first (Python 3.12 wheels; the versions installed her
     python3 -m pip download --no-deps -d .whl pulp==3.3.2
 
 then make ONE device call: the ``run`` tool with ``timeout_s`` 480, ``carry`` ``[".whl"]`` and the one-line
-command :data:`DEVICE_COMMAND` (``python benchmarks/gpu_check.py --device-call`` prints all three): it installs
+command :data:`DEVICE_COMMAND` (``python -m benchmarks.gpu_check --device-call`` prints all three): it installs
 the wheels into /tmp/site (or, if pip fails there, unpacks them with zipfile, which is what installing a wheel
-is), puts them on the path and runs ``python3 benchmarks/gpu_check.py --out $OUT``.
+is), puts them on the path and runs ``python3 -m benchmarks.gpu_check --out $OUT``.
 Its files (``gpu_check.json``, ``gpu_check.log``, ``log``) come back under the reply's ``files_at``; then
-``python benchmarks/gpu_check.py --report FILES_AT --save`` writes the page. If the wheels do not install,
+``python -m benchmarks.gpu_check --report FILES_AT --save`` writes the page. If the wheels do not install,
 the program rows say planning failed and the eager rows still measure; rerun only what failed with
 ``--sections``.
 """
@@ -51,12 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-from gpu_check_program import Context  # noqa: E402
+from benchmarks.gpu_check_program import Context
 
 SECTIONS = ("operators", "cuda_path", "steps")
 SHARES = {"operators": 0.15, "cuda_path": 0.25, "steps": 0.6}  # of the budget left when the section starts
@@ -66,7 +63,7 @@ DEVICE_COMMAND = (
     f"set -o pipefail; (python3 -m pip install -q --no-index --no-deps --target /tmp/site {WHEELS}/*.whl || python3 -c "
     f"\"import glob,zipfile; [zipfile.ZipFile(w).extractall('/tmp/site') for w in glob.glob('{WHEELS}/*.whl')]\") "
     "2>&1 | tail -3; export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1; "
-    "python3 benchmarks/gpu_check.py --out $OUT 2>&1 | tee $OUT/log"
+    "python3 -m benchmarks.gpu_check --out $OUT 2>&1 | tee $OUT/log"
 )
 DEVICE_TIMEOUT_S = 480
 
@@ -123,20 +120,20 @@ def make_sections(names: Sequence[str], ctx: Context, *, dry_run: bool) -> list[
     """The sections by name; each imports its module when it runs, so one that cannot import is its own failure."""
 
     def operators(deadline: float) -> list[dict[str, Any]]:
-        from gpu_check_device import Timer
-        from gpu_check_ops import dry_cases, full_cases, operator_rows
+        from benchmarks.gpu_check_device import Timer
+        from benchmarks.gpu_check_ops import dry_cases, full_cases, operator_rows
 
         timer = Timer(cuda=ctx.cuda, warmup=1 if dry_run else 3, repeats=3 if dry_run else 20)
         cases = dry_cases() if dry_run else full_cases()
         return operator_rows(cases, cluster=ctx.cluster, device=ctx.device, timer=timer, deadline=deadline, log=ctx.log)
 
     def cuda_path(deadline: float) -> list[dict[str, Any]]:
-        from gpu_check_steps import cuda_path_rows, path_run
+        from benchmarks.gpu_check_steps import cuda_path_rows, path_run
 
         return cuda_path_rows(path_run(dry_run=dry_run), ctx, deadline=deadline)
 
     def steps(deadline: float) -> list[dict[str, Any]]:
-        from gpu_check_steps import dry_step_cases, full_step_cases, step_rows
+        from benchmarks.gpu_check_steps import dry_step_cases, full_step_cases, step_rows
 
         return step_rows(dry_step_cases() if dry_run else full_step_cases(), ctx, deadline=deadline)
 
@@ -161,7 +158,7 @@ def check(args: argparse.Namespace) -> int:
         "version": 1,
         "dry_run": bool(args.dry_run),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python3 benchmarks/gpu_check.py " + " ".join(sys.argv[1:]),
+        "command": "python3 -m benchmarks.gpu_check " + " ".join(sys.argv[1:]),
         "budget_s": args.budget_s,
         "machine": {"gpu": gpu_name if cuda else None, "torch": torch.__version__, "python": sys.version.split()[0]},
         "sections": {},
@@ -197,7 +194,7 @@ def check(args: argparse.Namespace) -> int:
 
 def _setup(result: dict[str, Any], *, gpu_name: str, cuda: bool, work: Path, log: Log) -> Context:
     """The machine's description and the device's cluster (and its file) into ``result``; the sections' context."""
-    from gpu_check_device import cluster_for, machine_info, write_cluster
+    from benchmarks.gpu_check_device import cluster_for, machine_info, write_cluster
 
     device = cluster_for(gpu_name)
     cluster = device.cluster
@@ -231,7 +228,7 @@ def report(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"gpu_check.py: error: {path} does not exist: give the folder the GPU run wrote", file=sys.stderr)
         return 2
-    from gpu_check_report import render, save
+    from benchmarks.gpu_check_report import render, save
 
     result = json.loads(path.read_text())
     if args.save:
@@ -242,7 +239,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="folder for gpu_check.json and gpu_check.log")
     parser.add_argument("--dry-run", action="store_true", help="on the CPU with tiny shapes and gloo")
     parser.add_argument("--budget-s", type=float, default=400.0, help="seconds for all sections (default 400)")

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from gpu_check_device import Timer
 from torch import nn
 
+from benchmarks.gpu_check_device import Timer
 from cost_models.cluster import Cluster
 from cost_models.device import DeviceSpec
 from cost_models.gemm_efficiency import GemmShape, attention_flops, backward_shapes, gemm_s, matmul_shape

@@ -15,7 +15,7 @@ GIB = 2**30
 RESULTS = Path(__file__).resolve().parent / "results"
 DEVICE_CALL = (
     "the `run` call of benchmarks/results/README.md: wheels installed from `.whl`, then "
-    "`python3 benchmarks/gpu_check.py --out $OUT`"
+    "`python3 -m benchmarks.gpu_check --out $OUT`"
 )
 
 

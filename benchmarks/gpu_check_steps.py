@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gpu_check_program import ROOT, Context, Done, ModelRun, launch, parse_steps
 
+from benchmarks.gpu_check_program import ROOT, Context, Done, ModelRun, launch, parse_steps
 from executors.precision import Precision, make_optimizer
 from executors.training.memory_probe import ActivationMeter, model_state_bytes
 from planner.baselines.data_parallel import data_parallel

@@ -6,7 +6,7 @@ but a one-stage data-parallel plan, is left out), then once free to choose (``--
 estimated step, the plan's shape, and the step against exact sync. Roofline costs, nothing run: figures are
 the cost model's (:mod:`planner.costing.compression`, :mod:`planner.inter.grad_sync_choice`).
 
-    python benchmarks/grad_sync.py [--clusters p3.16xlarge:4,dgx-a100:8] [--batch 128] [--save]
+    python -m benchmarks.grad_sync [--clusters p3.16xlarge:4,dgx-a100:8] [--batch 128] [--save]
 
 ``--save`` writes ``benchmarks/results/grad_sync-<date>.md``.
 """
@@ -19,11 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_page import save_table
 
-from results_page import save_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CHOICES = ("exact", "bf16", "powersgd:1", "powersgd:4", "powersgd:16", "local-sgd:4", "local-sgd:16")
 MODEL = ("gpt", {"size": "1.3b"})
@@ -71,7 +69,9 @@ def rows_for(cluster_name: str, nodes: int, *, batch: int) -> list[list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.grad_sync", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clusters", default="p3.16xlarge:4,dgx-a100:8", help="NAME:NODES,... (default %(default)s)")
     parser.add_argument("--batch", type=int, default=128, help="global batch (default %(default)s)")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/grad_sync-<date>.md")
@@ -86,7 +86,7 @@ def main() -> None:
     )
     print(table)
     if args.save:
-        command = "python benchmarks/grad_sync.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.grad_sync " + " ".join(sys.argv[1:])
         description = (
             f"GPT-1.3B (`examples/gpt.py --model-arg size=1.3b`), batch {args.batch}, adam-mixed, roofline costs. "
             "Each row is `auto` with `--allow-lossy --grad-sync CHOICE` (every candidate forced to that sync; a "

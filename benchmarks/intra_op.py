@@ -6,7 +6,7 @@ incumbents (``-`` when that plan does not fit in memory). Cases (issue 3): GPT 1
 8 GPUs, 39b on 64 GPUs (dgx-a100), and 39b with 24 and 48 layers to show the time does not grow
 with identical layers. Target on a 2-core machine: 39b in at most 10 s per mesh.
 
-    python benchmarks/intra_op.py [--save]
+    python -m benchmarks.intra_op [--save]
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.results_page import save_table
 
-from results_page import save_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CASES = [
     ("1.3b", {}, 1, 16),
@@ -113,7 +111,9 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.intra_op", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--save", action="store_true", help="write the table to benchmarks/results/")
     options = parser.parse_args()
     rows = []
@@ -126,7 +126,7 @@ def main() -> None:
         save_table(
             "intra_op",
             title="Intra-op ILP benchmark",
-            command="python benchmarks/intra_op.py --save",
+            command="python -m benchmarks.intra_op --save",
             description="One stage of GPT (examples/gpt.py, seq 1024, batch 16 on 8 GPUs, 64 on 64 GPUs) on dgx-a100 "
             "nodes, every 2-D logical mesh; roofline costs, mixed-precision Adam, 80 GiB budget. `problem s` = "
             "strategies, costs and edges; `total s` includes the data-parallel and Megatron incumbents. `*` = time "

@@ -17,7 +17,7 @@ per-device peak against that rank's. Summary: mean absolute error, rows within Â
 10% under (an under-estimate is an out-of-memory crash; targets: every row within Â±15%, none more
 than 10% under).
 
-    python benchmarks/memory.py [--set development|scored] [--worlds 2 4] [--only CASE ...]
+    python -m benchmarks.memory [--set development|scored] [--worlds 2 4] [--only CASE ...]
                                 [--families dp fsdp tp pipe auto hash] [--attempts 2] [--save] [--json-out F]
 
 ``--save`` writes ``benchmarks/results/memory-DATE.md`` (page; the set's name in the file name when it is
@@ -34,15 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
-
-from heldout_cases import DEVELOPMENT, SCORED, ModelCase, check_scored_disjoint  # noqa: E402
-from memory_report import describe, rows_table, summary_table  # noqa: E402
-from results_page import RESULTS, save_table  # noqa: E402
-
-from planner.errors import AutoplanError  # noqa: E402
+from benchmarks.heldout_cases import DEVELOPMENT, SCORED, ModelCase, check_scored_disjoint
+from benchmarks.memory_report import describe, rows_table, summary_table
+from benchmarks.results_page import RESULTS, save_table
+from planner.errors import AutoplanError
 
 WARMUP_STEPS = 2
 
@@ -168,7 +163,7 @@ def _job(paths: list[str], *, world: int, out: Path) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=("development", "scored"), default="development", dest="which")
     parser.add_argument("--worlds", nargs="+", type=int, default=[2, 4], choices=[2, 4])
     parser.add_argument("--only", nargs="+", help="only these cases of the set")
@@ -207,7 +202,7 @@ def main() -> None:
         args.json_out.write_text(json.dumps(rows, indent=1) + "\n")
     if args.save:
         name = "memory" if args.which == "scored" else f"memory-{args.which}"
-        command = " ".join(["python benchmarks/memory.py", *sys.argv[1:]])
+        command = " ".join(["python -m benchmarks.memory", *sys.argv[1:]])
         save_table(
             name,
             title=f"Estimated against measured peak memory per rank ({args.which} set)",

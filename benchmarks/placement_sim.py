@@ -11,7 +11,7 @@ the policy mostly draws), and the per-placement simulator
 checking that both give the same step times. Compilation (the first call) is timed apart; every
 timing is repeated ``--repeats`` times and the median kept (all listed).
 
-    python benchmarks/placement_sim.py [--batch 1024] [--repeats 5] [--save]
+    python -m benchmarks.placement_sim [--batch 1024] [--repeats 5] [--save]
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.results_page import save_table
 
-from results_page import save_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # name -> (example, model args, batch size, cluster, nodes, devices per node)
 CASES = {
@@ -114,13 +113,16 @@ def measure(case: str, *, batch: int, repeats: int) -> list[list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.placement_sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--batch", type=int, default=1024, help="placements per batched call")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--save", action="store_true", help="write the table to benchmarks/results/")
     options = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     header = [
         "case",
         "groups",
@@ -149,7 +151,7 @@ def main() -> None:
             "cut points. Medians of the repeats; *first call* includes numba's compilation, or loading it from its "
             f"on-disk cache. Load average while measuring: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}."
         )
-        command = "python benchmarks/placement_sim.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.placement_sim " + " ".join(sys.argv[1:])
         save_table(
             "placement_sim", title="Batched placement simulation", command=command, description=description, table=text
         )

@@ -34,7 +34,7 @@ single-GPU 1.2B baseline (we take 8, the per-GPU batch of its weak-scaling runs)
 its FLOP formula (we use the 2021 formula, which counts the recomputation; if the 2019 figure
 excluded it, measured samples/s would be 4/3 higher and the ratio × 0.75).
 
-    python benchmarks/published.py [--rows gpt-1.7b,...] [--variants published,fused] [--no-auto]
+    python -m benchmarks.published [--rows gpt-1.7b,...] [--variants published,fused] [--no-auto]
                                    [--timeout-s 300] [--json-out F.json] [--save]
                                    [--before OLD.json --before-commit SHA] [--middle MID.json --middle-label L]
                                    [--from-json RAW.json]   (redraw the page from an earlier run's raw results)
@@ -57,12 +57,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_page import RESULTS, save_table
+from benchmarks.scale_cases import MEGATRON_ROWS, Case, run_case
 
-from results_page import RESULTS, save_table  # noqa: E402
-from scale_cases import MEGATRON_ROWS, Case, run_case  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # TFLOP/s per GPU of each SC'21 row, by parameters (B): published-measurements.md, Table 1 of the paper
 A100_TFLOPS = {
@@ -438,7 +436,7 @@ def _commit() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.published", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="", help="only these rows, by name (gpt-1.7b, gpt-8.3b-v100, ...)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="model versions to estimate (see VARIANTS)")
     parser.add_argument("--no-auto", action="store_true", help="skip auto's plan beside each row")
@@ -482,7 +480,7 @@ def main() -> None:
     print(text)
     print(summary(selected, results, compared, variants=variants))
     if options.save:
-        command = "python benchmarks/published.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.published " + " ".join(sys.argv[1:])
         description = (
             _description(options, load_before=load_before)
             + "\n\n"

@@ -11,7 +11,7 @@ dtype), no step can be faster — and auto's speedup over the best hand-written 
 of data-parallel, megatron and uniform-pipeline that fits, by simulated step). Below the table:
 the geometric mean of that speedup over every case where both exist.
 
-    python benchmarks/quality.py [--cases gpt-1.3b@a100x64,...] [--rl-budget-s 10] [--quick]
+    python -m benchmarks.quality [--cases gpt-1.3b@a100x64,...] [--rl-budget-s 10] [--quick]
                                  [--save]
 
 ``--save`` writes ``benchmarks/results/quality-<date>.md`` and the figure
@@ -31,13 +31,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.results_page import RESULTS, save_table
+from cost_models.atomic_file import save_figure_atomic
+from cost_models.units import GIB
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from results_page import RESULTS, save_table  # noqa: E402
-
-from cost_models.atomic_file import save_figure_atomic  # noqa: E402
-from cost_models.units import GIB  # noqa: E402
 
 CLUSTERS = {"p3": "p3.16xlarge", "a100": "dgx-a100", "h100": "dgx-h100"}
 DEVICES_PER_NODE = 8
@@ -146,7 +144,7 @@ def _plan_shape(plan) -> str:
 
 def run(case: str, rl_budget_s: float) -> dict:
     """The worker's result in a fresh process, with its CPU seconds (the machine may be shared)."""
-    command = [sys.executable, __file__, "--worker", case, "--rl-budget-s", str(rl_budget_s)]
+    command = [sys.executable, "-m", "benchmarks.quality", "--worker", case, "--rl-budget-s", str(rl_budget_s)]
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     result = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, cwd=ROOT)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -322,14 +320,15 @@ def draw(results: list[dict], path: Path, *, title: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.quality", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated MODEL@CLUSTERxGPUS")
     parser.add_argument("--rl-budget-s", type=float, default=10.0, help="RL baseline's training seconds per case")
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {', '.join(QUICK)} with RL for 2 s")
     parser.add_argument("--save", action="store_true", help="write the tables and the figure to benchmarks/results/")
     options = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     if options.worker:
         print(json.dumps(worker(options.worker, options.rl_budget_s)))
         return
@@ -411,7 +410,7 @@ def _save(results: list[dict], summary: str, footer: str, rl_budget_s: float) ->
         "estimate of auto or a hand-written plan differs from the simulation by more than 10%, why:\n\n"
         + (notes or "- none")
     )
-    command = "python benchmarks/quality.py " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks.quality " + " ".join(sys.argv[1:])
     save_table(
         "quality",
         title="Plan quality: auto against every baseline",

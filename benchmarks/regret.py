@@ -19,7 +19,7 @@ Per world: regret of auto's pick and of tune's pick on every case (targets: with
 median ≤ 1.03; with tuning ≤ 1.02 on every case), Spearman's ρ of estimate against measured (run B) over all
 candidates of the world (target ≥ 0.9), MAPE (target ≤ 15%), and peak memory per rank against the estimate.
 
-    python benchmarks/regret.py [--worlds 2 4] [--cases gpt,bert,...] [--steps 10] [--warmup 3] [--save]
+    python -m benchmarks.regret [--worlds 2 4] [--cases gpt,bert,...] [--steps 10] [--warmup 3] [--save]
 
 ``--save`` writes ``benchmarks/results/regret-DATE.md`` and ``.json``.
 """
@@ -36,13 +36,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from fidelity_sets import spearman  # noqa: E402
-from heldout_cases import SCORED, check_scored_disjoint  # noqa: E402
-from regret_report import page  # noqa: E402
-from results_page import save_table  # noqa: E402
+from benchmarks.fidelity_sets import spearman
+from benchmarks.heldout_cases import SCORED, check_scored_disjoint
+from benchmarks.regret_report import page
+from benchmarks.results_page import save_table
 
 TUNE_CANDIDATES = 4  # plan tune's default
 ALL_CANDIDATES = 8  # every distinct candidate auto priced (there are at most 5 or 6)
@@ -206,7 +203,7 @@ def run_worlds(args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.regret", description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--cases", default=",".join(SCORED), help="comma-separated keys of heldout_cases.SCORED")
     parser.add_argument("--steps", type=int, default=10)
@@ -231,7 +228,7 @@ def main() -> int:
     title, description, table = page(result)
     print(description + "\n\n" + table)
     if args.save:
-        command = "python benchmarks/regret.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.regret " + " ".join(sys.argv[1:])
         path = save_table("regret", title=title, command=command, description=description, table=table)
         path.with_suffix(".json").write_text(json.dumps(result, indent=2))
     return 0

@@ -27,7 +27,7 @@ def _figure(value: float | None, spec: str) -> str:
 
 def page(result: dict) -> tuple[str, str, str]:
     """(title, description, tables) of the results page."""
-    from regret import __doc__ as method
+    from benchmarks.regret import __doc__ as method
 
     title = "Regret, held out: auto's pick and plan tune's pick against the fastest candidate measured"
     summary = [

@@ -9,7 +9,7 @@ and the fastest fitting placement so far as a multiple of the best heuristic's s
 the final placement against every heuristic. With ``--repeat`` it runs each case a second time with
 ``--rl-iterations`` set to the first run's update count and checks that the placement is the same.
 
-    python benchmarks/rl_curves.py [--budget-s 60] [--seed 0] [--cases ...] [--repeat] [--save]
+    python -m benchmarks.rl_curves [--budget-s 60] [--seed 0] [--cases ...] [--repeat] [--save]
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.compare import CASES
+from benchmarks.results_page import RESULTS, save_table
 
-from compare import CASES  # noqa: E402
-from results_page import RESULTS, save_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CURVE_POINTS = 600  # points kept per curve (evenly spaced updates, the last included)
 TARGET = 0.9  # issue 21: at least 10% faster than the best heuristic
@@ -82,7 +81,17 @@ def kept_updates(count: int) -> list[int]:
 
 
 def run(case: str, *, budget_s: float, seed: int, iterations: int | None = None) -> dict:
-    command = [sys.executable, __file__, "--worker", case, "--budget-s", str(budget_s), "--seed", str(seed)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.rl_curves",
+        "--worker",
+        case,
+        "--budget-s",
+        str(budget_s),
+        "--seed",
+        str(seed),
+    ]
     if iterations:
         command += ["--rl-iterations", str(iterations)]
     result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
@@ -131,7 +140,9 @@ def figure(results: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.rl_curves", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--rl-iterations", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names of compare.py")
@@ -140,7 +151,6 @@ def main() -> None:
     parser.add_argument("--repeat", action="store_true", help="rerun with the update count fixed: same placement?")
     parser.add_argument("--save", action="store_true", help="write the table, figure and curves to benchmarks/results/")
     options = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     if options.worker:
         print(
             json.dumps(
@@ -193,7 +203,7 @@ def main() -> None:
             f"{load[2]:.2f}. Figure: [rl_curves-{today}.png](rl_curves-{today}.png); curves at about {CURVE_POINTS} evenly and {CURVE_POINTS // 2} geometrically spaced updates per case: "
             f"[json](rl_curves-{today}.json)."
         )
-        command = "python benchmarks/rl_curves.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.rl_curves " + " ".join(sys.argv[1:])
         save_table(
             "rl_curves", title="RL placement learning curves", command=command, description=description, table=text
         )

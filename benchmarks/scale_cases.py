@@ -165,7 +165,7 @@ def command(case: Case, out: Path) -> list[str]:
 def run_case(case: Case, *, timeout_s: float, scratch: Path) -> dict:
     """One case in a fresh process: wall seconds, peak RSS (planner, capture child), the search breakdown."""
     out = scratch / f"{case.name}-{case.method}.json"
-    wrapper = [sys.executable, str(Path(__file__).resolve()), "--measure", json.dumps(command(case, out))]
+    wrapper = [sys.executable, "-m", "benchmarks.scale_cases", "--measure", json.dumps(command(case, out))]
     started = time.perf_counter()
     try:
         result = subprocess.run(

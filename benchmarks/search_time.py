@@ -9,7 +9,7 @@ model. Target (issue 4): GPT 39b on 64 GPUs in at most 60 s end to end on this m
 With ``--save`` it also draws search seconds against model size, one line per cluster and GPU
 count (:func:`draw`); ``--draw-from FILE.md`` redraws that figure from a saved table.
 
-    python benchmarks/search_time.py [--sizes 350m,39b] [--clusters dgx-a100] [--devices 8,64]
+    python -m benchmarks.search_time [--sizes 350m,39b] [--clusters dgx-a100] [--devices 8,64]
                                      [--batch-size 256] [--save]
 
 ``--scale`` runs the at-scale rows instead (:mod:`scale_cases`): every Megatron-LM SC'21 row (32 …
@@ -19,7 +19,7 @@ shape on 8192 H100s, and ``auto`` on GPT-39B/64 V100s and the Megatron rows of 1
 in a fresh process with ``--jobs 2``: wall seconds, peak RSS, the breakdown (capture, layer
 options, stage DP or grid scoring, pricing) and the plan. ``--cases gpt-1008b,llama-405b`` picks rows.
 
-    python benchmarks/search_time.py --scale [--cases NAME,...] [--timeout-s 600] [--save]
+    python -m benchmarks.search_time --scale [--cases NAME,...] [--timeout-s 600] [--save]
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.results_page import RESULTS, save_table
 
-from results_page import RESULTS, save_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SIZES = ("350m", "1.3b", "6.7b", "39b")
 CLUSTERS = ("p3.16xlarge", "dgx-a100")
@@ -78,7 +77,15 @@ def worker(size: str, cluster_name: str, num_devices: int, batch_size: int) -> d
 
 
 def run(size: str, cluster: str, devices: int, batch_size: int) -> dict:
-    command = [sys.executable, __file__, "--worker", f"{size},{cluster},{devices}", "--batch-size", str(batch_size)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.search_time",
+        "--worker",
+        f"{size},{cluster},{devices}",
+        "--batch-size",
+        str(batch_size),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -183,7 +190,7 @@ def scale_table(rows: list[dict]) -> str:
 def run_scale(options: argparse.Namespace) -> None:
     import tempfile
 
-    from scale_cases import auto_cases, megatron_cases, run_case
+    from benchmarks.scale_cases import auto_cases, megatron_cases, run_case
 
     cases = [*megatron_cases(), *auto_cases()]
     if options.cases:
@@ -199,7 +206,7 @@ def run_scale(options: argparse.Namespace) -> None:
     load = f"Load average (1 min) {load_before:.2f} before the first row, {os.getloadavg()[0]:.2f} after the last."
     print(load)
     if options.save:
-        command = "python benchmarks/search_time.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.search_time " + " ".join(sys.argv[1:])
         description = (
             f"{load} "
             "Each row is `plan` in a fresh process with `--jobs 2` (the two exports overlap), roofline costs, "
@@ -243,7 +250,11 @@ def draw_scale(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.search_time",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--clusters", default=",".join(CLUSTERS))
@@ -263,7 +274,6 @@ def main() -> None:
         draw(rows_from_table(options.draw_from), figure)
         print(f"wrote {figure}")
         return
-    sys.path.insert(0, str(ROOT))
     if options.worker:
         size, cluster, devices = options.worker.split(",")
         print(json.dumps(worker(size, cluster, int(devices), options.batch_size)))
@@ -277,7 +287,7 @@ def main() -> None:
     text = table(rows)
     print(text)
     if options.save:
-        command = "python benchmarks/search_time.py " + " ".join(sys.argv[1:])
+        command = "python -m benchmarks.search_time " + " ".join(sys.argv[1:])
         description = (
             f'GPT (seq 1024) at global batch {options.batch_size}, `method="auto"`, roofline costs, adam-mixed. '
             "Times are seconds of wall clock on this machine; *total* is the whole process (imports, model build on "

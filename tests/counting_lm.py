@@ -8,29 +8,22 @@ so next-token cross entropy can fall from about ``log(vocab)`` towards 0; on ran
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from torch import Tensor, nn
+
+from planner.ir.model_file import ModelFile, load_model_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SIZES = {"layers": 2, "hidden": 32, "heads": 4, "seq": 16, "vocab": 16}
 
 
-def _example(relative: str) -> ModuleType:
-    path = EXAMPLES / relative
-    sys.path.insert(0, str(path.parent))  # the zoo's files import their helpers from beside them
-    spec = importlib.util.spec_from_file_location(f"counting_lm_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _example(relative: str) -> ModelFile:
+    return load_model_file(EXAMPLES / relative)  # imported as `plan` imports it: the zoo's helpers beside it
 
 
-def _family(family: str) -> ModuleType:
+def _family(family: str) -> ModelFile:
     if family not in ("gpt", "llama"):
         raise ValueError(f"family must be 'gpt' or 'llama', got {family!r}")
     return _example("gpt.py" if family == "gpt" else "zoo/hf_llama.py")

@@ -230,6 +230,7 @@ def test_run_calibration_rejects_one_process() -> None:
         run_calibration(num_processes=1, quick=True)
 
 
+@pytest.mark.slow
 def test_quick_calibration_on_two_processes(tmp_path) -> None:
     messages: list[str] = []
     result = run_calibration(num_processes=2, quick=True, progress=messages.append)

@@ -180,6 +180,7 @@ def test_bad_input_is_one_line_exit_2_no_file(case: str, tmp_path: Path, capsys,
     assert not (tmp_path / "plan.json").exists()
 
 
+@pytest.mark.slow
 def test_console_script_runs_without_traceback(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "planner", "nowhere.py", "--cluster", "local-cpu", "--batch-size", "2"],

@@ -10,23 +10,7 @@ import pytest
 from cost_models.cluster import PRESET_NAMES, Cluster, load_cluster, preset
 from cost_models.units import GIB
 from planner.errors import AutoplanError
-
-TOML = """
-name = "lab"
-num_nodes = 2
-devices_per_node = 4
-[device]
-name = "L4"
-peak_flops = { bfloat16 = 121e12, float32 = 30e12 }
-memory_bytes = 24_000_000_000
-memory_bandwidth = 300e9
-[intra_node]
-bandwidth = 32e9
-latency_s = 10e-6
-[inter_node]
-bandwidth = 12.5e9
-latency_s = 0
-"""
+from tests.conftest import LAB_CLUSTER_TOML as TOML
 
 
 def test_presets_follow_references() -> None:

@@ -11,12 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from benchmarks import compat
 from planner.errors import REPORT_HINT, InternalError
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import compat  # noqa: E402
 
 
 def _done(stdout: str = "", stderr: str = "", code: int = 0) -> subprocess.CompletedProcess:
@@ -46,12 +46,14 @@ def test_internal_errors_ask_for_a_bug_report() -> None:
     assert REPORT_HINT in str(InternalError("stage 0 broke"))
 
 
+@pytest.mark.slow
 def test_sweep_slice(tmp_path: Path) -> None:
     """Plan, run two steps and check parity for a slice of the zoo, as the whole sweep does."""
     out, data = tmp_path / "compat.md", tmp_path / "compat.json"
     command = [
         sys.executable,
-        str(ROOT / "benchmarks" / "compat.py"),
+        "-m",
+        "benchmarks.compat",
         "--families",
         "nn_strided_cnn,nn_lstm",
         "--methods",

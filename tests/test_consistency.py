@@ -8,20 +8,15 @@ line.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 import pytest
 
+from benchmarks.consistency import check_case, check_options
 from cost_models.cluster import load_cluster
 from planner.api import plan_prepared, prepare_model_file
 from planner.errors import AutoplanError
 from tests.conftest import EXAMPLES
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-from consistency import check_case, check_options
 
 CASES = {
     "mlp@cpu2": ("mlp", {"hidden": 128, "layers": 4}, 16, "local-cpu", 1, 2),

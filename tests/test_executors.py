@@ -11,9 +11,6 @@ charges (:func:`planner.costing.collectives.charged_collectives`).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -21,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import load_cluster
-from executors.training.launch import free_port
 from planner.api import plan_prepared, prepare_model_file
 from planner.inter.search import layering
 from planner.ir.graph import OpGraph
 from planner.ir.recompute import remat_runs
 from planner.plan import Plan, load_plan, save_plan
-from tests.conftest import captured, edit_strategy
+from tests.conftest import captured, edit_strategy, torchrun
+
+pytestmark = pytest.mark.slow  # every test here launches processes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -134,9 +132,6 @@ COLLECTIVE_CASES = {
 }
 
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the zoo's HF models are built from configs
-
-
 def make_plans(world: int, directory: Path) -> dict[str, Path]:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
     paths = {}
@@ -198,23 +193,6 @@ def uneven_plan(model: str, *, world: int, devices: tuple[tuple[int, ...], tuple
         )
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
     return replace(split, cluster=cluster, stages=tuple(stages))
-
-
-def torchrun(world: int, worker: str, out: Path, plans: list[Path]) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(world),
-        "--master-port",
-        str(free_port()),
-        str(ROOT / "tests" / worker),
-        str(out),
-        *map(str, plans),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")

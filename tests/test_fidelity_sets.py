@@ -3,16 +3,12 @@ per-world scores, the machine shares and the memory peak from allocation events.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from fidelity_sets import (  # noqa: E402
+from benchmarks.fidelity_sets import (
     PROBE_MODEL_FILES,
     SCORED,
     Attempt,
@@ -24,9 +20,10 @@ from fidelity_sets import (  # noqa: E402
     spearman,
     world_summary,
 )
+from executors.step_timing import machine_shares
+from executors.training.memory_peak import peak_from_events, step_peak_bytes
 
-from executors.step_timing import machine_shares  # noqa: E402
-from executors.training.memory_peak import peak_from_events, step_peak_bytes  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_probe_and_scored_sets_are_disjoint() -> None:

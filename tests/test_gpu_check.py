@@ -17,19 +17,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.gpu_check import DEVICE_COMMAND, DEVICE_TIMEOUT_S, Section, device_call, run_sections
+from benchmarks.gpu_check_device import H200_141GB, cluster_for, write_cluster
+from benchmarks.gpu_check_program import parse_steps
+from benchmarks.gpu_check_report import render, save
+from cost_models.cluster import load_cluster
+from cost_models.units import GIB, MIB
+from executors.training.memory_probe import AllocatorPeak, allocator_peak
+from executors.training.train_log import StepLogger, Throughput
+from planner.plan import Estimate
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from gpu_check import DEVICE_COMMAND, DEVICE_TIMEOUT_S, Section, device_call, run_sections  # noqa: E402
-from gpu_check_device import H200_141GB, cluster_for, write_cluster  # noqa: E402
-from gpu_check_program import parse_steps  # noqa: E402
-from gpu_check_report import render, save  # noqa: E402
-
-from cost_models.cluster import load_cluster  # noqa: E402
-from cost_models.units import GIB, MIB  # noqa: E402
-from executors.training.memory_probe import AllocatorPeak, allocator_peak  # noqa: E402
-from executors.training.train_log import StepLogger, Throughput  # noqa: E402
-from planner.plan import Estimate  # noqa: E402
 
 
 def _positive(value: object) -> bool:
@@ -41,7 +39,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("gpu-check")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--budget-s", "1500", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--budget-s", "1500", "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -53,6 +51,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads((out / "gpu_check.json").read_text())
 
 
+@pytest.mark.slow  # the dry_run fixture runs the whole check in a process
 def test_dry_run_measures_and_predicts_every_operator(dry_run: dict) -> None:
     section = dry_run["sections"]["operators"]
     assert section["status"] == "ok"
@@ -65,6 +64,7 @@ def test_dry_run_measures_and_predicts_every_operator(dry_run: dict) -> None:
         assert len(row["times_s"]) == 3
 
 
+@pytest.mark.slow  # the dry_run fixture runs the whole check in a process
 def test_dry_run_measures_the_program_and_the_plain_loop_against_their_estimates(dry_run: dict) -> None:
     section = dry_run["sections"]["steps"]
     assert section["status"] == "ok"
@@ -78,6 +78,7 @@ def test_dry_run_measures_the_program_and_the_plain_loop_against_their_estimates
     assert len(row["program"]["losses"]) == row["steps"]
 
 
+@pytest.mark.slow  # the dry_run fixture runs the whole check in a process
 def test_dry_run_walks_the_programs_checkpoint_resume_and_parity_path(dry_run: dict) -> None:
     section = dry_run["sections"]["cuda_path"]
     assert section["status"] == "ok"
@@ -86,6 +87,7 @@ def test_dry_run_walks_the_programs_checkpoint_resume_and_parity_path(dry_run: d
     assert checks["resumed losses equal the uninterrupted run's"]["measured"] == 0.0  # same kernels on one CPU
 
 
+@pytest.mark.slow  # the dry_run fixture runs the whole check in a process
 def test_the_page_renders_every_table(dry_run: dict, tmp_path: Path) -> None:
     page = render(dry_run)
     for heading in (
@@ -182,6 +184,7 @@ def test_a_failed_setup_still_renders_a_page_that_says_so() -> None:
     assert "Setup failed: ImportError: cannot import name 'x'" in page and "NVIDIA H200" in page
 
 
+@pytest.mark.slow  # the dry_run fixture runs the whole check in a process
 def test_rows_that_failed_or_ran_out_of_time_are_on_the_page(dry_run: dict) -> None:
     result = json.loads(json.dumps(dry_run))
     operators = result["sections"]["operators"]["rows"]

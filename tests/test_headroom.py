@@ -26,7 +26,7 @@ from planner.costing.setup import plan_setup
 from planner.errors import AutoplanError
 from planner.plan import Plan, load_plan, save_plan
 from tests.conftest import EXAMPLES
-from tests.test_cluster import TOML
+from tests.conftest import LAB_CLUSTER_TOML as TOML
 
 # 9 blocks of 16896 x 16896 (5.1e9 parameters, 16 B each with mixed-precision Adam): 76.6 GiB per device
 # under data parallelism, inside an A100's 80 GiB but over its 72.6 GiB budget.

@@ -26,8 +26,7 @@ from planner.inter.stage_dp import solve_stages, submeshes
 from planner.ir.capture import capture
 from planner.ir.model_file import instantiate, load_model_file
 from planner.ir.rebatch import MicrobatchGraphs
-from tests.conftest import EXAMPLES, captured
-from tests.test_intra_op import setup_for
+from tests.conftest import EXAMPLES, captured, setup_for
 
 
 def graphs_for(name: str, batch_size: int, **model_args: object) -> MicrobatchGraphs:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
-from cost_models.cluster import load_cluster
-from cost_models.compute import RooflineCompute
 from cost_models.units import GIB
-from planner.costing.setup import CostSetup
 from planner.costing.stage_work import explain_stage
 from planner.errors import AutoplanError
 from planner.intra.incumbents import data_parallel_choice, megatron_choice
@@ -19,24 +15,7 @@ from planner.intra.single_stage import logical_meshes, single_stage_plan
 from planner.intra.solve import solve_intra_op
 from planner.intra.stage_problem import IntraOpOptions, build_stage_problem
 from planner.intra.to_stage import stage_from_result
-from planner.sharding.specs import StageMesh
-from tests.conftest import captured
-
-A100 = load_cluster("dgx-a100")
-
-
-def setup_for(memory_gib: float | None = None, cluster=A100) -> CostSetup:
-    if memory_gib is not None:
-        # the budget is memory_gib: no reserve (cost_models.cluster.reserved_bytes) on these test devices
-        device = dataclasses.replace(cluster.device, memory_bytes=int(memory_gib * GIB), memory_reserve_bytes=0)
-        cluster = dataclasses.replace(cluster, device=device)
-    return CostSetup(cluster=cluster, compute=RooflineCompute(device=cluster.device), optimizer="adam-mixed")
-
-
-def mesh_for(setup: CostSetup, shape: tuple[int, ...]) -> StageMesh:
-    return StageMesh(
-        cluster=setup.cluster, devices=tuple(range(8)), mesh_shape=shape, activation_itemsize=setup.activation_itemsize
-    )
+from tests.conftest import captured, mesh_for, setup_for
 
 
 def test_wide_mlp_short_of_memory_becomes_megatron() -> None:

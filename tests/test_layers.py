@@ -12,8 +12,7 @@ from planner.intra.stage_problem import IntraOpOptions
 from planner.ir.capture import capture
 from planner.ir.graph import subgraph
 from planner.ir.layers import boundary_bytes, cluster_layers, collapse_identical_layers, graph_layers
-from tests.conftest import captured
-from tests.test_intra_op import mesh_for, setup_for
+from tests.conftest import captured, mesh_for, setup_for
 
 
 def test_gpt_layers_follow_the_blocks() -> None:

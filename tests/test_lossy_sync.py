@@ -33,7 +33,7 @@ import pytest
 from cost_models.cluster import load_cluster
 from planner.api import plan_model_file
 from planner.plan import save_plan
-from tests.test_executors import torchrun
+from tests.conftest import torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 200
@@ -81,6 +81,7 @@ def curves(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], di
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "world", "choice"), [(m, w, c) for m, w in CASES for c in WORLDS[w][2]])
 def test_a_lossy_sync_follows_the_exact_loss_curve(curves, model: str, world: int, choice: str) -> None:
     exact, lossy = _windows(curves[model, world]["exact"]), _windows(curves[model, world][choice])
@@ -92,6 +93,7 @@ def test_a_lossy_sync_follows_the_exact_loss_curve(curves, model: str, world: in
     assert max(gaps) <= allowed, f"{choice}: window means {lossy} vs exact {exact} (allowed gap {allowed:.4g})"
 
 
+@pytest.mark.slow
 def test_the_lossy_runs_are_not_the_exact_run(curves) -> None:
     """The hooks really ran: a lossy sync changes the numbers (a test that could not fail otherwise)."""
     for model, world in CASES:

@@ -6,7 +6,7 @@ import pytest
 
 from cost_models.memory import OPTIMIZERS, model_state_bytes, saved_activation_bytes
 from planner.errors import AutoplanError
-from tests.conftest import captured
+from tests.conftest import captured, setup_for
 
 
 def test_mixed_precision_adam_is_16_bytes_per_param() -> None:
@@ -65,7 +65,6 @@ def test_the_planner_charges_the_mask_where_the_dropout_runs() -> None:
     from planner.sharding.op_rules import enumerate_strategies
     from planner.sharding.sequence_parallel import computed_output
     from planner.sharding.specs import StageMesh
-    from tests.test_intra_op import setup_for
 
     graph = _dropout_graph(0.1)
     setup = setup_for()

@@ -134,6 +134,7 @@ def test_cross_entropy_holds_its_log_softmax_and_two_gradients() -> None:
     assert loss_bytes_per_output_element(None, [logits], ()) == DEFAULT_BYTES_PER_OUTPUT_ELEMENT == 4.0
 
 
+@pytest.mark.slow
 def test_the_estimate_of_a_data_parallel_mlp_is_within_bounds_of_its_measured_peak(tmp_path: Path) -> None:
     """Two gloo ranks train examples/mlp.py (hidden 256, 4 blocks, batch 64) with DDP: each rank's peak, the CPU
     allocator's count over one profiled step (executors.training.memory_peak: deterministic for a fixed program),

@@ -8,11 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cost_models.cluster import load_cluster
 from executors.training.launch import free_port
 from executors.training.program import write_program
 from planner.api import plan_model_file
 from tests.conftest import EXAMPLES, ROOT
+
+pytestmark = pytest.mark.slow  # every test here launches processes
 
 SEARCH = (
     "planner.api",

@@ -17,8 +17,7 @@ from planner.costing.lowering import simulate_lowered
 from planner.plan import Collective, Estimate, ModelRef, NodeSharding, Plan, SearchStats, Stage
 from planner.plan.report import plan_summary
 from planner.plan.shape import plan_shape
-from tests.conftest import EXAMPLES
-from tests.test_simulator import pipeline
+from tests.conftest import EXAMPLES, pipeline
 
 GPT = str(EXAMPLES / "gpt.py")
 MEGATRON_ARGS = [

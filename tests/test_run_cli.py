@@ -16,6 +16,8 @@ from cost_models.cluster import load_cluster
 from planner.api import plan_model_file
 from planner.plan import save_plan
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 ROOT = Path(__file__).resolve().parent.parent
 NOISY_MODEL = """
 import torch

@@ -123,6 +123,7 @@ def test_equal_spans_add_megatrons_cut_on_deep_models() -> None:
     assert equal_spans((0, 1, 2), 2) == [[(0, 1), (2, 2)]]
 
 
+@pytest.mark.slow
 def test_the_second_capture_in_a_child_gives_the_same_graphs() -> None:
     one = _prepare(1, 4, batch_size=16, jobs=1)
     two = _prepare(1, 4, batch_size=16, jobs=2)
@@ -135,6 +136,7 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_cleanly_without_a_plan_file(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     command = [
@@ -175,6 +177,7 @@ def test_ctrl_c_exits_cleanly_without_a_plan_file(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_more_jobs_give_the_same_auto_plan() -> None:
     """Layer tables and the counts' stage DPs over forked processes: the same plan as one process."""
     one = plan_prepared(_prepare(2, 4, batch_size=32, jobs=1), "auto")

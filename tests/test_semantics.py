@@ -27,7 +27,7 @@ from planner.api import plan_prepared, prepare_model_file
 from planner.ir.capture import capture
 from planner.ir.model_file import instantiate, load_model_file
 from planner.plan import load_plan, save_plan
-from tests.test_executors import torchrun
+from tests.conftest import torchrun
 
 ZOO = Path(__file__).resolve().parent.parent / "examples" / "zoo"
 PIPELINE = {"degrees": (1, 2, 1), "schedule": "gpipe", "microbatches": 2}
@@ -75,6 +75,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict]:
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,key", [(world, key) for world in CASES for key in CASES[world]])
 def test_parity(runs: dict, world: int, key: str) -> None:
     run = runs[world]
@@ -83,6 +84,7 @@ def test_parity(runs: dict, world: int, key: str) -> None:
     assert len(steps) == 3 and all(step["ok"] for step in steps), [step["describe"] for step in steps]
 
 
+@pytest.mark.slow
 def test_plans_are_the_kind_named(runs: dict) -> None:
     """The cases test what their names say: shared tied weight across stages, pipelines, BN rows."""
     tied = load_plan(runs[2]["plans"]["tied-pipeline"])

@@ -20,9 +20,7 @@ from planner.intra.to_stage import stage_from_result
 from planner.plan.report import _stage_line
 from planner.sharding.sequence_parallel import computed_output
 from planner.sharding.specs import GATHERED, REPLICATE, ShardingSpec, StageMesh, reshard_s, shard
-from tests.conftest import captured
-from tests.test_intra_op import setup_for
-from tests.test_strategies import by_name, context
+from tests.conftest import by_name, captured, context, setup_for
 
 R, G = REPLICATE, GATHERED
 GPT_BLOCK = {"size": "tiny", "hidden": 1024, "heads": 16, "layers": 2, "seq": 256}

@@ -64,6 +64,7 @@ def show_cli(*args: str | Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_show_draws_a_png_of_a_pipelined_gpt_on_two_nodes(plans: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "plan.png"
     run = show_cli(plans["gpt-pipeline"], "--figure", out)
@@ -119,6 +120,7 @@ def _edited(plans: dict[str, Path], tmp_path: Path, **model: object) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "message"),
     [

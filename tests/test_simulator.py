@@ -5,24 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cost_models.simulator import TaskGraph, simulate
-from planner.costing.lowering import Chunk, Lowered, pipeline_order, simulate_lowered
-
-
-def pipeline(fwd, bwd, *, m: int, schedule: str, transfer_s: float = 0.0, step_s: float = 0.0, act: float = 0.0):
-    """A chain of single-device stages with the given per-microbatch forward and backward seconds."""
-    count = len(fwd)
-    return Lowered(
-        num_devices=count,
-        stage_devices=tuple((s,) for s in range(count)),
-        state_bytes=(0.0,) * count,
-        step_s=(step_s,) * count,
-        chunks=tuple(Chunk(stage=s, fwd_s=fwd[s], bwd_s=bwd[s], activation_bytes=act) for s in range(count)),
-        edges={(s, s + 1): 1.0 for s in range(count - 1)},
-        grad_edges={(s, s + 1): 1.0 for s in range(count - 1)},
-        schedule=schedule,
-        num_microbatches=m,
-        transfer_s=lambda a, b, n: transfer_s,
-    )
+from planner.costing.lowering import pipeline_order, simulate_lowered
+from tests.conftest import pipeline
 
 
 def spans_of(result) -> dict[tuple[str, str], tuple[float, float]]:

@@ -11,20 +11,15 @@ import math
 
 import pytest
 
-from cost_models.cluster import Cluster, DeviceSpec, Link
 from planner.costing.node_cost import grad_values
 from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind
 from planner.ir.op_kinds import classify
 from planner.sharding.op_rules import enumerate_strategies
-from planner.sharding.specs import REPLICATE, ShardingSpec, StageMesh, shard
-from planner.sharding.strategies import NodeStrategy, StrategyContext
+from planner.sharding.specs import REPLICATE, ShardingSpec, shard
 from planner.sharding.view_rules import reshape_map, view_dim_map
-from tests.conftest import captured
+from tests.conftest import by_name, captured, context
 
 R = REPLICATE
-LINK = Link(bandwidth=1e9, latency_s=1e-5)
-DEVICE = DeviceSpec(name="test", peak_flops={"float32": 1e12}, memory_bytes=2**34, memory_bandwidth=1e11)
-CLUSTER = Cluster(name="test", num_nodes=1, devices_per_node=8, device=DEVICE, intra_node=LINK, inter_node=LINK)
 
 MLP = {"hidden": 64, "layers": 2}
 RESNET = {"width": 8}
@@ -33,7 +28,7 @@ EXAMPLES = {"mlp": MLP, "gpt": {}, "resnet": RESNET, "moe": MOE}  # gpt: the tin
 
 
 def all_reduce_4(num_bytes: float) -> float:
-    """Ring all-reduce over 4 devices of LINK, written out."""
+    """Ring all-reduce over 4 devices of TOY_LINK (tests/conftest.py), written out."""
     return 6 * 1e-5 + 1.5 * num_bytes / 1e9
 
 
@@ -41,22 +36,6 @@ def grad_sync_4(num_bytes: float) -> float:
     """A gradient's additive share of a bucketed all-reduce over 4 devices: its share of a 25 MiB bucket's
     latency (a sharded stage's executor reduces gradients in buckets, executors.grad_sync), written out."""
     return min(1.0, num_bytes / (25 * 1024**2)) * 6 * 1e-5 + 1.5 * num_bytes / 1e9
-
-
-def context(
-    graph: OpGraph, shape: tuple[int, ...], *, grad_itemsize: int = 4, grad: frozenset[str] | None = None
-) -> StrategyContext:
-    mesh = StageMesh(cluster=CLUSTER, devices=tuple(range(math.prod(shape))), mesh_shape=shape)
-    needs = grad_values(graph) if grad is None else grad
-    return StrategyContext(graph=graph, mesh=mesh, grad_values=needs, grad_itemsize=grad_itemsize)
-
-
-def by_name(graph: OpGraph, node: str, shape: tuple[int, ...], **options: object) -> dict[str, NodeStrategy]:
-    strategies, reason = enumerate_strategies(graph.node(node), context(graph, shape, **options))
-    assert reason is None, reason
-    names = [s.name for s in strategies]
-    assert len(names) == len(set(names)), f"duplicate strategies {names}"
-    return {s.name: s for s in strategies}
 
 
 def spec(*placements: str) -> ShardingSpec:

@@ -139,6 +139,7 @@ def _tune_args(out: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_plan_tune_end_to_end_writes_the_plan_its_table_and_the_calibration(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
