@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cost_models.simulator import TaskGraph, simulate
-from planner.costing.lowering import Chunk, Lowered, pipeline_order, simulate_lowered
+from planner.costing.lowered_tasks import Chunk, Lowered, pipeline_order
+from planner.costing.lowering import simulate_lowered
 
 
 def pipeline(fwd, bwd, *, m: int, schedule: str, transfer_s: float = 0.0, step_s: float = 0.0, act: float = 0.0):
