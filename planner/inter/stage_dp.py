@@ -155,7 +155,7 @@ def solve_stages(
             for j, mesh in enumerate(meshes)
         }
         costs = _arrays(labels, num_layers, len(meshes))
-    chosen = _Choosing(
+    inputs = _DpInputs(
         meshes=meshes,
         arrays=costs,
         labels=labels,
@@ -167,17 +167,18 @@ def solve_stages(
     queried = time.perf_counter()
     natural = min(num_layers, num_nodes * devices_per_node)
     stage_limit = natural if max_stages is None else min(natural, max_stages)
-    tables = _dp_tables(chosen, num_devices=num_nodes * devices_per_node, stage_limit=stage_limit, natural=natural)
+    tables = _dp_tables(inputs, num_devices=num_nodes * devices_per_node, stage_limit=stage_limit, natural=natural)
     best, tried = search_bounds(tables, early_stop)
     if best is None:
         gib = memory_budget_bytes / GIB
         raise AutoplanError(f"no pipeline of at most {stage_limit} stages fits in {gib:.3g} GiB per device")
-    return _plan(chosen, best, tried, time.perf_counter() - queried)
+    return _plan(inputs, best, tried, time.perf_counter() - queried)
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Choosing:
-    """What picks each stage's option once the DP has found the stages (:func:`_chosen`), and the DP's inputs."""
+class _DpInputs:
+    """The DP's inputs: the submeshes, every option, the boundaries, the schedule's flight and the budget; what picks
+    each stage's option once the DP has found the stages (:func:`_chosen`)."""
 
     meshes: tuple[Submesh, ...]
     arrays: OptionArrays
@@ -188,20 +189,20 @@ class _Choosing:
     budget: float
 
 
-def _dp_tables(chosen: _Choosing, *, num_devices: int, stage_limit: int, natural: int) -> DpTables:
+def _dp_tables(inputs: _DpInputs, *, num_devices: int, stage_limit: int, natural: int) -> DpTables:
     """The DP's tables: ``τ_c`` per class (:func:`_classes`; GPipe: one class, every microbatch in flight), the
     boundaries sorted per sender, and devices counted in units of the submeshes' common divisor."""
-    m, budget, boundary = chosen.num_microbatches, chosen.budget, chosen.boundary
-    if chosen.flight_all:
-        times, open_class = _fitting_times(chosen.arrays, [m], budget), True
+    m, budget, boundary = inputs.num_microbatches, inputs.budget, inputs.boundary
+    if inputs.flight_all:
+        times, open_class = _fitting_times(inputs.arrays, [m], budget), True
     else:
         flights = range(1, min(m, stage_limit) + 1)
-        fitting = _fitting_times(chosen.arrays, flights, budget)
+        fitting = _fitting_times(inputs.arrays, flights, budget)
         times, open_class = _classes(fitting, stage_limit, exact=stage_limit < natural)
     order = np.argsort(boundary, axis=2, kind="stable")
-    unit = math.gcd(num_devices, *(mesh.size for mesh in chosen.meshes))  # devices are counted in units
+    unit = math.gcd(num_devices, *(mesh.size for mesh in inputs.meshes))  # devices are counted in units
     return DpTables(
-        sizes=np.array([mesh.size // unit for mesh in chosen.meshes]),
+        sizes=np.array([mesh.size // unit for mesh in inputs.meshes]),
         times=times,
         boundary=boundary,
         order=order,
@@ -251,7 +252,7 @@ def _classes(fitting: np.ndarray, stage_limit: int, *, exact: bool) -> tuple[np.
     return fitting[:count], True
 
 
-def _chosen(tables: _Choosing, first: int, last: int, j: int, in_flight: int) -> StageOption:
+def _chosen(tables: _DpInputs, first: int, last: int, j: int, in_flight: int) -> StageOption:
     """The fastest option of a stage that fits with ``in_flight`` microbatches."""
     arrays = tables.arrays
     state, activation = arrays.state_bytes[first, last, j], arrays.activation_bytes[first, last, j]
@@ -264,7 +265,7 @@ def _chosen(tables: _Choosing, first: int, last: int, j: int, in_flight: int) ->
     )
 
 
-def _plan(tables: _Choosing, run: DpRun, tried: int, dp_s: float) -> StagePlan:
+def _plan(tables: _DpInputs, run: DpRun, tried: int, dp_s: float) -> StagePlan:
     """Options for the true in-flight counts, stage times and the latency recomputed in Python."""
     count, batches, stages = len(run.path), tables.num_microbatches, []
     for s, (first, last, j, _) in enumerate(run.path):
