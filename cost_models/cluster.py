@@ -7,8 +7,8 @@ direction per device; latencies are seconds per message (the α of the α-β mod
 
 Presets take their figures from REFERENCES.md (hardware table and measured NCCL numbers);
 ``local-cpu`` describes this machine's processes before ``plan calibrate`` measures it.
-A cluster file (TOML or JSON) has the fields of :meth:`Cluster.to_json`; ``plan calibrate``
-writes one.
+A cluster file (TOML or JSON) has the fields of :meth:`Cluster.to_json` (its device section:
+:mod:`cost_models.device_file`); ``plan calibrate`` writes one.
 
 Not all of a device's memory is the plan's: :func:`reserved_bytes` is what the runtime takes
 first (the CUDA context, library workspaces, NCCL buffers and the allocator's fragmentation on a
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cost_models.device import RUNTIME_FIELDS, DeviceSpec
-from cost_models.gemm_efficiency import KernelSpec
+from cost_models.device import DeviceSpec
+from cost_models.device_file import check_peak_flops, device_json, number, parse_device
 from cost_models.gpu_devices import A100_80GB, H100_80GB, V100_16GB, V100_32GB
 from cost_models.units import GIB
 from planner.errors import AutoplanError
@@ -114,35 +114,12 @@ class Cluster:
             "name": self.name,
             "num_nodes": self.num_nodes,
             "devices_per_node": self.devices_per_node,
-            "device": {
-                "name": self.device.name,
-                "peak_flops": dict(self.device.peak_flops),
-                "memory_bytes": self.device.memory_bytes,
-                "memory_bandwidth": self.device.memory_bandwidth,
-                "compute_efficiency": self.device.compute_efficiency,
-                "memory_efficiency": self.device.memory_efficiency,
-                "kernel_overhead_s": self.device.kernel_overhead_s,
-                "sharded_op_overhead_s": self.device.sharded_op_overhead_s,
-                "microbatch_overhead_s": self.device.microbatch_overhead_s,
-                "step_overhead_s": self.device.step_overhead_s,
-                "shared_slowdown": self.device.shared_slowdown,
-                **(
-                    {} if self.device.memory_correction == 1.0 else {"memory_correction": self.device.memory_correction}
-                ),
-                "mixed_precision": self.device.mixed_precision,
-                **self._reserve_json(),
-                **({} if self.device.kernels is None else {"kernels": self.device.kernels.to_json()}),
-            },
+            "device": device_json(self.device),
             "intra_node": {"bandwidth": self.intra_node.bandwidth, "latency_s": self.intra_node.latency_s},
             "inter_node": {"bandwidth": self.inter_node.bandwidth, "latency_s": self.inter_node.latency_s},
             **({} if self.nics_per_node is None else {"nics_per_node": self.nics_per_node}),
             **({} if self.calibration is None else {"calibration": dict(self.calibration)}),
         }
-
-    def _reserve_json(self) -> dict[str, int]:
-        """The device's ``memory_reserve_bytes`` when set; absent means the default (TOML has no null)."""
-        reserve = self.device.memory_reserve_bytes
-        return {} if reserve is None else {"memory_reserve_bytes": reserve}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, source: str = "file") -> Cluster:
@@ -324,31 +301,15 @@ def _parse_cluster(data: Any, *, source: str) -> Cluster:
     if not isinstance(data, dict):
         raise AutoplanError(f"{where} must hold a table/object with fields num_nodes, devices_per_node, device, ...")
     device = _section(data, "device", where)
-    peak = device.get("peak_flops")
-    if not isinstance(peak, dict) or not peak or not all(_positive(v) for v in peak.values()):
-        raise AutoplanError(f"{where}: device.peak_flops must map dtypes to positive FLOP/s, e.g. float32 = 1e12")
+    check_peak_flops(device, where)
     cluster = Cluster(
         name=str(data.get("name", Path(source).stem)),
-        num_nodes=_number(data, "num_nodes", where, integer=True),
-        devices_per_node=_number(data, "devices_per_node", where, integer=True),
-        device=DeviceSpec(
-            name=str(device.get("name", "device")),
-            peak_flops={str(k): float(v) for k, v in peak.items()},
-            memory_bytes=_number(device, "memory_bytes", f"{where}: device", integer=True),
-            memory_bandwidth=_number(device, "memory_bandwidth", f"{where}: device"),
-            compute_efficiency=_number(device, "compute_efficiency", f"{where}: device", default=0.6),
-            memory_efficiency=_number(device, "memory_efficiency", f"{where}: device", default=0.8),
-            kernel_overhead_s=_number(device, "kernel_overhead_s", f"{where}: device", default=5e-6, allow_zero=True),
-            **{key: _number(device, key, f"{where}: device", default=0.0, allow_zero=True) for key in RUNTIME_FIELDS},
-            shared_slowdown=_number(device, "shared_slowdown", f"{where}: device", default=1.0),
-            memory_correction=_number(device, "memory_correction", f"{where}: device", default=1.0),
-            mixed_precision=bool(device.get("mixed_precision", True)),
-            memory_reserve_bytes=_reserve(device, where),
-            kernels=None if device.get("kernels") is None else KernelSpec.from_json(device["kernels"], where=where),
-        ),
+        num_nodes=number(data, "num_nodes", where, integer=True),
+        devices_per_node=number(data, "devices_per_node", where, integer=True),
+        device=parse_device(device, where),
         intra_node=_link(data, "intra_node", where),
         inter_node=_link(data, "inter_node", where),
-        nics_per_node=_number(data, "nics_per_node", where, integer=True) if "nics_per_node" in data else None,
+        nics_per_node=number(data, "nics_per_node", where, integer=True) if "nics_per_node" in data else None,
         source=source,
         calibration=_calibration(data, where),
     )
@@ -369,18 +330,6 @@ def _calibration(data: dict, where: str) -> dict[str, Any] | None:
     return {key: value[key] for key in CALIBRATION_SUMMARY if key in value}
 
 
-def _reserve(device: dict, where: str) -> int | None:
-    """``device.memory_reserve_bytes``: absent or null for the default, else 0 <= value < memory_bytes."""
-    if device.get("memory_reserve_bytes") is None:
-        return None
-    reserve = _number(device, "memory_reserve_bytes", f"{where}: device", integer=True, allow_zero=True)
-    if reserve >= device["memory_bytes"]:
-        raise AutoplanError(
-            f"{where}: device.memory_reserve_bytes ({reserve}) must be less than memory_bytes ({device['memory_bytes']})"
-        )
-    return reserve
-
-
 def _section(data: dict, key: str, where: str) -> dict:
     value = data.get(key)
     if not isinstance(value, dict):
@@ -391,27 +340,6 @@ def _section(data: dict, key: str, where: str) -> dict:
 def _link(data: dict, key: str, where: str) -> Link:
     section = _section(data, key, where)
     return Link(
-        bandwidth=_number(section, "bandwidth", f"{where}: {key}"),
-        latency_s=_number(section, "latency_s", f"{where}: {key}", allow_zero=True),
+        bandwidth=number(section, "bandwidth", f"{where}: {key}"),
+        latency_s=number(section, "latency_s", f"{where}: {key}", allow_zero=True),
     )
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
-
-
-def _number(
-    data: dict, key: str, where: str, *, integer: bool = False, default: float | None = None, allow_zero: bool = False
-) -> Any:
-    if key not in data:
-        if default is not None:
-            return default
-        raise AutoplanError(f"{where}: missing field {key}")
-    value = data[key]
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and (value > 0 or (allow_zero and value == 0))
-    if integer:
-        ok = ok and float(value).is_integer()
-    if not ok:
-        kind = "a positive integer" if integer else "a positive number"
-        raise AutoplanError(f"{where}: field {key} must be {kind}, got {value!r}")
-    return int(value) if integer else float(value)

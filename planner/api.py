@@ -338,7 +338,7 @@ def _finish_plan(
         ),
     )
     result = with_batch_statistics(result, prepared.graph)
-    result = with_sequence_parallel_savings(result, graphs, prepared.setup)  # what it saved, said per stage
+    result = with_sequence_parallel_savings(result, chosen.stage_choices, prepared.setup)  # what it saved, per stage
     try:
         validate_plan(result, prepared.graph)
     except PlanError as error:  # a plan we just made that breaks our own rules: our bug

@@ -182,6 +182,7 @@ def auto_plan(
             specs=specs,
             m=setting.num_microbatches,
             schedule=setting.schedule,
+            boundary_s=setting.boundary_s,
             refine=method == "stage-dp",
         )
         if result is not None and len(specs) > 1:
@@ -191,6 +192,7 @@ def auto_plan(
                     Candidate(
                         graph=setting.graph,
                         layers=setting.layers,
+                        boundary_s=setting.boundary_s,
                         specs=tuple(specs),
                         num_microbatches=setting.num_microbatches,
                         refine=method == "stage-dp",

@@ -21,7 +21,7 @@ from cost_models.cluster import Cluster, DeviceSpec, Link, load_cluster
 from cost_models.compute import RooflineCompute
 from cost_models.units import GIB
 from executors.training.launch import free_port
-from planner.costing.lowering import Chunk, Lowered
+from planner.costing.lowered_tasks import Chunk, Lowered
 from planner.costing.node_cost import grad_values
 from planner.costing.records import record_of
 from planner.costing.setup import CostSetup, plan_setup

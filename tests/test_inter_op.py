@@ -12,11 +12,11 @@ from cost_models.cluster import load_cluster
 from cost_models.communication import axis_groups
 from planner.auto import auto_plan
 from planner.baselines.handwritten import megatron_grid
+from planner.inter.boundaries import boundary_table
 from planner.inter.pricing import price_stages
 from planner.inter.search import (
     LayerTables,
     PipelineOptions,
-    boundary_table,
     layering,
     microbatch_counts,
     option_arrays,
@@ -81,7 +81,7 @@ def test_stage_dp_equals_brute_force_on_gpt(cluster: str, nodes: int, per_node: 
     assert len(layers.layers) == 6
     tables = LayerTables(setup, PipelineOptions())
     spans = option_arrays(graph, layers, tables, m).arrays
-    boundary = boundary_table(graph, layers, setup)
+    boundary = boundary_table(graph, layers.layers, setup)
     kwargs = {"num_layers": 6, "num_nodes": nodes, "devices_per_node": per_node, "num_microbatches": m}
     expected = brute_force_step(
         spans, boundary, num_layers=6, nodes=nodes, per_node=per_node, m=m, budget=setup.memory_budget_bytes
@@ -170,6 +170,7 @@ def test_auto_is_at_most_every_exactly_priced_megatron_point(cluster, nodes, per
                 specs=list(candidate.specs),
                 m=setting.num_microbatches,
                 schedule=setting.schedule,
+                boundary_s=setting.boundary_s,
                 refine=False,
             )
             if exact is not None:

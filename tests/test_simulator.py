@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cost_models.simulator import TaskGraph, simulate
-from planner.costing.lowering import pipeline_order, simulate_lowered
+from planner.costing.lowered_tasks import pipeline_order
+from planner.costing.lowering import simulate_lowered
 from tests.conftest import pipeline
 
 

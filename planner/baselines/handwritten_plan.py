@@ -36,6 +36,7 @@ from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_po
 from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
+from planner.inter.boundaries import boundary_table
 from planner.inter.data_parallel_step import reprice_data_parallel
 from planner.inter.pricing import price_stages
 from planner.inter.schedule_variants import Candidate, best_rescheduled, method_schedules, with_variant
@@ -46,7 +47,6 @@ from planner.inter.search import (
     PipelineChoice,
     PipelineOptions,
     Progress,
-    boundary_table,
     layering,
     mesh_choices,
     microbatch_counts,
@@ -291,7 +291,7 @@ def _settings(
         if m not in counts:
             graph = graphs.at(graphs.batch_size // m)
             layers = layering(graph, max_layers=len(graph.nodes) if ungrouped else MAX_LAYERS)
-            counts[m] = (graph, layers, boundary_table(graph, layers, setup))
+            counts[m] = (graph, layers, boundary_table(graph, layers.layers, setup))
         graph, layers, boundary = counts[m]
         choices = mesh_choices_of(method, setup, options, len(layers.layers))
         if not any(shapes for _, shapes in choices):
@@ -326,38 +326,8 @@ def _priced(
     Megatron's pipelines are also tried under its interleaved schedule (Narayanan et al. 2021 §2.2), as an
     expert running Megatron-LM would (:func:`planner.inter.schedule_variants.best_rescheduled`)."""
     started, tabled, scored = times
-    shapes, best, graph = StageShapes(), None, None
-    pipelines = []
-    for done, candidate in enumerate(found):
-        if progress is not None:
-            progress("pricing candidates", done, len(found))
-        setting = candidate.setting
-        priced = price_stages(
-            full_graph=full_graph,
-            graph=setting.graph,
-            layers=setting.layers,
-            tables=tables,
-            specs=list(candidate.specs),
-            m=setting.num_microbatches,
-            schedule=setting.schedule,
-            refine=False,
-            shapes=shapes,
-        )
-        if priced is not None and len(candidate.specs) > 1:
-            pipelines.append(
-                (
-                    priced,
-                    Candidate(
-                        graph=setting.graph,
-                        layers=setting.layers,
-                        specs=tuple(candidate.specs),
-                        num_microbatches=setting.num_microbatches,
-                        refine=False,
-                    ),
-                )
-            )
-        if priced is not None and (best is None or priced.estimate.step_time_s < best.estimate.step_time_s):
-            best, graph = priced, setting.graph
+    shapes = StageShapes()
+    best, graph, pipelines = _fastest(found, full_graph, tables, shapes=shapes, progress=progress)
     found_variant = best_rescheduled(
         pipelines, full_graph=full_graph, tables=tables, schedules=method_schedules(method, schedule)
     )
@@ -373,3 +343,42 @@ def _priced(
         stages_built=shapes.num_built,
         stages_reused=shapes.num_reused,
     )
+
+
+def _fastest(
+    found: list, full_graph: OpGraph, tables: LayerTables, *, shapes: StageShapes, progress: Progress | None
+) -> tuple[PricedPipeline | None, OpGraph | None, list[tuple[PricedPipeline, Candidate]]]:
+    """The fastest of the candidates that fit and its graph at the microbatch size, and every priced pipeline of
+    several stages with what it was made from (for its schedule variants)."""
+    best: PricedPipeline | None = None
+    graph: OpGraph | None = None
+    pipelines: list[tuple[PricedPipeline, Candidate]] = []
+    for done, candidate in enumerate(found):
+        if progress is not None:
+            progress("pricing candidates", done, len(found))
+        setting = candidate.setting
+        priced = price_stages(
+            full_graph=full_graph,
+            graph=setting.graph,
+            layers=setting.layers,
+            tables=tables,
+            specs=list(candidate.specs),
+            m=setting.num_microbatches,
+            schedule=setting.schedule,
+            boundary_s=setting.boundary_s,
+            refine=False,
+            shapes=shapes,
+        )
+        if priced is not None and len(candidate.specs) > 1:
+            made_from = Candidate(
+                graph=setting.graph,
+                layers=setting.layers,
+                boundary_s=setting.boundary_s,
+                specs=tuple(candidate.specs),
+                num_microbatches=setting.num_microbatches,
+                refine=False,
+            )
+            pipelines.append((priced, made_from))
+        if priced is not None and (best is None or priced.estimate.step_time_s < best.estimate.step_time_s):
+            best, graph = priced, setting.graph
+    return best, graph, pipelines

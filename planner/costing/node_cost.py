@@ -112,6 +112,39 @@ def node_cost(
     mask_bytes = mesh.local_bytes(mask, computed) if mask is not None else 0.0
     extra_bytes = kept_extra_bytes(node, mesh, output_bytes=output_bytes, fused=fused)
     activation += mask_bytes + extra_bytes
+    state, local_params, zero_step_s, zero_comm_s = _param_costs(node, strategy, setup, mesh, zero=zero, ddp=ddp)
+    dispatch_s = 0.0 if ddp else sharded_dispatch_s(setup, mesh=mesh)
+    grad_sync_s = _ddp_share_s(node, strategy, setup, mesh) if ddp else strategy.grad_sync_s
+    if zero and (ddp or zero >= 2):  # FSDP's reduce-scatters replace the all-reduce
+        grad_sync_s = 0.0
+    step_s = grad_sync_s + zero_step_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
+    if ddp and math.prod(mesh.mesh_shape) > 1:  # DDP copies each gradient into its bucket and back (one device: no DDP)
+        device = setup.cluster.device
+        grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
+        step_s += DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
+    passes = 2 if any(meta.is_floating for meta in node.input_metas) else 1
+    return NodeCost(
+        compute_s=graph_time.total_s + dispatch_s * passes,
+        comm_s=strategy.comm_s,
+        step_s=step_s,
+        state_bytes=state,
+        activation_bytes=activation,
+        forward_s=graph_time.fwd_s + dispatch_s + strategy.comm_s / 2,
+        grad_sync_s=grad_sync_s,
+        zero_step_s=zero_step_s,
+        zero_comm_s=zero_comm_s,
+        output_bytes=output_bytes,
+        mask_bytes=mask_bytes,
+        extra_bytes=extra_bytes,
+    )
+
+
+def _param_costs(
+    node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh, *, zero: int, ddp: bool
+) -> tuple[float, float, float, float]:
+    """(state bytes, local parameters the optimizer updates, ZeRO seconds per step, ZeRO seconds per microbatch) of
+    ``node``'s parameters under ``strategy``: each sharded by its spec and, at ZeRO level ``zero``, over its
+    gradient sync axes (:func:`cost_models.memory.zero_shards`, :func:`planner.costing.zero.param_terms`)."""
     state = 0.0
     sync_axes = dict(strategy.grad_sync_axes)
     local_params = 0.0
@@ -137,30 +170,7 @@ def node_cost(
         local_params += numel / (shards * optimizer_state)
         terms = param_terms(int(zero), local_numel=numel / shards, setup=setup, mesh=mesh, axes=axes, plain=ddp)
         zero_step_s, zero_comm_s = zero_step_s + terms.step_s, zero_comm_s + terms.per_microbatch_s
-    dispatch_s = 0.0 if ddp else sharded_dispatch_s(setup, mesh=mesh)
-    grad_sync_s = _ddp_share_s(node, strategy, setup, mesh) if ddp else strategy.grad_sync_s
-    if zero and (ddp or zero >= 2):  # FSDP's reduce-scatters replace the all-reduce
-        grad_sync_s = 0.0
-    step_s = grad_sync_s + zero_step_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
-    if ddp and math.prod(mesh.mesh_shape) > 1:  # DDP copies each gradient into its bucket and back (one device: no DDP)
-        device = setup.cluster.device
-        grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
-        step_s += DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
-    passes = 2 if any(meta.is_floating for meta in node.input_metas) else 1
-    return NodeCost(
-        compute_s=graph_time.total_s + dispatch_s * passes,
-        comm_s=strategy.comm_s,
-        step_s=step_s,
-        state_bytes=state,
-        activation_bytes=activation,
-        forward_s=graph_time.fwd_s + dispatch_s + strategy.comm_s / 2,
-        grad_sync_s=grad_sync_s,
-        zero_step_s=zero_step_s,
-        zero_comm_s=zero_comm_s,
-        output_bytes=output_bytes,
-        mask_bytes=mask_bytes,
-        extra_bytes=extra_bytes,
-    )
+    return state, local_params, zero_step_s, zero_comm_s
 
 
 def kept_extra_bytes(node: OpNode, mesh: StageMesh, *, output_bytes: float, fused: bool) -> float:

@@ -40,7 +40,7 @@ keep only what enters them; their activations come back for the backward of the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cost_models.memory import (
     aliases_input,
@@ -156,19 +156,8 @@ def stage_tape(
     if runs:
         ops = _with_recomputed_runs(ops, graph, runs, node_bytes, base=base, itemsize=activation_itemsize, fused=fused)
     outputs = tuple(dict.fromkeys(base(name) for name in graph.outputs))
-    if gathered_output_bytes and ops:
-        last = ops[-1]
-        ops[-1] = TapeOp(
-            name=last.name,
-            output_bytes=last.output_bytes,
-            grad_bytes=last.grad_bytes,
-            reads=last.reads,
-            saves=last.saves,
-            kept_bytes=last.kept_bytes + gathered_output_bytes,
-            transient_bytes=last.transient_bytes,
-            param_grad_bytes=last.param_grad_bytes,
-            backward_bytes=last.backward_bytes,
-        )
+    if gathered_output_bytes and ops:  # the last operator also keeps the whole outputs the runner gathers
+        ops[-1] = replace(ops[-1], kept_bytes=ops[-1].kept_bytes + gathered_output_bytes)
     return Tape(
         ops=tuple(ops), inputs=dict(inputs), input_grads=dict(input_grads or {}), outputs=outputs, loss_bytes=loss_bytes
     )

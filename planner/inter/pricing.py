@@ -28,31 +28,32 @@ overlapped with the last backward; at a ZeRO level it runs FSDP, priced so too
 Each stage's ``u_s`` charges its gradient buckets as they run, overlapped with its last backward, instead of
 the stage problem's additive shares, and the candidate runs the fastest gradient sync the options offer
 (exact; with ``--allow-lossy`` also compressed or local SGD): :mod:`planner.inter.grad_sync_choice`.
-A candidate that no longer fits is dropped (None).
+A candidate that no longer fits is dropped (None). The estimate's parts: :mod:`planner.inter.pipeline_estimate`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from cost_models.simulator import bubble_fraction
 from planner.costing.compression import refusal
 from planner.costing.ddp import DdpStep, ddp_step, fsdp_step
-from planner.costing.estimate import mfu, model_tflops_per_device, shared_param_sync_s
+from planner.costing.estimate import shared_param_sync_s
 from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import fsdp_memory, runs_as_fsdp
+from planner.inter.boundaries import BoundaryTable
 from planner.inter.data_parallel_levels import best_level
 from planner.inter.device_blocks import assign_devices
-from planner.inter.grad_sync_choice import after_s, choose_grad_sync, offered
-from planner.inter.search import Layering, LayerTables, SpanOptions, boundary_table
+from planner.inter.grad_sync_choice import SyncChoice, after_s, choose_grad_sync, offered
+from planner.inter.pipeline_estimate import pipeline_estimate
+from planner.inter.search import Layering, LayerTables, SpanOptions
 from planner.inter.stage_dp import StagePlan
 from planner.inter.stage_pricing import PricedPipeline, PricedStage, StageSpec, plan_stages, price_stage
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
-from planner.plan import Estimate, GradSync, Stage
+from planner.plan import GradSync, Stage
 
 
 def price_stages(
@@ -64,23 +65,99 @@ def price_stages(
     specs: list[StageSpec],
     m: int,
     schedule: str,
+    boundary_s: BoundaryTable,
     refine: bool = True,
     shapes: StageShapes | None = None,
 ) -> PricedPipeline | None:
     """The exact estimate of a candidate (see the module docstring); None if a stage does not fit.
-
+    ``boundary_s``: the search's table of ``graph`` and ``layers`` (:attr:`~.search.PipelineChoice.boundary_s`);
     ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself).
     ``shapes``: stage problems by shape, shared by the candidates of one search (:mod:`planner.inter.stage_shapes`)."""
+    setup = tables.setup
+    if schedule == "1f1b" and m < len(specs):  # no steady state: the same timeline as GPipe, which is what runs
+        schedule = "gpipe"
+    line = _price_each(
+        graph,
+        layers,
+        tables,
+        specs,
+        boundary_s=boundary_s,
+        m=m,
+        schedule=schedule,
+        refine=refine,
+        shapes=StageShapes() if shapes is None else shapes,
+    )
+    if line is None:
+        return None
+    count, priced, times = len(specs), line.priced, line.times
+    total, longest = math.fsum(times), _period(times, line.periods, m=m, schedule=schedule)
+    stages = plan_stages(priced, full_graph)
+    runs_fsdp = count == 1 and data_parallel_layout(stages[0])
+    if not runs_fsdp and any(stage.zero >= 2 for stage in stages):  # only FSDP runs levels 2 and 3: no candidate
+        return None
+    if runs_fsdp:  # DDP or FSDP: each ZeRO level priced as it runs
+        stages, priced = _at_best_level(stages[0], priced[0], graph, setup, m=m, zero=tables.options.zero)
+    tied_s = shared_param_sync_s(stages, graph, setup) if count > 1 else 0.0
+    step = _PipelineStep(
+        stages=stages,
+        priced=priced,
+        graph=graph,
+        setup=setup,
+        m=m,
+        schedule=schedule,
+        is_ddp=count == 1 and runs_as_ddp(stages),
+        fsdp=fsdp_step(stages[0], graph, setup, m=m) if count == 1 and runs_as_fsdp(stages) else None,
+        fixed_s=total + (m - 1) * longest + tied_s + setup.cluster.device.step_overhead_s,
+        half_overhead_s=(setup.cluster.device.microbatch_overhead_s if count > 1 else 0.0) / 2,
+        drains=tuple(line.drains),
+    )
+    choice = _fastest_sync(step, tables)
+    if choice is None:
+        return None
+    return _pipeline(full_graph, step, choice, times=times, period=longest, tied_s=tied_s)
+
+
+def _fastest_sync(step: _PipelineStep, tables: LayerTables) -> SyncChoice | None:
+    """The fastest gradient sync the options offer that the candidate can run and fits (None: none)."""
+    options, setup = tables.options, tables.setup
+    return choose_grad_sync(
+        offered(allow_lossy=options.allow_lossy, forced=options.grad_sync),
+        price=step.under,
+        memory_bytes=max(stage.memory_bytes for stage in step.priced),
+        budget_bytes=setup.memory_budget_bytes,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StageLine:
+    """A candidate's stages priced one by one, with what the step's closed form reads off them (module docstring)."""
+
+    priced: list[PricedStage]
+    times: list[float]  # t_s: the stage, its boundary to the next and the host overhead
+    periods: list[float]  # each stage's compute and each boundary link's slower direction
+    drains: list[float]  # each stage's backward, half its host overhead and its boundary's gradient direction
+
+
+def _price_each(
+    graph: OpGraph,
+    layers: Layering,
+    tables: LayerTables,
+    specs: list[StageSpec],
+    *,
+    boundary_s: BoundaryTable,
+    m: int,
+    schedule: str,
+    refine: bool,
+    shapes: StageShapes,
+) -> _StageLine | None:
+    """Each stage priced on its ranks with its in-flight microbatches; None when one does not fit."""
     setup = tables.setup
     cluster = setup.cluster
     ranks = assign_devices(
         [spec.submesh for spec in specs], num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node
     )
-    boundary = boundary_table(graph, layers, setup)
-    shapes = StageShapes() if shapes is None else shapes
-    count, priced, times, periods, drains = len(specs), [], [], [], []
-    if schedule == "1f1b" and m < count:  # no steady state: the same timeline as GPipe, which is what runs
-        schedule = "gpipe"
+    count = len(specs)
+    line = _StageLine(priced=[], times=[], periods=[], drains=[])
     for s, spec in enumerate(specs):
         in_flight = m if schedule == "gpipe" else min(count - s, m)
         stage = price_stage(
@@ -101,75 +178,79 @@ def price_stages(
         overhead = cluster.device.microbatch_overhead_s if count > 1 else 0.0
         after = link = 0.0
         if s < count - 1:
-            after = boundary(spec.last, spec.submesh, specs[s + 1].submesh, ranks=ranks[s : s + 2])
-            link = boundary(
+            after = boundary_s(spec.last, spec.submesh, specs[s + 1].submesh, ranks=ranks[s : s + 2])
+            link = boundary_s(
                 spec.last, spec.submesh, specs[s + 1].submesh, ranks=ranks[s : s + 2], longest_direction=True
             )
-        priced.append(stage)
-        times.append(stage.time_s + after + overhead)
-        periods.extend((stage.time_s + overhead, link))
-        drains.append(stage.backward_s + overhead / 2 + (after - link if s < count - 1 else 0.0))
-    total, longest = math.fsum(times), _period(times, periods, m=m, schedule=schedule)
-    stages = plan_stages(priced, full_graph)
-    runs_fsdp = count == 1 and data_parallel_layout(stages[0])
-    if not runs_fsdp and any(stage.zero >= 2 for stage in stages):  # only FSDP runs levels 2 and 3: no candidate
-        return None
-    if runs_fsdp:  # DDP or FSDP: each ZeRO level priced as it runs
-        stages, priced = _at_best_level(stages[0], priced[0], graph, setup, m=m, zero=tables.options.zero)
-    tied_s = shared_param_sync_s(stages, graph, setup) if count > 1 else 0.0
-    options = tables.options
-    is_ddp = count == 1 and runs_as_ddp(stages)
-    fsdp = fsdp_step(stages[0], graph, setup, m=m) if count == 1 and runs_as_fsdp(stages) else None
-    fixed = total + (m - 1) * longest + tied_s + cluster.device.step_overhead_s
-    half = (cluster.device.microbatch_overhead_s if count > 1 else 0.0) / 2
+        line.priced.append(stage)
+        line.times.append(stage.time_s + after + overhead)
+        line.periods.extend((stage.time_s + overhead, link))
+        line.drains.append(stage.backward_s + overhead / 2 + (after - link if s < count - 1 else 0.0))
+    return line
 
-    def price(grad_sync: GradSync) -> tuple[float, float] | None:
+
+@dataclass(frozen=True, kw_only=True)
+class _PipelineStep:
+    """What the step of a priced candidate needs to be priced under each gradient sync (:meth:`under`)."""
+
+    stages: tuple[Stage, ...]
+    priced: list[PricedStage]
+    graph: OpGraph
+    setup: CostSetup
+    m: int
+    schedule: str
+    is_ddp: bool  # one stage run as DDP
+    fsdp: DdpStep | None  # one stage run under FSDP, priced as it runs
+    fixed_s: float  # Σ t_s + (m − 1)·P + w + o
+    half_overhead_s: float  # half the host's per-microbatch overhead (a pipeline's)
+    drains: tuple[float, ...]
+
+    def under(self, grad_sync: GradSync) -> tuple[float, float] | None:
         """The step under ``grad_sync`` and the bytes it adds per device (:mod:`planner.inter.grad_sync_choice`)."""
-        if refusal(grad_sync, stages, zero=fsdp is not None, cluster=cluster, ddp=is_ddp):
+        fsdp, setup = self.fsdp, self.setup
+        if refusal(grad_sync, self.stages, zero=fsdp is not None, cluster=setup.cluster, ddp=self.is_ddp):
             return None
         if fsdp is not None:
             return fsdp.step_s, 0.0
-        if is_ddp:
-            ddp = ddp_step(stages[0], graph, setup, m=m, grad_sync=grad_sync)
+        if self.is_ddp:
+            ddp = ddp_step(self.stages[0], self.graph, setup, m=self.m, grad_sync=grad_sync)
             return ddp.step_s, ddp.state_bytes
         steps, extra = [], 0.0
-        for stage in priced:
+        for stage in self.priced:
             step_s = stage.step_s
             if stage.backward is not None:  # the buckets instead of the additive shares
                 wait, added = after_s(
                     stage.stage,
-                    graph,
+                    self.graph,
                     stage.backward,
                     setup,
                     grad_sync=grad_sync,
-                    last_backward_s=stage.backward_s + half,
-                    overlapped=schedule != "zero-bubble",
+                    last_backward_s=stage.backward_s + self.half_overhead_s,
+                    overlapped=self.schedule != "zero-bubble",
                 )
                 step_s += wait - stage.backward.additive_s
                 extra = max(extra, added)
             steps.append(step_s)
-        return fixed + _sync_after_s(steps, drains), extra
+        return self.fixed_s + _sync_after_s(steps, list(self.drains)), extra
 
-    choice = choose_grad_sync(
-        offered(allow_lossy=options.allow_lossy, forced=options.grad_sync),
-        price=price,
-        memory_bytes=max(stage.memory_bytes for stage in priced),
-        budget_bytes=setup.memory_budget_bytes,
-    )
-    if choice is None:
-        return None
-    ddp = ddp_step(stages[0], graph, setup, m=m, grad_sync=choice.grad_sync) if is_ddp else None
-    estimate = _estimate(
+
+def _pipeline(
+    full_graph: OpGraph, step: _PipelineStep, choice: SyncChoice, *, times: list[float], period: float, tied_s: float
+) -> PricedPipeline:
+    """The priced candidate under its chosen gradient sync: its estimate, schedule and what the search picked."""
+    graph, setup, m, stages = step.graph, step.setup, step.m, step.stages
+    ddp = ddp_step(stages[0], graph, setup, m=m, grad_sync=choice.grad_sync) if step.is_ddp else None
+    estimate = pipeline_estimate(
         full_graph,
         setup,
-        priced,
+        step.priced,
         stages,
         times,
         step=choice.step_s,
         m=m,
         tied_s=tied_s,
-        period=longest,
-        ddp=ddp if ddp is not None else fsdp,
+        period=period,
+        ddp=ddp if ddp is not None else step.fsdp,
     )
     if choice.grad_sync.lossy:
         estimate = replace(
@@ -181,9 +262,10 @@ def price_stages(
         stages=stages,
         estimate=estimate,
         num_microbatches=m,
-        schedule="none" if count == 1 and m == 1 else schedule,
+        schedule="none" if len(times) == 1 and m == 1 else step.schedule,
         grad_sync=choice.grad_sync,
         notes=(choice.note(),) if choice.grad_sync.lossy else (),
+        stage_choices=tuple(stage.picked for stage in step.priced),
     )
 
 
@@ -245,79 +327,6 @@ def _period(times: list[float], resources: list[float], *, m: int, schedule: str
     for s in range(count):
         period = max(period, math.fsum(times[s:]) / min(count - s, m))
     return period
-
-
-def _nonnegative(value: float, *, scale: float, what: str) -> float:
-    """``value`` with float rounding below zero taken off; an internal error when it is truly negative."""
-    assert value >= -1e-9 * max(scale, 1e-12), f"internal error (please report): {what} is {value!r} s"
-    return max(0.0, value)
-
-
-def _pipeline_breakdown(
-    setup: CostSetup,
-    priced: list[PricedStage],
-    times: list[float],
-    *,
-    step: float,
-    m: int,
-    period: float,
-    tied_s: float,
-) -> dict[str, float]:
-    """The parts of ``T = Σ t_s + (m − 1)·P + U + w + o`` (module docstring), each non-negative: one stage and one
-    microbatch as its operators' compute, collectives, resharding and recomputation; otherwise the steady state
-    ``m·P`` and the fill and drain ``Σ t_s − P``. ``U`` is what the step has past the pipeline phase."""
-    overhead = setup.cluster.device.step_overhead_s
-    phase = math.fsum(times) + (m - 1) * period
-    after = _nonnegative(step - phase - tied_s - overhead, scale=step, what="the sync after the pipeline phase")
-    if len(times) == 1 and m == 1:
-        rows = priced[0].stage.explanation
-        work = {
-            "compute_s": math.fsum(r["compute_s"] for r in rows),
-            "comm_s": math.fsum(r["comm_s"] for r in rows),
-            "reshard_s": math.fsum(r["reshard_s"] for r in rows),
-        }
-        recompute = _nonnegative(times[0] - math.fsum(work.values()), scale=step, what="recomputation")
-        parts = {**work, "recompute_s": recompute}
-    else:
-        fill = _nonnegative(math.fsum(times) - period, scale=step, what="the fill and drain")
-        parts = {"steady_s": m * period, "fill_and_drain_s": fill}
-    return {
-        **parts,
-        "grad_sync_and_optimizer_s": after,
-        **({"tied_grad_sync_s": tied_s} if tied_s else {}),
-        "host_overhead_s": overhead,
-    }
-
-
-def _estimate(
-    graph: OpGraph,
-    setup: CostSetup,
-    priced: list[PricedStage],
-    stages: tuple[Stage, ...],
-    times: list[float],
-    *,
-    step: float,
-    m: int,
-    period: float,
-    tied_s: float = 0.0,
-    ddp: DdpStep | None = None,
-) -> Estimate:
-    num_devices = setup.cluster.num_devices
-    if ddp is not None:  # the plan runs as DDP or FSDP: its own parts
-        breakdown, hidden = dict(ddp.breakdown_s), dict(ddp.hidden_s)
-    else:
-        breakdown = _pipeline_breakdown(setup, priced, times, step=step, m=m, period=period, tied_s=tied_s)
-        hidden = {}
-    return Estimate(
-        step_time_s=step,
-        per_stage_time_s=tuple(times),
-        memory_per_device_bytes=int(max(stage.memory_bytes for stage in priced)),
-        bubble_fraction=bubble_fraction([m * t for t in times], pipeline_span_s=math.fsum(times) + (m - 1) * period),
-        tflops_per_device=model_tflops_per_device(graph, step_time_s=step, num_devices=num_devices),
-        mfu=mfu(graph, setup, step_time_s=step, num_devices=num_devices),
-        breakdown_s=breakdown,
-        hidden_s=hidden,
-    )
 
 
 def specs_from_dp(plan: StagePlan, spans: SpanOptions, setup: CostSetup) -> list[StageSpec]:

@@ -28,13 +28,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from cost_models.simulator import SimResult
 from cost_models.units import GIB
 from planner.costing.estimate import mfu, model_tflops_per_device
+from planner.costing.lowered_tasks import Lowered
 from planner.costing.lowering import lower_stages, simulate_lowered
+from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
+from planner.inter.boundaries import BoundaryTable
 from planner.inter.device_blocks import assign_devices
 from planner.inter.layer_costs import SLOTS
-from planner.inter.search import Layering, LayerTables, boundary_table
+from planner.inter.search import Layering, LayerTables
 from planner.inter.stage_pricing import PricedPipeline, StageSpec, plan_stages, price_stage
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
@@ -52,6 +56,7 @@ class Candidate:
 
     graph: OpGraph  # at the microbatch size
     layers: Layering
+    boundary_s: BoundaryTable  # the search's boundary table of graph and layers (PipelineChoice.boundary_s)
     specs: tuple[StageSpec, ...]
     num_microbatches: int
     refine: bool  # re-solve stages as the search does (False: a hand-written layout stays itself)
@@ -92,33 +97,21 @@ def variant(
     shapes: StageShapes,
 ) -> PricedPipeline | None:
     """The candidate under ``schedule`` with ``virtual_stages`` per rank, priced by replay; None if not offered."""
-    specs, m, v = candidate.specs, candidate.num_microbatches, virtual_stages
-    ranks_count = len(specs)
-    uniform = {(spec.submesh, spec.mesh_shape, spec.slot) for spec in specs}
-    if ranks_count < 2 or len(uniform) != 1:
+    if not _offered(candidate, schedule=schedule, virtual_stages=virtual_stages):
         return None
-    try:
-        check_schedule(schedule, num_ranks=ranks_count, virtual_stages=v, num_microbatches=m)
-    except AutoplanError:
-        return None
-    first, last = specs[0].first, specs[-1].last
-    if last - first + 1 < ranks_count * v:
-        return None
-    setup = tables.setup
+    specs, m, setup = candidate.specs, candidate.num_microbatches, tables.setup
     cluster = setup.cluster
     homes = assign_devices(
         [spec.submesh for spec in specs], num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node
     )
-    template = specs[0]
-    virtual = specs if v == 1 else _cut(candidate, tables, template, parts=ranks_count * v)
-    graph, layers = candidate.graph, candidate.layers
+    virtual = specs if virtual_stages == 1 else _cut(candidate, tables, specs[0], parts=len(specs) * virtual_stages)
     priced = [
         price_stage(
-            graph,
-            layers,
+            candidate.graph,
+            candidate.layers,
             tables,
             spec,
-            devices=homes[k % ranks_count],
+            devices=homes[k % len(specs)],
             m=m,
             in_flight=m,
             refine=candidate.refine,
@@ -130,21 +123,58 @@ def variant(
     ]
     stages = plan_stages(priced, full_graph)
     zero = tables.options.zero
-    lowered = lower_stages(stages, graph, setup, num_microbatches=m, schedule=schedule, zero=zero)
+    lowered = lower_stages(stages, candidate.graph, setup, num_microbatches=m, schedule=schedule, zero=zero)
     result = simulate_lowered(lowered)
     if result.max_memory_bytes > setup.memory_budget_bytes * (1 + 1e-9):
         return None
-    boundary = boundary_table(graph, layers, setup)
-    times = [stage.time_s for stage in priced]
-    for k, spec in enumerate(virtual[:-1]):  # each stage's time with its boundary to the next, as pricing reports it
-        times[k] += boundary(
+    times = _stage_times(candidate, [stage.time_s for stage in priced], virtual, homes)
+    return PricedPipeline(
+        stages=stages,
+        estimate=_replayed_estimate(full_graph, setup, result, lowered, times=times),
+        num_microbatches=m,
+        schedule=schedule,
+        stage_choices=tuple(stage.picked for stage in priced),
+    )
+
+
+def _offered(candidate: Candidate, *, schedule: str, virtual_stages: int) -> bool:
+    """Whether the candidate may run ``schedule`` with ``virtual_stages`` per rank: several stages of one size,
+    a schedule torch's class accepts, at least one layer per virtual stage."""
+    specs, v = candidate.specs, virtual_stages
+    uniform = {(spec.submesh, spec.mesh_shape, spec.slot) for spec in specs}
+    if len(specs) < 2 or len(uniform) != 1:
+        return False
+    try:
+        check_schedule(schedule, num_ranks=len(specs), virtual_stages=v, num_microbatches=candidate.num_microbatches)
+    except AutoplanError:
+        return False
+    return specs[-1].last - specs[0].first + 1 >= len(specs) * v
+
+
+def _stage_times(
+    candidate: Candidate,
+    times: list[float],
+    virtual: tuple[StageSpec, ...],
+    homes: list[tuple[int, ...]],
+) -> list[float]:
+    """Each virtual stage's time with its boundary to the next (the search's boundary table), as pricing reports it."""
+    ranks_count = len(candidate.specs)
+    for k, spec in enumerate(virtual[:-1]):
+        times[k] += candidate.boundary_s(
             spec.last,
             spec.submesh,
             virtual[k + 1].submesh,
             ranks=[homes[k % ranks_count], homes[(k + 1) % ranks_count]],
         )
-    step, devices = result.step_time_s, cluster.num_devices
-    estimate = Estimate(
+    return times
+
+
+def _replayed_estimate(
+    full_graph: OpGraph, setup: CostSetup, result: SimResult, lowered: Lowered, *, times: list[float]
+) -> Estimate:
+    """The estimate of a replayed variant: the replay's step, peak memory and bubble, the stages' ``times``."""
+    step, devices, device = result.step_time_s, setup.cluster.num_devices, setup.cluster.device
+    return Estimate(
         step_time_s=step,
         per_stage_time_s=tuple(times),
         memory_per_device_bytes=int(result.max_memory_bytes),
@@ -154,10 +184,9 @@ def variant(
         breakdown_s=replay_breakdown(
             step,
             phase_s=simulate_lowered(lowered, include_step=False).step_time_s,
-            overhead_s=cluster.device.step_overhead_s,
+            overhead_s=device.step_overhead_s,
         ),
     )
-    return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=m, schedule=schedule)
 
 
 def replay_breakdown(step_s: float, *, phase_s: float, overhead_s: float) -> dict[str, float]:

@@ -15,17 +15,9 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
    ``--remat off|attention|full`` (``on``: full) keeps only the slots of that recomputation, ``--zero z`` those
    of ZeRO level ``z`` (level 1 on the sharded stages when ``z`` is 2 or 3: those run under FSDP only, so the
    FSDP slots stand only for one stage of every layer on every device, a data-parallel plan).
-4. Boundary between consecutive stages (:func:`boundary_table`): the activation ``A_i`` crossing
-   after layer ``i`` (:func:`planner.ir.layers.boundary_bytes`, each value at its dtype, floats at
-   the training itemsize) goes forward and the gradient ``G_i`` of its floating part comes back,
-   each split over ``p = min(|j|, |j'|)`` device pairs, over the intra-node link when both submeshes
-   fit in one node and the inter-node link otherwise (the pairs leaving one node share its NICs);
-   the receiver then regroups it inside each node (an all-gather over ``min(|j'|, M)`` devices), the
-   most resharding any layout of the receiver needs
-   (:func:`cost_models.communication.stage_transfer_s`, ``x`` for ``A_i`` and ``G_i``)::
-
-       b(i, j, j') = Σ_x α + (x/p)·β_link + all_gather(x·n/|j'|, n = min(|j'|, M), intra)
-
+4. Boundary between consecutive stages ``b(i, j, j')``: the activation crossing after layer ``i`` and its
+   gradient between submeshes ``j`` and ``j'`` (:func:`planner.inter.boundaries.boundary_table`), built once per
+   count and carried with it (:attr:`PipelineChoice.boundary_s`) to every candidate priced at that count.
 5. :func:`planner.inter.stage_dp.solve_stages` picks stages, submeshes and options for the least
    ``Σ t_s + (m − 1)·max t_s`` under 1F1B (or GPipe) memory.
 
@@ -44,9 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.communication import stage_transfer_s
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
+from planner.inter.boundaries import BoundaryTable, boundary_table
 from planner.inter.device_blocks import Submesh
 from planner.inter.forked import fork_map
 from planner.inter.layer_costs import FSDP_LEVELS, SLOTS, LayerTable, layer_table, loss_and_output_bytes, with_loss
@@ -54,7 +46,7 @@ from planner.inter.stage_dp import OptionArrays, StagePlan, solve_stages, submes
 from planner.intra.single_stage import logical_meshes
 from planner.intra.stage_problem import IntraOpOptions
 from planner.ir.graph import OpGraph, subgraph
-from planner.ir.layers import boundary_bytes, collapse_identical_layers, graph_layers
+from planner.ir.layers import collapse_identical_layers, graph_layers
 from planner.ir.rebatch import MicrobatchGraphs
 from planner.plan import ZERO_LEVELS, GradSync
 from planner.sharding.specs import StageMesh
@@ -300,48 +292,6 @@ def option_arrays(
     )
 
 
-def boundary_table(graph: OpGraph, layers: Layering, setup: CostSetup) -> Callable[..., float]:
-    """``b(i, j, j')`` of the module docstring, for the graph at the microbatch size."""
-    itemsize = setup.activation_itemsize
-    index = {node.name: k for k, node in enumerate(graph.nodes)}
-    position = [index[names[-1]] for names in layers.layers]
-    forward = boundary_bytes(graph, activation_itemsize=itemsize)
-    backward = boundary_bytes(graph, activation_itemsize=itemsize, gradients=True)
-    crossing = [(forward[k], backward[k]) for k in position]
-    cluster, per_node = setup.cluster, setup.cluster.devices_per_node
-
-    def boundary_s(
-        i: int,
-        sender: Submesh,
-        receiver: Submesh,
-        *,
-        ranks: tuple[tuple[int, ...], ...] = (),
-        longest_direction: bool = False,
-    ) -> float:
-        """``ranks``: the sender's and receiver's devices once placed (the stage DP knows only their sizes);
-        ``longest_direction``: the slower of the two directions alone (each has a link of its own)."""
-        if ranks:
-            crosses = cluster.node_of(ranks[0][0]) != cluster.node_of(ranks[1][0])
-            sender_nodes = len({cluster.node_of(rank) for rank in ranks[0]})
-        else:
-            one_node = sender.num_nodes == receiver.num_nodes == 1 and sender.size + receiver.size <= per_node
-            crosses, sender_nodes = not one_node and cluster.num_nodes > 1, sender.num_nodes
-        directions = [
-            stage_transfer_s(
-                num_bytes,
-                cluster=cluster,
-                sender_size=sender.size,
-                receiver_size=receiver.size,
-                sender_nodes=sender_nodes,
-                crosses_nodes=crosses,
-            )
-            for num_bytes in crossing[i]
-        ]
-        return max(directions) if longest_direction else sum(directions)
-
-    return boundary_s
-
-
 @dataclass(frozen=True, kw_only=True)
 class PipelineChoice:
     num_microbatches: int
@@ -350,7 +300,7 @@ class PipelineChoice:
     layers: Layering
     stage_plan: StagePlan | None  # None: the DP found nothing that fits at this count
     spans: SpanOptions
-    boundary_s: Callable[..., float]  # boundary_table of graph and layers
+    boundary_s: BoundaryTable  # boundary_table of graph and layers, for every candidate of this count
     failure: str = ""
     rows: int = 0  # the microbatch's rows (batch / m): a data-parallel degree must divide them (0: not checked)
 
@@ -379,7 +329,7 @@ def search_pipeline(
         graph = graphs.at(graphs.batch_size // m)
         layers = layering(graph)
         spans = option_arrays(graph, layers, tables, m, progress=progress)
-        inputs.append((m, graph, layers, spans, boundary_table(graph, layers, setup)))
+        inputs.append((m, graph, layers, spans, boundary_table(graph, layers.layers, setup)))
 
     def solve(item: tuple) -> tuple[StagePlan | None, str]:
         m, _, layers, spans, boundary = item

@@ -1,12 +1,15 @@
 """What Megatron sequence parallelism saves on each stage of a chosen plan (``Stage.sequence_parallel_saving``).
 
-For a stage that uses it (:attr:`planner.plan.Stage.uses_sequence_parallelism`) the stage problem is built twice
-on the stage's subgraph and mesh at the plan's microbatch size (:func:`planner.intra.stage_problem.build_stage_problem`):
-with sequence parallelism's strategies, where the stored strategies are the choice ``x``, and without them
-(``IntraOpOptions(sequence_parallel=False)``). The *next best* ``y`` keeps every node that uses no
-sequence-parallel strategy (:func:`planner.sharding.sequence_parallel.is_sequence_parallel`) as it is and gives the
-others the best non-sequence-parallel strategy: the problem without sequence parallelism, the kept nodes pinned,
-solved exactly (:func:`planner.intra.ilp.solve_unconstrained`). Each is priced per step on its stage problem::
+For a stage that uses it (:attr:`planner.plan.Stage.uses_sequence_parallelism`) the search already holds the stage
+problem it priced the stage on and the variable choice it picked there (:class:`planner.inter.stage_shapes.StageChoice`,
+carried as ``PricedPipeline.stage_choices``): that problem has sequence parallelism's strategies and the choice is
+``x``, the stage's stored strategies. The problem without them (``IntraOpOptions(sequence_parallel=False)``) is the
+same problem with every sequence-parallel strategy dropped (:func:`without_sequence_parallelism`: each strategy's
+costs and each resharding cost are priced on their own, so dropping rows and columns is building it again). The
+*next best* ``y`` keeps every node that uses no sequence-parallel strategy
+(:func:`planner.sharding.sequence_parallel.is_sequence_parallel`) as it is and gives the others the best
+non-sequence-parallel strategy: the problem without sequence parallelism, the kept nodes pinned, solved exactly
+(:func:`planner.intra.ilp.solve_unconstrained`). Each is priced per step on its stage problem::
 
     seconds(c) = m · (objective(c) + recompute(c)) + m · zero_mb(c) + zero_step(c)
     bytes(c)   = state(c) + kept(c) · in_flight
@@ -20,36 +23,28 @@ recomputation), ``zero_*`` and ``state`` the stage's ZeRO level (:func:`planner.
 otherwise (interleaved and zero-bubble plans: the same formula over their virtual stages, an approximation).
 ``saved_s = seconds(y) − seconds(x)``, ``saved_bytes = bytes(y) − bytes(x)``.
 
-:func:`with_sequence_parallel_savings` runs once on the chosen plan (:func:`planner.api.plan_prepared`); stages of
-the same shape, mesh and strategies are priced once.
+:func:`with_sequence_parallel_savings` runs once on the chosen plan (:func:`planner.api.plan_prepared`); stages
+that share a stage problem, choice, recomputation and ZeRO level are priced once (the template's memo).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
-from planner.inter.stage_shapes import shape_key
+from planner.inter.stage_shapes import StageChoice
 from planner.intra.ilp import solve_unconstrained
 from planner.intra.problem import evaluate
-from planner.intra.stage_problem import (
-    IntraOpOptions,
-    StageProblem,
-    build_stage_problem,
-    kept_bytes,
-    recompute_s,
-    zero_costs,
-)
-from planner.ir.graph import OpGraph, subgraph
-from planner.ir.rebatch import MicrobatchGraphs
+from planner.intra.stage_problem import StageProblem, kept_bytes, recompute_s, zero_costs
 from planner.plan import Plan, Stage
 from planner.sharding.sequence_parallel import is_sequence_parallel
-from planner.sharding.specs import StageMesh
 
 PINNED_S = 1e6  # the objective of a strategy a kept node may not take: never chosen
 NEXT_BEST = "no sequence parallelism (its operators' best other strategies)"
+Figures = tuple[float, float, float]  # seconds per step, state bytes, kept bytes per microbatch
+Runs = tuple[tuple[str, ...], ...]
 
 
 def in_flight(schedule: str, *, num_stages: int, stage: int, m: int) -> int:
@@ -57,46 +52,29 @@ def in_flight(schedule: str, *, num_stages: int, stage: int, m: int) -> int:
     return m if schedule in ("gpipe", "dataflow") else max(1, min(num_stages - stage, m))
 
 
-def with_sequence_parallel_savings(plan: Plan, graphs: MicrobatchGraphs, setup: CostSetup) -> Plan:
-    """``plan`` with each sequence-parallel stage's saving stored (``graphs``: the model at each microbatch size)."""
+def with_sequence_parallel_savings(plan: Plan, picked: Sequence[StageChoice], setup: CostSetup) -> Plan:
+    """``plan`` with each sequence-parallel stage's saving stored; ``picked``: what the search picked on each stage's
+    problem (``PricedPipeline.stage_choices``; a stage without one says nothing)."""
     if not any(stage.uses_sequence_parallelism for stage in plan.stages):
         return plan
-    graph = graphs.at(plan.batch_size // plan.num_microbatches)
-    m, count, known = plan.num_microbatches, len(plan.stages), {}
-    stages = []
-    for stage in plan.stages:
-        if stage.uses_sequence_parallelism:
+    choices = list(picked) if len(picked) == len(plan.stages) else [None] * len(plan.stages)
+    m, count, stages = plan.num_microbatches, len(plan.stages), []
+    for stage, choice in zip(plan.stages, choices, strict=True):
+        if stage.uses_sequence_parallelism and choice is not None:
             held = in_flight(plan.schedule, num_stages=count, stage=stage.index, m=m)
-            stage = replace(
-                stage, sequence_parallel_saving=stage_saving(stage, graph, setup, m=m, in_flight=held, known=known)
-            )
+            stage = replace(stage, sequence_parallel_saving=stage_saving(stage, choice, setup, in_flight=held))
         stages.append(stage)
     return replace(plan, stages=tuple(stages))
 
 
-def stage_saving(
-    stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, in_flight: int, known: dict | None = None
-) -> dict[str, Any]:
-    """``{choice, next_best, saved_s, saved_bytes}`` of a sequence-parallel stage ({} if its strategies are not the
-    rules'); ``known``: per-microbatch figures of stages already priced, by shape."""
-    part = subgraph(graph, list(stage.nodes))
-    start = stage.devices[0] % setup.cluster.devices_per_node
-    key = (
-        shape_key(part),
-        stage.mesh_shape,
-        start,
-        tuple(d - stage.devices[0] for d in stage.devices),
-        tuple(stage.strategies[name] for name in stage.nodes),
-        tuple(map(len, stage.recomputed_runs())),
-        stage.zero,
-        m,
-    )
-    known = {} if known is None else known
-    if key not in known:
-        known[key] = _figures(stage, part, setup, m=m)
-    figures = known[key]
-    if figures is None:
-        return {}
+def stage_saving(stage: Stage, picked: StageChoice, setup: CostSetup, *, in_flight: int) -> dict[str, Any]:
+    """``{choice, next_best, saved_s, saved_bytes}`` of a sequence-parallel stage, from what the search picked."""
+    runs = tuple(tuple(picked.names[name] for name in run) for run in stage.recomputed_runs())
+    memo, key = picked.template.memo, ("sequence parallel", picked.choice, runs, stage.zero)
+    if key not in memo:
+        memo[key] = _figures(picked.template.problem, picked.choice, runs=runs, zero=stage.zero, setup=setup)
+    figures = memo[key]
+    assert isinstance(figures, tuple)
     (chosen_s, chosen_state, chosen_kept), (other_s, other_state, other_kept) = figures
     chosen_bytes, other_bytes = chosen_state + chosen_kept * in_flight, other_state + other_kept * in_flight
     fits = other_bytes <= setup.memory_budget_bytes
@@ -108,39 +86,43 @@ def stage_saving(
     }
 
 
-Figures = tuple[float, float, float]  # seconds per step, state bytes, kept bytes per microbatch
-
-
-def _figures(stage: Stage, part: OpGraph, setup: CostSetup, *, m: int) -> tuple[Figures, Figures] | None:
-    mesh = StageMesh(
-        cluster=setup.cluster,
-        devices=stage.devices,
-        mesh_shape=stage.mesh_shape,
-        activation_itemsize=setup.activation_itemsize,
-    )
-    with_sp = build_stage_problem(part, setup, mesh, IntraOpOptions(num_microbatches=m))
-    chosen = stored_choice(with_sp, stage)
-    if chosen is None:
-        return None
-    plain = build_stage_problem(part, setup, mesh, IntraOpOptions(num_microbatches=m, sequence_parallel=False))
+def _figures(
+    with_sp: StageProblem, chosen: tuple[int, ...], *, runs: Runs, zero: int, setup: CostSetup
+) -> tuple[Figures, Figures]:
+    plain = without_sequence_parallelism(with_sp)
     other = best_without_sequence_parallelism(plain, with_sp, chosen)
-    runs = stage.recomputed_runs()
     return (
-        _price(with_sp, chosen, runs=runs, zero=stage.zero, setup=setup),
-        _price(plain, other, runs=runs, zero=stage.zero, setup=setup),
+        _price(with_sp, chosen, runs=runs, zero=zero, setup=setup),
+        _price(plain, other, runs=runs, zero=zero, setup=setup),
     )
 
 
-def stored_choice(problem: StageProblem, stage: Stage) -> tuple[int, ...] | None:
-    """The variable choice whose strategies are the stage's stored ones (None: one is not among the rules')."""
-    choice = []
-    for variable, name in enumerate(problem.variables):
-        node, stored = problem.graph.node(name), stage.strategies[name]
-        found = [i for i, strategy in enumerate(problem.strategies[variable]) if record_of(node, strategy) == stored]
-        if not found:
-            return None
-        choice.append(found[0])
-    return tuple(choice)
+def without_sequence_parallelism(problem: StageProblem) -> StageProblem:
+    """``problem`` without its sequence-parallel strategies (a node with no other keeps all of them), as
+    :func:`planner.intra.stage_problem.build_stage_problem` builds it with ``sequence_parallel=False``."""
+    kept = []
+    for options in problem.strategies:
+        plain = [i for i, strategy in enumerate(options) if not is_sequence_parallel(strategy)]
+        kept.append(plain or list(range(len(options))))
+    rows = problem.problem
+    edges = tuple(
+        replace(edge, cost=tuple(tuple(edge.cost[i][j] for j in kept[edge.target]) for i in kept[edge.source]))
+        for edge in rows.edges
+    )
+    return replace(
+        problem,
+        strategies=_columns(problem.strategies, kept),
+        costs=_columns(problem.costs, kept),
+        problem=replace(
+            rows, node_costs=_columns(rows.node_costs, kept), node_memory=_columns(rows.node_memory, kept), edges=edges
+        ),
+        sequence_parallel=False,
+    )
+
+
+def _columns(table: Sequence[Sequence[Any]], kept: list[list[int]]) -> tuple[tuple[Any, ...], ...]:
+    """Each variable's row of ``table`` at its ``kept`` strategies."""
+    return tuple(tuple(row[i] for i in keep) for row, keep in zip(table, kept, strict=True))
 
 
 def best_without_sequence_parallelism(
@@ -158,9 +140,7 @@ def best_without_sequence_parallelism(
     return solve_unconstrained(replace(plain.problem, node_costs=tuple(costs))).choice
 
 
-def _price(
-    problem: StageProblem, choice: tuple[int, ...], *, runs: tuple[tuple[str, ...], ...], zero: int, setup: CostSetup
-) -> Figures:
+def _price(problem: StageProblem, choice: tuple[int, ...], *, runs: Runs, zero: int, setup: CostSetup) -> Figures:
     """(seconds per step, state bytes, kept bytes per microbatch) of ``choice`` (see the module docstring)."""
     m = problem.num_microbatches
     objective, _ = evaluate(problem.problem, choice)

@@ -32,6 +32,7 @@ placed in the first. What the whole candidate prices to is a :class:`PricedPipel
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
@@ -41,7 +42,7 @@ from planner.inter.device_blocks import Submesh
 from planner.inter.grad_sync_choice import StageBackward, stage_backward
 from planner.inter.layer_costs import SLOTS
 from planner.inter.search import Layering, LayerTables, canonical_mesh
-from planner.inter.stage_shapes import StageShapes, StageTemplate, relabel, shape_key
+from planner.inter.stage_shapes import StageChoice, StageShapes, StageTemplate, relabel, shape_key
 from planner.intra.ilp import solve_strategy_ilp
 from planner.intra.problem import MemoryBudgetError
 from planner.intra.stage_problem import IntraOpOptions, StageProblem, build_stage_problem
@@ -70,6 +71,8 @@ class PricedPipeline:
     schedule: str
     notes: tuple[str, ...] = ()  # what a choice beyond the search's saved (schedule variants), for the plan's notes
     grad_sync: GradSync = field(default_factory=GradSync)  # planner.inter.grad_sync_choice
+    # per stage, what the search picked on its problem (empty: stages not priced on stage problems)
+    stage_choices: tuple[StageChoice, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +85,7 @@ class PricedStage:
     step_s: float  # gradient sync + optimizer update, once per step
     memory_bytes: float
     remat: bool
+    picked: StageChoice  # the choice on the stage's problem, carried to the plan
     backward_s: float = 0.0  # the part of time_s after the forward (recomputation included)
     backward: StageBackward | None = None  # node backward seconds and additive sync shares, for its buckets
 
@@ -163,6 +167,57 @@ def _stage_memory(
     return memory
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Where:
+    """Where a stage runs in its candidate, for its memory: its slot, the microbatches, how many it holds at once,
+    whether it runs the loss, and whether it is the whole plan (one stage)."""
+
+    slot: int
+    m: int
+    in_flight: int
+    last: bool
+    exact: bool
+
+
+def _explained(stage: Stage, *, graph: OpGraph, setup: CostSetup, zero: str | int) -> tuple:
+    """The explanation rows of a plan stage (:func:`planner.costing.stage_work.explain_stage`), as stored."""
+    return tuple(row.to_json() for row in explain_stage(stage, graph, setup, zero=zero))
+
+
+def _priced_memory(
+    template: StageTemplate,
+    base: Stage,
+    planned: Stage,
+    graph: OpGraph,
+    setup: CostSetup,
+    *,
+    choice: tuple[int, ...],
+    where: _Where,
+) -> float:
+    """The stage's memory per device (:func:`_stage_memory`), plus at ZeRO-3 in a pipeline the layer groups FSDP
+    holds gathered while it computes with them."""
+    _, remat, zero = SLOTS[where.slot]
+    m, in_flight, last, exact = where.m, where.in_flight, where.last, where.exact
+    memory = _stage_memory(
+        template,
+        base,
+        graph,
+        setup,
+        choice=choice,
+        remat=remat,
+        zero=zero,
+        in_flight=in_flight,
+        m=m,
+        last=last,
+        ddp=exact and runs_as_ddp([base]),
+        fsdp=exact and runs_as_fsdp([base]),
+        pipeline=not exact,
+    )
+    if zero == 3 and not (exact and runs_as_fsdp([base])):  # FSDP holds the groups it computes with unsharded
+        memory += gathered_param_bytes(planned, graph, setup)
+    return memory
+
+
 def _refined_choice(
     template: StageTemplate, choice: tuple[int, ...], *, in_flight: int, budget: float, exact_limit_s: float | None
 ) -> tuple[int, ...]:
@@ -231,16 +286,8 @@ def price_stage(
         choice = _refined_choice(
             template, choice, in_flight=in_flight, budget=setup.memory_budget_bytes, exact_limit_s=limit
         )
-    objective, step_s, _, _, _ = template.costs(choice)
-    time_s = objective - step_s / m + template.recompute_s(choice, remat)
-    if zero:  # the slot's ZeRO level (planner.costing.zero)
-        costs = template.zero(choice, zero, setup)
-        objective += costs.per_microbatch_s + costs.step_s / m
-        time_s, step_s = time_s + costs.per_microbatch_s, step_s + costs.step_s
-
-    def explain(stage: Stage) -> tuple:
-        return tuple(row.to_json() for row in explain_stage(stage, graph, setup, zero=options.zero))
-
+    objective, time_s, step_s = _seconds(template, choice, remat=remat, zero=zero, m=m, setup=setup)
+    explain = partial(_explained, graph=graph, setup=setup, zero=options.zero)
     base = template.stage(choice, remat=remat, zero=zero, explain=explain)
     planned = relabel(base, template.part, part, devices=devices, index=index)
     levels = ZERO_LEVELS if exact and SLOTS[spec.slot][0] == "data-parallel" else (0, 1)
@@ -248,29 +295,9 @@ def price_stage(
         choice, remat=remat, zero=zero, levels=levels, m=m, in_flight=in_flight, setup=setup
     )
     planned = replace(planned, memory_saving=saving)
-    memory = _stage_memory(
-        template,
-        base,
-        graph,
-        setup,
-        choice=choice,
-        remat=remat,
-        zero=zero,
-        in_flight=in_flight,
-        m=m,
-        last=bool(set(graph.outputs) & set(names)),
-        ddp=exact and runs_as_ddp([base]),
-        fsdp=exact and runs_as_fsdp([base]),
-        pipeline=not exact,
-    )
-    if zero == 3 and not (exact and runs_as_fsdp([base])):  # FSDP holds the groups it computes with unsharded
-        memory += gathered_param_bytes(planned, graph, setup)
-    if ("backward", choice) not in template.memo:  # the buckets' ready times, once per choice
-        template.memo["backward", choice] = stage_backward(base, template.part, setup, zero=options.zero)
-    known = template.memo["backward", choice]
-    assert isinstance(known, StageBackward)
-    names = dict(zip((n.name for n in template.part.nodes), (n.name for n in part.nodes), strict=True))
-    backward = StageBackward(node_bwd_s={names[n]: t for n, t in known.node_bwd_s.items()}, additive_s=known.additive_s)
+    where = _Where(slot=spec.slot, m=m, in_flight=in_flight, last=bool(set(graph.outputs) & set(names)), exact=exact)
+    memory = _priced_memory(template, base, planned, graph, setup, choice=choice, where=where)
+    to_part = dict(zip((n.name for n in template.part.nodes), (n.name for n in part.nodes), strict=True))
     return PricedStage(
         stage=planned,
         objective_s=objective,
@@ -279,8 +306,40 @@ def price_stage(
         memory_bytes=memory,
         remat=bool(remat),
         backward_s=max(0.0, time_s - template.forward_s(choice)),
-        backward=backward,
+        backward=_backward(template, base, choice, to_part, setup=setup, zero=options.zero),
+        picked=StageChoice(template=template, choice=choice, names={ours: theirs for theirs, ours in to_part.items()}),
     )
+
+
+def _seconds(
+    template: StageTemplate, choice: tuple[int, ...], *, remat: str, zero: int, m: int, setup: CostSetup
+) -> tuple[float, float, float]:
+    """(objective, time per microbatch, gradient sync and optimizer update per step) of the stage's choice, with its
+    recomputation and the collectives of its ZeRO level (:mod:`planner.costing.zero`)."""
+    objective, step_s, _, _, _ = template.costs(choice)
+    time_s = objective - step_s / m + template.recompute_s(choice, remat)
+    if zero:
+        costs = template.zero(choice, zero, setup)
+        objective += costs.per_microbatch_s + costs.step_s / m
+        time_s, step_s = time_s + costs.per_microbatch_s, step_s + costs.step_s
+    return objective, time_s, step_s
+
+
+def _backward(
+    template: StageTemplate,
+    base: Stage,
+    choice: tuple[int, ...],
+    to_part: dict[str, str],
+    *,
+    setup: CostSetup,
+    zero: str | int,
+) -> StageBackward:
+    """The stage's backward node seconds and additive sync shares (once per choice), on the stage's node names."""
+    if ("backward", choice) not in template.memo:  # the buckets' ready times, once per choice
+        template.memo["backward", choice] = stage_backward(base, template.part, setup, zero=zero)
+    known = template.memo["backward", choice]
+    assert isinstance(known, StageBackward)
+    return StageBackward(node_bwd_s={to_part[n]: t for n, t in known.node_bwd_s.items()}, additive_s=known.additive_s)
 
 
 def plan_stages(priced: list[PricedStage], full_graph: OpGraph) -> tuple[Stage, ...]:

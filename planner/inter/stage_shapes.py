@@ -15,7 +15,8 @@ GPT-1T at pipeline 64 has 64 stages, and the candidates repeat them. Two stages 
 So :class:`StageShapes` keeps one :class:`StageTemplate` per key — the problem, its composed choice
 and, on demand, its unconstrained optimum and each choice's split costs — and
 :func:`relabel` turns the template's plan stage into the stage at hand: node names, parameter
-names and explanation rows mapped position by position, devices set to the stage's ranks.
+names and explanation rows mapped position by position, devices set to the stage's ranks. What a priced stage
+picked on its template travels with the candidate as a :class:`StageChoice`.
 """
 
 from __future__ import annotations
@@ -199,6 +200,17 @@ def step_s(problem: StageProblem, choice: tuple[int, ...]) -> float:
         variable = problem.variables.index(problem.representative[node.name])
         total += problem.costs[variable][choice[variable]].step_s
     return total
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageChoice:
+    """What the search picked for one stage of a priced candidate: the variable ``choice`` on ``template``'s problem
+    (the stage's strategies are its strategies, as stored), and the stage's node names to the template's
+    (``names``). The plan's finishing touches read it instead of re-solving (:mod:`planner.inter.sp_saving`)."""
+
+    template: StageTemplate
+    choice: tuple[int, ...]
+    names: Mapping[str, str]  # the stage's node name -> the template's
 
 
 class StageShapes:

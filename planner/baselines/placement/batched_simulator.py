@@ -14,13 +14,13 @@ gives for it, bit for bit. It does the same work without Python objects, compile
    its speed, plus ``step_overhead_s``.
 2. **Chunk edges** (:func:`_chunk_edges`): the op edges that cross chunks, their bytes added in the
    problem's edge order per ``(chunk from, chunk to)`` pair, sorted by pair.
-3. **Tasks** (:func:`_build_tasks`), numbered as :func:`planner.costing.lowering.build_tasks` numbers
+3. **Tasks** (:func:`_build_tasks`), numbered as :func:`planner.costing.lowered_tasks.build_tasks` numbers
    them, since the event loop breaks ties by number: per microbatch ``i`` and chunk ``c`` in order, a
    transfer per crossing edge into ``c`` from another device (on the link ``(a, b)``, seconds
    :meth:`PlacementProblem.transfer_s`), then ``F(c, i)`` (allocates the chunk's activations); per
    microbatch and chunk in reverse, a transfer per edge out of ``c`` to another device (its gradient
    coming back), then ``B(c, i)`` (frees them); then one step per device after its backwards.
-4. **Event loop** (:func:`_run`): each device and each ordered pair of devices (a link) runs one task at a
+4. **Event loop** (:func:`planner.baselines.placement.event_loop.run_tasks`): each device and each ordered pair of devices (a link) runs one task at a
    time; a finished task (events in ``(finish time, task)`` order, a binary heap) frees its resource and
    readies the tasks waiting only on it; a free resource starts its ready task with the smallest
    ``(ready time, task)``. Ready times only grow, so each resource's ready tasks are a queue kept in
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from planner.baselines.placement.event_loop import run_tasks
 from planner.baselines.placement.exact_sum import fsum_prefix
 from planner.baselines.placement.problem import PlacementProblem
 
@@ -228,7 +229,7 @@ def _simulate_one(
     resource, duration, alloc, free, dep_start, deps = _build_tasks(
         device, f, b, a, step_s, src, dst, num_bytes, latency, bandwidth, m
     )
-    return _run(resource, duration, alloc, free, dep_start, deps, base, out_peak)
+    return run_tasks(resource, duration, alloc, free, dep_start, deps, base, out_peak)
 
 
 @numba.njit(**_JIT)
@@ -238,14 +239,7 @@ def _build_tasks(device, f, b, a, step_s, src, dst, num_bytes, latency, bandwidt
     from ``dep_start[t]`` to ``dep_start[t + 1]``). A transfer is numbered before the task that waits for
     it, so that task's dependencies are gathered in ``waits`` first and stored after it."""
     num_chunks, num_pairs, num_devices = device.shape[0], src.shape[0], step_s.shape[0]
-    into = np.argsort(dst, kind="mergesort")  # pairs by (to, from): the edges into each chunk, sources ascending
-    into_start, out_start = np.zeros(num_chunks + 1, dtype=np.int64), np.zeros(num_chunks + 1, dtype=np.int64)
-    for p in range(num_pairs):
-        into_start[dst[p] + 1] += 1
-        out_start[src[p] + 1] += 1
-    for c in range(num_chunks):
-        into_start[c + 1] += into_start[c]
-        out_start[c + 1] += out_start[c]
+    into, into_start, out_start = _pair_offsets(src, dst, num_chunks)
     size = m * (2 * num_chunks + 2 * num_pairs) + num_devices
     resource, duration = np.empty(size, dtype=np.int64), np.empty(size)
     alloc, free = np.zeros(size), np.zeros(size)
@@ -270,18 +264,10 @@ def _build_tasks(device, f, b, a, step_s, src, dst, num_bytes, latency, bandwidt
                     if device[other] == device[c]:
                         waits[count] = before
                     else:  # a transfer from the other chunk's device, waiting for its task
-                        resource[t] = num_devices + device[other] * num_devices + device[c]
-                        duration[t] = 0.0  # PlacementProblem.transfer_s
-                        if num_bytes[p] > 0:
-                            duration[t] = (
-                                latency[device[other], device[c]] + num_bytes[p] / bandwidth[device[other], device[c]]
-                            )
-                        alloc[t], free[t] = 0.0, 0.0
-                        deps[k] = before
-                        k += 1
-                        dep_start[t + 1] = k
-                        waits[count] = t
-                        t += 1
+                        seconds = _transfer_s(latency, bandwidth, device[other], device[c], num_bytes[p])
+                        resource[t], duration[t] = num_devices + device[other] * num_devices + device[c], seconds
+                        alloc[t], free[t], deps[k], dep_start[t + 1] = 0.0, 0.0, before, k + 1
+                        waits[count], t, k = t, t + 1, k + 1
                     count += 1
                 resource[t], duration[t] = device[c], f[c] if phase == 0 else b[c]
                 alloc[t], free[t] = (a[c], 0.0) if phase == 0 else (0.0, a[c])
@@ -293,130 +279,41 @@ def _build_tasks(device, f, b, a, step_s, src, dst, num_bytes, latency, bandwidt
                 else:
                     backward[c, i] = t
                 t += 1
-    for d in range(num_devices):  # the step waits for every backward of its device
+    t = _add_steps(device, step_s, backward, resource, duration, dep_start, deps, t, k, m)
+    return resource[:t], duration[:t], alloc[:t], free[:t], dep_start[: t + 1], deps
+
+
+@numba.njit(inline="always", **_JIT)
+def _pair_offsets(src, dst, num_chunks):
+    """The chunk pairs by (to, from), and the CSR offsets of the pairs into and out of each chunk."""
+    into = np.argsort(dst, kind="mergesort")  # pairs by (to, from): the edges into each chunk, sources ascending
+    into_start, out_start = np.zeros(num_chunks + 1, dtype=np.int64), np.zeros(num_chunks + 1, dtype=np.int64)
+    for p in range(src.shape[0]):
+        into_start[dst[p] + 1] += 1
+        out_start[src[p] + 1] += 1
+    for c in range(num_chunks):
+        into_start[c + 1] += into_start[c]
+        out_start[c + 1] += out_start[c]
+    return into, into_start, out_start
+
+
+@numba.njit(inline="always", **_JIT)
+def _transfer_s(latency, bandwidth, sender, receiver, num_bytes):
+    """:meth:`PlacementProblem.transfer_s`: nothing for no bytes."""
+    if num_bytes > 0:
+        return latency[sender, receiver] + num_bytes / bandwidth[sender, receiver]
+    return 0.0
+
+
+@numba.njit(inline="always", **_JIT)
+def _add_steps(device, step_s, backward, resource, duration, dep_start, deps, t, k, m):
+    """One step task per device after every backward of its chunks (from task ``t``, dependency ``k``); the tasks."""
+    for d in range(step_s.shape[0]):
         resource[t], duration[t] = d, step_s[d]
-        for c in range(num_chunks):
+        for c in range(device.shape[0]):
             if device[c] == d:
                 deps[k : k + m] = backward[c]
                 k += m
         dep_start[t + 1] = k
         t += 1
-    return resource[:t], duration[:t], alloc[:t], free[:t], dep_start[: t + 1], deps
-
-
-@numba.njit(**_JIT)
-def _run(resource, duration, alloc, free, dep_start, deps, base, out_peak):
-    """The event loop of :func:`cost_models.simulator.simulate` on these arrays; the makespan.
-
-    One function, no helpers: a call that passes arrays costs reference counting, which in this loop
-    was most of the time."""
-    n, num_devices = resource.shape[0], base.shape[0]
-    num_resources = num_devices + num_devices * num_devices
-    waiting, after_start, after = _dependents(dep_start, deps, n)
-    # per resource, a queue of ready tasks sorted by (ready time, task): [head, tail) inside its own segment
-    queue_start = np.zeros(num_resources + 1, dtype=np.int64)
-    for t in range(n):
-        queue_start[resource[t] + 1] += 1
-    for r in range(num_resources):
-        queue_start[r + 1] += queue_start[r]
-    head, tail = queue_start[:num_resources].copy(), queue_start[:num_resources].copy()
-    queued, ready_at = np.empty(n, dtype=np.int64), np.empty(n)
-    busy = np.zeros(num_resources, dtype=np.bool_)
-    memory = np.zeros(num_resources)
-    memory[:num_devices] = base
-    peak = memory.copy()
-    event_time, event_task = np.empty(num_resources + 1), np.empty(num_resources + 1, dtype=np.int64)
-    touched = np.empty(num_resources + n, dtype=np.int64)  # resources that may start a task now
-    events, now, task = 0, 0.0, -1
-    while True:
-        count = 0
-        if task < 0:  # the start: every task without dependencies is ready, every resource may start
-            for t in range(n):
-                if waiting[t] == 0:
-                    r = resource[t]
-                    queued[tail[r]], ready_at[tail[r]] = t, 0.0
-                    tail[r] += 1
-            for r in range(num_resources):
-                touched[count] = r
-                count += 1
-        else:
-            r = resource[task]
-            busy[r] = False
-            memory[r] -= free[task]
-            touched[count] = r
-            count += 1
-            for k in range(after_start[task], after_start[task + 1]):
-                s = after[k]
-                waiting[s] -= 1
-                if waiting[s] == 0:  # ready now: behind those readied earlier or numbered lower
-                    r = resource[s]
-                    q = tail[r]
-                    while q > head[r] and ready_at[q - 1] == now and queued[q - 1] > s:
-                        queued[q], ready_at[q] = queued[q - 1], ready_at[q - 1]
-                        q -= 1
-                    queued[q], ready_at[q] = s, now
-                    tail[r] += 1
-                    touched[count] = r
-                    count += 1
-        for c in range(count):  # an idle resource starts its first ready task
-            r = touched[c]
-            if busy[r] or head[r] == tail[r]:
-                continue
-            started = queued[head[r]]
-            head[r] += 1
-            busy[r] = True
-            memory[r] += alloc[started]
-            peak[r] = max(peak[r], memory[r])
-            finish = now + duration[started]
-            k = events  # push (finish, started) on the binary min-heap of events
-            events += 1
-            while k > 0:
-                parent = (k - 1) >> 1
-                if event_time[parent] < finish or (event_time[parent] == finish and event_task[parent] < started):
-                    break
-                event_time[k], event_task[k] = event_time[parent], event_task[parent]
-                k = parent
-            event_time[k], event_task[k] = finish, started
-        if events == 0:
-            break
-        now, task = event_time[0], event_task[0]  # pop the first event
-        events -= 1
-        last_time, last_task = event_time[events], event_task[events]
-        k = 0
-        while True:
-            child = 2 * k + 1
-            if child >= events:
-                break
-            if child + 1 < events and (
-                event_time[child + 1] < event_time[child]
-                or (event_time[child + 1] == event_time[child] and event_task[child + 1] < event_task[child])
-            ):
-                child += 1
-            if last_time < event_time[child] or (last_time == event_time[child] and last_task < event_task[child]):
-                break
-            event_time[k], event_task[k] = event_time[child], event_task[child]
-            k = child
-        event_time[k], event_task[k] = last_time, last_task
-    for d in range(num_devices):
-        out_peak[d] = max(0.0, peak[d])
-    return now
-
-
-@numba.njit(**_JIT)
-def _dependents(dep_start, deps, n):
-    """Per task the number of its dependencies, and the tasks that wait for it (CSR)."""
-    waiting = np.zeros(n, dtype=np.int64)
-    after_start = np.zeros(n + 1, dtype=np.int64)
-    for t in range(n):
-        waiting[t] = dep_start[t + 1] - dep_start[t]
-        for k in range(dep_start[t], dep_start[t + 1]):
-            after_start[deps[k] + 1] += 1
-    for t in range(n):
-        after_start[t + 1] += after_start[t]
-    after = np.empty(after_start[n], dtype=np.int64)
-    filled = after_start[:n].copy()
-    for t in range(n):
-        for k in range(dep_start[t], dep_start[t + 1]):
-            after[filled[deps[k]]] = t
-            filled[deps[k]] += 1
-    return waiting, after_start, after
+    return t

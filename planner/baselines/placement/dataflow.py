@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from cost_models.simulator import SimResult
 from planner.baselines.placement.problem import PlacementProblem, check_assignment
-from planner.costing.lowering import Chunk, Lowered, chunks_of, simulate_lowered
+from planner.costing.lowered_tasks import Chunk, Lowered
+from planner.costing.lowering import chunks_of, simulate_lowered
 
 
 def lower_assignment(problem: PlacementProblem, assignment: Sequence[int]) -> Lowered:
