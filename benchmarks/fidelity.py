@@ -2,7 +2,7 @@
 
 For each world size N (2 and 4 local gloo processes, one thread each), in one run:
 
-1. **Calibrate now** (:func:`planner.cli.calibrate.calibrate_machine`, what ``plan calibrate
+1. **Calibrate now** (:func:`calibration.machine.calibrate_machine`, what ``plan calibrate
    --processes N`` does): matmul, memory and gloo collectives measured with N processes running, the
    executors' host overheads and the compute contention (``compute_extra``) fitted under the profiled
    cost model on the *probe set* (:mod:`fidelity_sets`; each probe timed twice, its least disturbed
@@ -69,8 +69,8 @@ def log(message: str) -> None:
 
 def calibrate(world: int, *, probe_steps: int, directory: Path, cost_model: str) -> tuple[Path, dict]:
     """Calibrate ``world`` processes now; the cluster file's path and its fitted figures."""
-    from executors.calibrate import write_cluster_file
-    from planner.cli.calibrate import calibrate_machine
+    from calibration.machine import calibrate_machine
+    from calibration.measure import write_cluster_file
 
     share = wait_for_quiet(max_share=QUIET_SHARE, timeout_s=QUIET_WAIT_S)
     log(

@@ -167,7 +167,7 @@ def draw(rows: Mapping[str, Mapping], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
-    from cost_models.atomic_file import save_figure_atomic
+    from planner.atomic_file import save_figure_atomic
 
     has_memory = all("measured_bytes" in r for r in rows.values())
     figure, axes = plt.subplots(1, 2 if has_memory else 1, figsize=(12 if has_memory else 6.5, 5.5), squeeze=False)

@@ -1,10 +1,10 @@
 """What ``benchmarks/fidelity.py`` fits on, what it scores on, and which timing attempt it keeps.
 
-*Probe set* (fitted): the narrow residual MLP ``planner/cli/probe_model.py`` under the
-configurations of :data:`planner.cli.calibrate_runtime.PROBES` — what ``plan calibrate`` runs to
+*Probe set* (fitted): the narrow residual MLP ``calibration/probe_model.py`` under the
+configurations of :data:`calibration.probes.PROBES` — what ``plan calibrate`` runs to
 fit the executors' host overheads (per operator, per sharded operator, per microbatch, per step,
 per message) — and, under the profiled cost model, ``examples/mlp.py`` at real widths
-(:data:`planner.cli.calibrate_runtime.COMPUTE_PROBES`, for the compute contention); plus the raw
+(:data:`calibration.probes.COMPUTE_PROBES`, for the compute contention); plus the raw
 machine measurements (matmul, memory, gloo collectives).
 
 *Scored set* (:data:`SCORED`, held out): GPT, ResNet, MoE and models of the Hugging Face / ``nn``
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE_MODEL_FILES = ("planner/cli/probe_model.py", "examples/mlp.py")
+PROBE_MODEL_FILES = ("calibration/probe_model.py", "examples/mlp.py")
 
 GPT = {"layers": 4, "hidden": 256, "heads": 4, "seq": 64, "vocab": 2048}
 RESNET = {"width": 16, "blocks": 1, "stages": 3, "image_size": 32}
@@ -94,7 +94,7 @@ SCORED: dict[str, Case] = {
 
 def probe_set(*, profiled: bool = True) -> dict[str, str]:
     """The fitted configurations: probe name -> description (model file, size, batch, method)."""
-    from planner.cli.calibrate_runtime import COMPUTE_PROBES, PROBES
+    from calibration.probes import COMPUTE_PROBES, PROBES
 
     def extra(options: Mapping[str, object]) -> str:
         return f" ({', '.join(f'{k} {v}' for k, v in options.items())})" if options else ""

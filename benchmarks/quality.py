@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from results_page import RESULTS, save_table  # noqa: E402
 
-from cost_models.atomic_file import save_figure_atomic  # noqa: E402
 from cost_models.units import GIB  # noqa: E402
+from planner.atomic_file import save_figure_atomic  # noqa: E402
 
 CLUSTERS = {"p3": "p3.16xlarge", "a100": "dgx-a100", "h100": "dgx-h100"}
 DEVICES_PER_NODE = 8

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cost_models.atomic_file import write_text_atomic
 from executors.parity import ParityResult
 from executors.precision import Precision, describe_optimizer, make_optimizer
 from executors.training.parallel_model import parallelize
 from executors.training.parity_check import ParityCheck
 from executors.training.program_template import TEMPLATE
+from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 from planner.ir.model_file import build_kwargs, load_model_file
 from planner.plan import Plan, save_plan

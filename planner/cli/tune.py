@@ -7,7 +7,7 @@ each rank's peak memory), reports each as it finishes, skips one that fails or r
 Ctrl-C stops the running job and writes nothing. At the end it writes the kept plan to ``--out``, the table of
 every candidate's estimate against what it measured beside it (``OUT.tune.md`` and ``OUT.tune.json``), and —
 unless ``--no-learn`` — the corrected figures into this machine's cached calibration of the cluster
-(:mod:`cost_models.fitting.calibration_store`), which the next ``plan`` on that cluster reads.
+(:mod:`calibration.store`), which the next ``plan`` on that cluster reads.
 """
 
 from __future__ import annotations
