@@ -333,7 +333,7 @@ def _finish_plan(
             *method_notes,
             *chosen.notes,
             *prepared.notes,
-            *_notes(graphs, ddp=runs_as_ddp(chosen.stages, zero=prepared.options.zero), runtime=prepared.setup.runtime),
+            *_notes(graphs, ddp=runs_as_ddp(chosen.stages), runtime=prepared.setup.runtime),
             *_estimate_notes(prepared.setup, mfu=chosen.estimate.mfu, num_params=prepared.model.num_params),
         ),
     )

@@ -17,11 +17,11 @@ from executors.session import split_batch
 from executors.tensor_parallel import to_placements
 from executors.training.program import write_program
 from planner.api import plan_model_file
-from planner.costing.collectives import charged_collectives
 from planner.costing.setup import plan_setup
 from planner.errors import AutoplanError
 from planner.ir.capture import capture
 from planner.ir.model_file import instantiate, load_model_file
+from tests.support.charged_collectives import charged_collectives
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "mlp.py"

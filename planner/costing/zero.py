@@ -146,10 +146,6 @@ class FsdpTimeline:
     tail_s: float  # after the last backward: the communication stream's remainder (the last reduce-scatters)
     comm_s: float  # every collective of the step
 
-    @property
-    def exposed_s(self) -> float:
-        return math.fsum(self.forward_wait_s) + math.fsum(self.backward_wait_s) + self.tail_s
-
 
 def fsdp_timeline(groups: Sequence[FsdpGroup], *, level: int, num_microbatches: int) -> FsdpTimeline:
     """The step's communication against its compute under FSDP at ``level`` (module docstring)."""
