@@ -14,7 +14,7 @@ model file is a probe model file (:func:`check_disjoint`), so no scored plan was
 Keep rule (:func:`keep`, :func:`pick_timing`), blind to the error: every world's plans are timed
 ``attempts`` times (one torchrun job each); around each plan's timed steps the job records the share
 of all CPU time the VM's host stole (``steal`` in /proc/stat) and the share other processes on this
-machine used (busy ticks less our ranks' own CPU time: :func:`executors.step_timing.machine_shares`),
+machine used (busy ticks less our ranks' own CPU time: :func:`executors.measure.step_timing.machine_shares`),
 and per plan the timing with the least ``steal + foreign`` share is kept (ties: the earlier attempt).
 The rule sees only those shares, never an estimate, so it cannot pick the timing that fits best.
 

@@ -6,7 +6,7 @@ schedule's per-microbatch work, collectives issued through DTensor, the interpre
 call — is measured here. Each probe is the narrow residual MLP of :mod:`calibration.probe_model`
 (arithmetic negligible) planned by a fixed method on ``world`` local processes (:data:`PROBES`:
 data parallel, Megatron tensor parallel and pipelines of 2 stages at several depths and
-microbatch counts), saved, and timed by :func:`executors.step_timing.run_timing`. Its features
+microbatch counts), saved, and timed by :func:`executors.measure.step_timing.run_timing`. Its features
 are the estimate's slopes in the runtime constants (:func:`calibration.runtime_fit.probe_features`,
 re-planning under changed constants), and :func:`calibration.runtime_fit.fit_runtime` fits them.
 
@@ -81,7 +81,7 @@ def fit_runtime_overheads(
     """Plan, run and fit the probes on ``world`` local processes (``cluster`` sized to them), under
     ``cost_model`` (``profiled``: the compute probes and the compute constant too); the probes are
     timed ``attempts`` times and each keeps its least disturbed timing (:func:`_least_disturbed`)."""
-    from executors.step_timing import run_timing
+    from executors.measure.step_timing import run_timing
     from planner.api import plan_prepared
     from planner.plan import save_plan
 
@@ -140,7 +140,7 @@ def fit_runtime_overheads(
 
 def _least_disturbed(runs: list[dict[str, float]], machine: list[dict[str, dict[str, float]]]) -> dict[str, float]:
     """Per plan, the run whose timed steps had the least share of the CPU taken by the VM's host and
-    other processes (``executors.step_timing``'s machine shares; the earlier run on a tie)."""
+    other processes (``executors.measure.step_timing``'s machine shares; the earlier run on a tie)."""
 
     def disturbance(index: int, path: str) -> float:
         shares = machine[index].get(path, {})

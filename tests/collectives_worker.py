@@ -12,13 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import torch.distributed as dist
-from support.charged_collectives import charged_collectives
+from support.charged_collectives import charged_collectives, observed_kind
 from torch.distributed.tensor.debug import CommDebugMode
 
 from executors.graph_module import flat_outputs
 from executors.runner import TensorParallelRunner, make_runner
 from executors.session import init_distributed, load_workload
-from executors.tensor_parallel import observed_kind
 from planner.costing.setup import plan_setup
 from planner.plan import load_plan
 

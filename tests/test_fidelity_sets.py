@@ -25,8 +25,8 @@ from fidelity_sets import (  # noqa: E402
     world_summary,
 )
 
-from executors.step_timing import machine_shares  # noqa: E402
-from executors.training.memory_peak import peak_from_events, step_peak_bytes  # noqa: E402
+from executors.measure.memory_peak import peak_from_events, step_peak_bytes  # noqa: E402
+from executors.measure.step_timing import machine_shares  # noqa: E402
 
 
 def test_probe_and_scored_sets_are_disjoint() -> None:

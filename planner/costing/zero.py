@@ -4,7 +4,7 @@ Levels (Rajbhandari et al. 2020, "ZeRO"; bytes per level in :func:`cost_models.m
 0 keeps everything on every replica; 1 shards the optimizer state over the ``d`` replicas; 2 the
 gradients too; 3 the parameters too. How the executors run them, and what is charged:
 
-* **a sharded (DTensor) stage, level 1** (:class:`executors.stages.ZeroOptimizerShards`; a pipeline's or a
+* **a sharded (DTensor) stage, level 1** (:class:`executors.parallel.stages.ZeroOptimizerShards`; a pipeline's or a
   tensor-parallel stage, Megatron's distributed optimizer): the gradients are reduced as at level 0
   (the stage's buckets, :mod:`planner.costing.overlap`), each rank updates only its ``1/d`` of every
   parameter and its optimizer state, and the updated parameter is all-gathered — torch's
