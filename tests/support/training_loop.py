@@ -1,6 +1,6 @@
 """The training program's loop in-process, for workers that run many plans in one torchrun job.
 
-:func:`run_plan` is ``train.py``'s loop (:mod:`executors.training.program`) without checkpoints or data loader,
+:func:`run_plan` is ``train.py``'s loop (:mod:`executors.training.program_template`) without checkpoints or data loader,
 for callers that already have a process group (the parity and lossy-sync workers): synthetic batches, the
 optimizer given (default: the plan's), optional clipping, ``--check-parity`` against one process.
 """
