@@ -2,7 +2,7 @@
 
 For each world size N (2 and 4 local gloo processes, one thread each), in one run:
 
-1. **Calibrate now** (:func:`planner.cli.calibrate.calibrate_machine`, what ``plan calibrate
+1. **Calibrate now** (:func:`calibration.machine.calibrate_machine`, what ``plan calibrate
    --processes N`` does): matmul, memory and gloo collectives measured with N processes running, the
    executors' host overheads and the compute contention (``compute_extra``) fitted under the profiled
    cost model on the *probe set* (:mod:`fidelity_sets`; each probe timed twice, its least disturbed
@@ -12,12 +12,12 @@ For each world size N (2 and 4 local gloo processes, one thread each), in one ru
    temporary folder), so they too are measured in this run.
 2. **Plan the scored set** (held out: no scored model is a probe model) on that cluster with
    ``--cost-model`` (default ``profiled``), SGD; keep the plan's estimate and the simulator's replay.
-3. **Time** every plan with our executors (:func:`executors.step_timing.run_timing`: 3 warm-up
+3. **Time** every plan with our executors (:func:`executors.measure.step_timing.run_timing`: 3 warm-up
    steps, median of ``--steps`` steps, slowest rank), ``--attempts`` times; per plan the job records
    the host's steal and other processes' CPU share while it was timed, and
    :func:`fidelity_sets.keep` keeps per plan the least disturbed timing: it reads only those shares,
    never the error.
-4. **Memory**: every rank's peak over one profiled step (:mod:`executors.training.memory_peak`: the CPU
+4. **Memory**: every rank's peak over one profiled step (:mod:`executors.measure.memory_peak`: the CPU
    allocator's count at its most) against the estimate's memory per device and the simulator's per-device peak
    (``benchmarks/memory.py`` scores memory alone, on more plans).
 
@@ -65,8 +65,8 @@ def log(message: str) -> None:
 
 def calibrate(world: int, *, probe_steps: int, directory: Path, cost_model: str) -> tuple[Path, dict]:
     """Calibrate ``world`` processes now; the cluster file's path and its fitted figures."""
-    from executors.calibrate import write_cluster_file
-    from planner.cli.calibrate import calibrate_machine
+    from calibration.machine import calibrate_machine
+    from calibration.measure import write_cluster_file
 
     share = wait_for_quiet(max_share=QUIET_SHARE, timeout_s=QUIET_WAIT_S)
     log(
@@ -147,7 +147,7 @@ def make_plans(cluster_path: Path, world: int, directory: Path, *, cost_model: s
 def wait_for_quiet(*, max_share: float, timeout_s: float, window_s: float = 3.0) -> float:
     """Wait (up to ``timeout_s``) until other processes and the host take at most ``max_share`` of the
     CPU over a ``window_s`` window; the last window's share. Blind to any estimate."""
-    from executors.step_timing import cpu_ticks
+    from executors.measure.step_timing import cpu_ticks
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -161,7 +161,7 @@ def wait_for_quiet(*, max_share: float, timeout_s: float, window_s: float = 3.0)
 
 def time_attempt(world: int, index: int, rows: dict, *, steps: int, directory: Path) -> Attempt:
     """One timing run of a world's plans; per plan, the host's steal and other processes' CPU share."""
-    from executors.step_timing import run_timing
+    from executors.measure.step_timing import run_timing
 
     paths = {key: row["path"] for key, row in rows.items()}
     out = directory / f"measured-w{world}-{index}.json"
@@ -200,12 +200,12 @@ def time_attempt(world: int, index: int, rows: dict, *, steps: int, directory: P
 
 
 def measure_memory(world: int, rows: dict, *, directory: Path) -> None:
-    from executors.step_timing import run_timing
+    from executors.measure.step_timing import run_timing
 
     log(f"world {world}: peak memory per rank, one profiled step per plan")
     paths = [row["path"] for row in rows.values()]
     peaks = run_timing(
-        paths, world=world, steps=2, out=directory / f"memory-w{world}.json", module="executors.training.memory_peak"
+        paths, world=world, steps=2, out=directory / f"memory-w{world}.json", module="executors.measure.memory_peak"
     )
     for row in rows.values():
         row["measured_bytes"] = [float(b or 0) for b in peaks[row["path"]]]

@@ -2,7 +2,7 @@
 
 Errors are ``(predicted − measured) / measured``; MAPE is the mean of their absolute values.
 Memory: the measured peak of a rank is the CPU allocator's count of live bytes at its most during one step,
-plus the parameters its runner trains in place (:mod:`executors.training.memory_peak`); the
+plus the parameters its runner trains in place (:mod:`executors.measure.memory_peak`); the
 estimate's figure is the largest device's, the simulator's is per device (rank).
 """
 
@@ -152,7 +152,7 @@ def memory_table(rows: Mapping[str, Mapping]) -> str:
     return (
         f"Peak memory per device (rank): measured over one profiled step (the CPU allocator's count of live bytes at "
         f"its most during the step, counted from when the rank builds its runner, plus the model's parameters the "
-        f"runner trains in place: executors/training/memory_peak.py). Mean absolute error: estimate {mean:.0%}, "
+        f"runner trains in place: executors/measure/memory_peak.py). Mean absolute error: estimate {mean:.0%}, "
         f"simulator {sim_mean:.0%}. The estimate has no reserve in it (the reserve is taken off the capacity, not "
         f"added to the plan): state, the executor's buffers and one microbatch's activation timeline with the loss "
         f"(planner/costing/stage_memory.py).\n\n" + "\n".join(lines)
@@ -167,7 +167,7 @@ def draw(rows: Mapping[str, Mapping], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
-    from cost_models.atomic_file import save_figure_atomic
+    from planner.atomic_file import save_figure_atomic
 
     has_memory = all("measured_bytes" in r for r in rows.values())
     figure, axes = plt.subplots(1, 2 if has_memory else 1, figsize=(12 if has_memory else 6.5, 5.5), squeeze=False)

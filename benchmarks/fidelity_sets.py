@@ -1,10 +1,10 @@
 """What ``benchmarks/fidelity.py`` fits on, what it scores on, and which timing attempt it keeps.
 
-*Probe set* (fitted): the narrow residual MLP ``planner/cli/probe_model.py`` under the
-configurations of :data:`planner.cli.calibrate_runtime.PROBES` — what ``plan calibrate`` runs to
+*Probe set* (fitted): the narrow residual MLP ``calibration/probe_model.py`` under the
+configurations of :data:`calibration.probes.PROBES` — what ``plan calibrate`` runs to
 fit the executors' host overheads (per operator, per sharded operator, per microbatch, per step,
 per message) — and, under the profiled cost model, ``examples/mlp.py`` at real widths
-(:data:`planner.cli.calibrate_runtime.COMPUTE_PROBES`, for the compute contention); plus the raw
+(:data:`calibration.probes.COMPUTE_PROBES`, for the compute contention); plus the raw
 machine measurements (matmul, memory, gloo collectives).
 
 *Scored set* (:data:`SCORED`, held out): GPT, ResNet, MoE and models of the Hugging Face / ``nn``
@@ -14,7 +14,7 @@ model file is a probe model file (:func:`check_disjoint`), so no scored plan was
 Keep rule (:func:`keep`, :func:`pick_timing`), blind to the error: every world's plans are timed
 ``attempts`` times (one torchrun job each); around each plan's timed steps the job records the share
 of all CPU time the VM's host stole (``steal`` in /proc/stat) and the share other processes on this
-machine used (busy ticks less our ranks' own CPU time: :func:`executors.step_timing.machine_shares`),
+machine used (busy ticks less our ranks' own CPU time: :func:`executors.measure.step_timing.machine_shares`),
 and per plan the timing with the least ``steal + foreign`` share is kept (ties: the earlier attempt).
 The rule sees only those shares, never an estimate, so it cannot pick the timing that fits best.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE_MODEL_FILES = ("planner/cli/probe_model.py", "examples/mlp.py")
+PROBE_MODEL_FILES = ("calibration/probe_model.py", "examples/mlp.py")
 
 GPT = {"layers": 4, "hidden": 256, "heads": 4, "seq": 64, "vocab": 2048}
 RESNET = {"width": 16, "blocks": 1, "stages": 3, "image_size": 32}
@@ -94,7 +94,7 @@ SCORED: dict[str, Case] = {
 
 def probe_set(*, profiled: bool = True) -> dict[str, str]:
     """The fitted configurations: probe name -> description (model file, size, batch, method)."""
-    from planner.cli.calibrate_runtime import COMPUTE_PROBES, PROBES
+    from calibration.probes import COMPUTE_PROBES, PROBES
 
     def extra(options: Mapping[str, object]) -> str:
         return f" ({', '.join(f'{k} {v}' for k, v in options.items())})" if options else ""

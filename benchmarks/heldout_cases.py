@@ -2,7 +2,7 @@
 
 *Scored* (:data:`SCORED`, held out): the cases of ``benchmarks/regret.py`` (does auto pick the plan that runs
 fastest?) and of ``benchmarks/memory.py`` (estimated against measured peak memory per rank), each at world 2
-and 4 on this machine. None of them is a calibration probe (``planner/cli/probe_model.py``,
+and 4 on this machine. None of them is a calibration probe (``calibration/probe_model.py``,
 ``examples/mlp.py``): :func:`check_scored_disjoint`. Their shapes differ from ``benchmarks/fidelity_sets.py``'s
 scored set, which earlier sessions looked at while changing the cost model.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE_MODEL_FILES = ("planner/cli/probe_model.py", "examples/mlp.py")
+PROBE_MODEL_FILES = ("calibration/probe_model.py", "examples/mlp.py")
 
 
 @dataclass(frozen=True, kw_only=True)

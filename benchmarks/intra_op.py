@@ -33,8 +33,8 @@ def run_case(size: str, overrides: dict, num_nodes: int, batch_size: int) -> lis
     from cost_models.compute import RooflineCompute
     from planner.costing.setup import CostSetup
     from planner.intra.incumbents import data_parallel_choice, megatron_choice
+    from planner.intra.logical_meshes import logical_meshes
     from planner.intra.problem import MemoryBudgetError, evaluate
-    from planner.intra.single_stage import logical_meshes
     from planner.intra.solve import solve_intra_op
     from planner.ir.capture import capture
     from planner.ir.model_file import instantiate, load_model_file

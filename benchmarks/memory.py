@@ -6,7 +6,7 @@ the families a user would run (:data:`FAMILIES`): data parallel as planned (DDP 
 ``--zero 3`` (FSDP), Megatron tensor parallel (``--degrees W,1,1``), a Megatron 1F1B pipeline (``--degrees 1,2,W/2 --microbatches
 4``), auto, and on a few cases (:data:`HASH_CASES`) the ``hash`` op placement. A plan the planner refuses is
 reported as refused, with its reason. Then one torchrun job per world measures every plan's peak per rank
-(:mod:`executors.training.memory_peak`: the CPU allocator's count of live bytes over one profiled SGD step
+(:mod:`executors.measure.memory_peak`: the CPU allocator's count of live bytes over one profiled SGD step
 after 2 warm-up steps, plus the parameters the runner trains in place), and the job runs ``--attempts``
 times (default 2): allocation counts of a fixed program are deterministic, so the attempts must agree;
 any difference is reported.
@@ -148,15 +148,15 @@ def measure(world: int, rows: list[dict], *, attempts: int, directory: Path) -> 
 
 
 def _job(paths: list[str], *, world: int, out: Path) -> tuple[dict, dict]:
-    """One torchrun job of :mod:`executors.training.memory_peak`: peaks and parts per plan."""
-    from executors.step_timing import run_timing
+    """One torchrun job of :mod:`executors.measure.memory_peak`: peaks and parts per plan."""
+    from executors.measure.step_timing import run_timing
 
     peaks = run_timing(
         paths,
         world=world,
         steps=WARMUP_STEPS,
         out=out,
-        module="executors.training.memory_peak",
+        module="executors.measure.memory_peak",
         timeout_s=600.0 * len(paths),
     )
     return peaks, json.loads(Path(f"{out}.parts.json").read_text())

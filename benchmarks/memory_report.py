@@ -15,7 +15,7 @@ UNDER = 0.10  # ...and none more than 10% under
 
 MEASURED = (
     "*Measured*: a rank's peak over one profiled SGD step after 2 warm-up steps "
-    "(`executors/training/memory_peak.py`): the CPU allocator's count of live bytes at its most during the step, "
+    "(`executors/measure/memory_peak.py`): the CPU allocator's count of live bytes at its most during the step, "
     "counted from when the rank starts building its runner, plus the model's own parameters the runner trains in "
     "place — what `torch.cuda.max_memory_allocated` reports on a GPU, less the rank's unsharded copy of the model "
     "(built before its shards are taken), module buffers read in place and the input batch. Parts: *held* (the "

@@ -391,7 +391,7 @@ def draw(selected: list[Row], results: list[dict], compared: Compared, *, varian
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from cost_models.atomic_file import save_figure_atomic
+    from planner.atomic_file import save_figure_atomic
 
     figure, axis = plt.subplots(figsize=(11, 4.6))
     xs = list(range(len(selected)))

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from benchmarks.results_page import RESULTS, save_table
-from cost_models.atomic_file import save_figure_atomic
 from cost_models.units import GIB
+from planner.atomic_file import save_figure_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 

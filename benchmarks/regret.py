@@ -3,7 +3,7 @@
 For each world size W (2 and 4 local gloo processes, one thread each) this benchmark does what a user does:
 
 1. **Calibrate** as ``plan --cluster local-cpu`` does by default (``plan calibrate --quick`` for W processes:
-   :func:`planner.cli.calibrate.calibrate_machine`), in a fresh cache; no cluster file from an earlier run is read.
+   :func:`calibration.machine.calibrate_machine`), in a fresh cache; no cluster file from an earlier run is read.
 2. **Plan** each held-out case (:data:`heldout_cases.SCORED`: none is a calibration probe, none is a development
    case) with ``auto`` and take every distinct candidate auto priced (:func:`planner.tuning.candidate_names`:
    auto's pick, the data-parallel, Megatron and uniform-pipeline plans, the stage DP's and rescheduled ones).
@@ -51,8 +51,8 @@ def _say(message: str) -> None:
 
 def calibrate(world: int) -> tuple[object, dict]:
     """This machine calibrated for ``world`` processes as ``plan`` does by default."""
+    from calibration.machine import calibrate_machine
     from cost_models.cluster import Cluster
-    from planner.cli.calibrate import calibrate_machine
 
     result = calibrate_machine(num_processes=world, quick=True, progress=lambda message: None, probe_steps=3)
     data = result.to_json()

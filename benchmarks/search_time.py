@@ -127,7 +127,7 @@ def draw(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from cost_models.atomic_file import save_figure_atomic
+    from planner.atomic_file import save_figure_atomic
 
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
     for cluster in dict.fromkeys(r["cluster"] for r in rows):
@@ -225,7 +225,7 @@ def draw_scale(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from cost_models.atomic_file import save_figure_atomic
+    from planner.atomic_file import save_figure_atomic
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for method, marker in (("megatron", "o"), ("auto", "s")):

@@ -145,7 +145,7 @@ def usable_memory_bytes(device: DeviceSpec) -> int:
 
 def memory_budget_bytes(cluster: Cluster, *, memory_fraction: float = 1.0) -> float:
     """Bytes per device a plan may use: (capacity - reserve) x ``memory_fraction`` / the memory correction
-    ``plan tune`` learned (:mod:`cost_models.fitting.corrections`; 1 without one)."""
+    ``plan tune`` learned (:mod:`cost_models.corrections`; 1 without one)."""
     return usable_memory_bytes(cluster.device) * memory_fraction / cluster.device.memory_correction
 
 

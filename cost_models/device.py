@@ -28,7 +28,7 @@ class DeviceSpec:
     kernel_overhead_s: float = 5e-6
     mixed_precision: bool = True
     # Host-side runtime overheads of our executors (0 on the presets; ``plan calibrate`` fits them, see
-    # cost_models/fitting/runtime_fit.py): per operator per pass on a multi-device stage (DTensor dispatch and
+    # calibration/runtime_fit.py): per operator per pass on a multi-device stage (DTensor dispatch and
     # redistribution checks), and per pipeline stage per microbatch (schedule actions, P2P bookkeeping).
     sharded_op_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
@@ -38,7 +38,7 @@ class DeviceSpec:
     shared_slowdown: float = 1.0
     # Bytes per device the plan may not use (None: the default for the device kind, see reserved_bytes).
     memory_reserve_bytes: int | None = None
-    # What ``plan tune`` measured a plan's memory estimate to miss by (cost_models/fitting/corrections.py): the budget a
+    # What ``plan tune`` measured a plan's memory estimate to miss by (cost_models/corrections.py): the budget a
     # plan may use is divided by it (1: nothing learned).
     memory_correction: float = 1.0
     # The GPU's kernel shape model (None: the flat roofline).

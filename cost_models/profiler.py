@@ -48,10 +48,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from cost_models.atomic_file import write_text_atomic
 from cost_models.cluster import DeviceSpec
 from cost_models.compute import NodeTime, ProfiledCompute, RooflineCompute
 from cost_models.units import GIB
+from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 from planner.ir.graph import NodeKind, OpGraph, OpNode, TensorMeta
 from planner.ir.node_call import bind_call, resolve_target, torch_dtype

@@ -8,7 +8,7 @@ hands on — calling each node's operator again with :func:`planner.ir.node_call
 so a segment's gradients are the model's gradients by name.
 
 A ``call_node`` hook lets tensor parallelism run each node on DTensors
-(:mod:`executors.tensor_parallel`); the default runs it on plain tensors.
+(:mod:`executors.parallel.tensor_parallel`); the default runs it on plain tensors.
 
 Recomputation: each run of ``checkpointed`` nodes (a plan stage's ``Stage.recomputed_runs``, consecutive
 in the segment) runs under ``torch.utils.checkpoint.checkpoint`` (non-reentrant): forward keeps only the
@@ -240,7 +240,7 @@ def _program(
 
 class LayeredGraphModule(nn.Module):
     """A :class:`GraphModule` cut into one child per group of consecutive nodes (the layers FSDP shards by:
-    :func:`executors.data_parallel.fsdp_groups`): each child holds the parameters only its group reads, the
+    :func:`executors.parallel.data_parallel.fsdp_groups`): each child holds the parameters only its group reads, the
     root those several groups read (tied embeddings). ``forward`` is the segment's, run child by child."""
 
     def __init__(

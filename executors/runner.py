@@ -6,10 +6,10 @@ over the plan's microbatches, synchronises gradients as the plan says and return
 of every parameter this rank reports (each parameter is reported by exactly one rank), for parity
 checks. :func:`make_runner` picks the executor a plan needs:
 
-* ``dataflow`` placements -> :class:`executors.placement.PlacementRunner`;
-* several stages -> :class:`executors.pipeline.PipelineRunner` (tensor parallel inside stages), or
-  :class:`executors.uneven_pipeline.UnevenPipelineRunner` when the stages differ in device count;
-* one stage whose parameters are all replicated -> :class:`executors.data_parallel.DataParallelRunner`
+* ``dataflow`` placements -> :class:`executors.parallel.placement.PlacementRunner`;
+* several stages -> :class:`executors.parallel.pipeline.PipelineRunner` (tensor parallel inside stages), or
+  :class:`executors.parallel.uneven_pipeline.UnevenPipelineRunner` when the stages differ in device count;
+* one stage whose parameters are all replicated -> :class:`executors.parallel.data_parallel.DataParallelRunner`
   (DDP, or FSDP when the plan shards optimizer state);
 * one stage otherwise -> :class:`TensorParallelRunner`.
 """
@@ -22,10 +22,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from executors.grad_sync import SyncOptions
 from executors.graph_module import flat_outputs, make_segment, model_tensors
+from executors.parallel.grad_sync import SyncOptions
+from executors.parallel.stages import build_meshes, build_stage
 from executors.session import Workload, split_batch
-from executors.stages import build_meshes, build_stage
 from planner.errors import AutoplanError
 from planner.plan import Plan
 
@@ -62,19 +62,19 @@ def is_pure_data_parallel(plan: Plan) -> bool:
 def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
     check_grad_sync(plan)
     if plan.schedule == "dataflow":
-        from executors.placement import PlacementRunner
+        from executors.parallel.placement import PlacementRunner
 
         return PlacementRunner(plan=plan, workload=workload, model=model)
     if len(plan.stages) > 1:
-        from executors.pipeline import PipelineRunner, check_pipeline
+        from executors.parallel.pipeline import PipelineRunner, check_pipeline
 
         if check_pipeline(plan) is None:
-            from executors.uneven_pipeline import UnevenPipelineRunner
+            from executors.parallel.uneven_pipeline import UnevenPipelineRunner
 
             return UnevenPipelineRunner(plan=plan, workload=workload, model=model)
         return PipelineRunner(plan=plan, workload=workload, model=model)
     if is_pure_data_parallel(plan) and len(plan.stages[0].devices) > 1:
-        from executors.data_parallel import DataParallelRunner
+        from executors.parallel.data_parallel import DataParallelRunner
 
         return DataParallelRunner(plan=plan, workload=workload, model=model)
     return TensorParallelRunner(plan=plan, workload=workload, model=model)

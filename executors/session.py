@@ -57,10 +57,6 @@ def init_distributed(*, backend: str, timeout_s: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def device_of(backend: str) -> str:
-    return f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
-
-
 def default_loss(output: Any, inputs: Sequence[Any]) -> torch.Tensor:
     """The loss when the model file defines none: the mean of the (first) output."""
     first = output[0] if isinstance(output, tuple | list) else output

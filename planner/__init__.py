@@ -4,9 +4,11 @@ imports torch.distributed.
 Subpackages follow the data flow, and each imports only from those before it (import-linter
 contracts in ``pyproject.toml``, run by ``lint-imports`` in CI)::
 
-    errors  <-  ir  <-  sharding | plan  <-  costing  <-  intra  <-  inter  <-  baselines
-            <-  auto  <-  api  <-  compare  <-  cli
+    errors  <-  ir | atomic_file  <-  (cost_models)  <-  sharding | plan  <-  costing  <-  intra  <-  inter
+            <-  baselines  <-  auto  <-  tuning  <-  api  <-  compare  <-  (calibration)  <-  cli
 
+* :mod:`planner.errors`, :mod:`planner.atomic_file` — the error types and atomic writes: the floor every
+  package (:mod:`cost_models`, :mod:`executors`, :mod:`calibration`) may import;
 * :mod:`planner.ir` — model files and capture to an :class:`~planner.ir.graph.OpGraph`, layers;
 * :mod:`planner.sharding` — sharding specs on a mesh and every operator's strategies;
 * :mod:`planner.plan` — the Plan value (JSON, validation, report text), what executors read;
@@ -16,7 +18,8 @@ contracts in ``pyproject.toml``, run by ``lint-imports`` in CI)::
 * :mod:`planner.baselines` — data parallel, Megatron and uniform pipelines, op placements;
 * :mod:`planner.auto`, :mod:`planner.api`, :mod:`planner.compare` — the search, the library
   entry points, every method judged by one simulator;
-* :mod:`planner.cli` — the ``plan`` command: the only place that imports :mod:`executors` or rich.
+* :mod:`planner.cli` — the ``plan`` command: the only place that imports :mod:`executors`, :mod:`calibration`
+  or rich.
 
 See ``docs/architecture.md``.
 """

@@ -333,7 +333,7 @@ def _finish_plan(
             *method_notes,
             *chosen.notes,
             *prepared.notes,
-            *_notes(graphs, ddp=runs_as_ddp(chosen.stages, zero=prepared.options.zero), runtime=prepared.setup.runtime),
+            *_notes(graphs, ddp=runs_as_ddp(chosen.stages), runtime=prepared.setup.runtime),
             *_estimate_notes(prepared.setup, mfu=chosen.estimate.mfu, num_params=prepared.model.num_params),
         ),
     )
@@ -455,7 +455,7 @@ def _notes(graphs: MicrobatchGraphs, *, ddp: bool, runtime: RuntimeProfile) -> t
         "gradient all-reduce: DDP's buckets, overlapped with the last backward as DDP runs them"
         if ddp
         else "gradient sync: each sharded stage's partial sums all-reduced in buckets, overlapped with its last "
-        "backward (executors.grad_sync)"
+        "backward (executors.parallel.grad_sync)"
     )
     if runtime.grad_sync_after_backward:
         sync = f"gradient sync: one buffer per stage, all-reduced after its last backward ({runtime.name})"

@@ -10,7 +10,7 @@
 * **What it learns** (:func:`learn`): each candidate's estimate split into its time components by re-pricing the
   plan with one component scaled (:func:`component_seconds`: the simulator's replay of the stored plan, whose
   slope in a component's factor is that component's seconds), and the correction factors fitted to the measured
-  steps and peaks (:func:`cost_models.fitting.corrections.fit_corrections`); ``plan tune`` writes them into the
+  steps and peaks (:func:`cost_models.corrections.fit_corrections`); ``plan tune`` writes them into the
   cluster's cached calibration so the next ``plan`` on that cluster starts closer.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from cost_models.cluster import Cluster
 from cost_models.compute import ProfiledCompute, RooflineCompute
-from cost_models.fitting.corrections import (
+from cost_models.corrections import (
     TIME_COMPONENTS,
     CorrectionRow,
     Corrections,

@@ -1,5 +1,5 @@
 """Count the collectives one training step of a tensor-parallel plan issues (CommDebugMode on each
-rank) next to those the simulator charges (:func:`planner.costing.collectives.charged_collectives`)
+rank) next to those the simulator charges (:func:`tests.support.charged_collectives.charged_collectives`)
 and those the plan's JSON lists (its strategies' collectives and the resharding their specs imply,
 read here from the file itself); rank 0 writes a JSON report.
 
@@ -12,13 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import torch.distributed as dist
+from support.charged_collectives import charged_collectives, observed_kind
 from torch.distributed.tensor.debug import CommDebugMode
 
 from executors.graph_module import flat_outputs
 from executors.runner import TensorParallelRunner, make_runner
 from executors.session import init_distributed, load_workload
-from executors.tensor_parallel import observed_kind
-from planner.costing.collectives import charged_collectives
 from planner.costing.setup import plan_setup
 from planner.plan import load_plan
 

@@ -2,7 +2,7 @@
 
 Used by ``tests/test_lossy_sync.py``: ``python -m torch.distributed.run --nproc-per-node N
 tests/lossy_worker.py OUT.json STEPS PLAN.json...``. Each plan runs the real training loop
-(:func:`executors.training.program.run_plan`: the plan's executor, optimizer and gradient sync, local SGD's
+(:func:`support.training_loop.run_plan`: the plan's executor, optimizer and gradient sync, local SGD's
 parameter average after each optimizer step) from the same seed.
 """
 
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
+from support.training_loop import RunOptions, run_plan
 
 from executors.session import init_distributed
-from executors.training.program import RunOptions, run_plan
 from planner.plan import load_plan
 
 

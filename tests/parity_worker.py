@@ -11,9 +11,9 @@ import traceback
 from pathlib import Path
 
 import torch.distributed as dist
+from support.training_loop import RunOptions, run_plan
 
 from executors.session import init_distributed
-from executors.training.program import RunOptions, run_plan
 from planner.plan import load_plan
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from calibration.machine import planning_cluster
 from cost_models.cluster import preset
-from planner.cli.calibrate import planning_cluster
 from planner.plan.report import figures_text
 
 
@@ -31,7 +31,7 @@ def calibrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
         runs.append(kwargs)
         return _FakeCalibration()
 
-    monkeypatch.setattr("planner.cli.calibrate.calibrate_machine", calibrate_machine)
+    monkeypatch.setattr("calibration.machine.calibrate_machine", calibrate_machine)
     return runs
 
 

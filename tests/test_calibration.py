@@ -1,4 +1,4 @@
-"""Calibration fits (cost_models.fitting.calibration) and one real gloo run (executors.calibrate)."""
+"""Calibration fits (calibration.fit) and one real gloo run (calibration.measure)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cost_models.cluster import Cluster, Link, load_cluster, preset
-from cost_models.communication import all_gather_s, all_reduce_s, p2p_s
-from cost_models.fitting.calibration import (
+from calibration.fit import (
     CALIBRATED_NAME,
     CalibrationResult,
     Sample,
@@ -25,7 +23,9 @@ from cost_models.fitting.calibration import (
     shared_slowdown,
     to_toml,
 )
-from executors.calibrate import run_calibration, write_cluster_file
+from calibration.measure import run_calibration, write_cluster_file
+from cost_models.cluster import Cluster, Link, load_cluster, preset
+from cost_models.communication import all_gather_s, all_reduce_s, p2p_s
 from planner.errors import AutoplanError
 
 SIZES_BYTES = [2**k for k in range(10, 25, 2)]  # 1 KiB .. 16 MiB

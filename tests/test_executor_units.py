@@ -11,17 +11,17 @@ from torch.distributed.tensor import Replicate, Shard
 
 from cost_models.cluster import load_cluster
 from executors.graph_module import GraphModule, make_segment, model_tensors
+from executors.parallel.dtensor_edges import to_placements
+from executors.parallel.pipeline import check_pipeline, stage_segments
 from executors.parity import compare
-from executors.pipeline import check_pipeline, stage_segments
 from executors.session import split_batch
-from executors.tensor_parallel import to_placements
 from executors.training.program import write_program
 from planner.api import plan_model_file
-from planner.costing.collectives import charged_collectives
 from planner.costing.setup import plan_setup
 from planner.errors import AutoplanError
 from planner.ir.capture import capture
 from planner.ir.model_file import instantiate, load_model_file
+from tests.support.charged_collectives import charged_collectives
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "mlp.py"
@@ -125,7 +125,7 @@ def test_compiled_program_names_its_launch(tmp_path: Path) -> None:
 
 
 def test_a_failed_timing_job_names_the_workers_exception() -> None:
-    from executors.step_timing import root_cause
+    from executors.measure.step_timing import root_cause
 
     stderr = '[rank0]:   File "x.py", line 3\n[rank0]: ValueError: too few microbatches\nChildFailedError: \n'
     assert root_cause(stderr) == "[rank0]: ValueError: too few microbatches"

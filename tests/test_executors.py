@@ -5,7 +5,7 @@ For each world size (2 and 4) the plans below are made here, then one torchrun j
 checks, for three optimizer steps, the loss and every parameter gradient against the user's own
 module in one process (fp32, rtol 1e-4, atol 1e-5). A second job counts the collectives of
 tensor-parallel plans per phase (``tests/collectives_worker.py``) against those the cost model
-charges (:func:`planner.costing.collectives.charged_collectives`).
+charges (:func:`tests.support.charged_collectives.charged_collectives`).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from benchmarks.fidelity_sets import (
     spearman,
     world_summary,
 )
-from executors.step_timing import machine_shares
-from executors.training.memory_peak import peak_from_events, step_peak_bytes
+from executors.measure.memory_peak import peak_from_events, step_peak_bytes
+from executors.measure.step_timing import machine_shares
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,13 +31,13 @@ def test_probe_and_scored_sets_are_disjoint() -> None:
     probe_files = {(ROOT / f).resolve() for f in PROBE_MODEL_FILES}
     assert all(case.path.resolve() not in probe_files for case in SCORED.values())
     assert all(case.path.exists() for case in SCORED.values())
-    from planner.cli.calibrate_runtime import COMPUTE_PROBE_FILE, PROBE_FILE
+    from calibration.probes import COMPUTE_PROBE_FILE, PROBE_FILE
 
     assert {PROBE_FILE.resolve(), COMPUTE_PROBE_FILE.resolve()} <= probe_files  # the files the calibration runs
 
 
 def test_check_disjoint_refuses_a_scored_probe_model() -> None:
-    leak = {"probe": Case(model="../planner/cli/probe_model.py", args={}, batch=16, method="data-parallel")}
+    leak = {"probe": Case(model="../calibration/probe_model.py", args={}, batch=16, method="data-parallel")}
     with pytest.raises(ValueError, match="probe model"):
         check_disjoint(leak)
 

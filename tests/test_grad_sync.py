@@ -14,7 +14,7 @@ from torch import nn
 from cost_models.cluster import load_cluster
 from cost_models.communication import all_reduce_s
 from cost_models.units import GIB
-from executors.grad_sync import GradReducer, SyncOptions, bucket_plan
+from executors.parallel.grad_sync import GradReducer, SyncOptions, bucket_plan
 from planner.api import plan_model_file, plan_prepared, prepare_model_file
 from planner.costing.compression import bucket_sync_s, compressed, refusal, stage_sync
 from planner.costing.lowering import lower_plan, simulate_lowered

@@ -10,12 +10,13 @@ from cost_models.units import GIB
 from planner.costing.stage_work import explain_stage
 from planner.errors import AutoplanError
 from planner.intra.incumbents import data_parallel_choice, megatron_choice
+from planner.intra.logical_meshes import logical_meshes
 from planner.intra.problem import evaluate
-from planner.intra.single_stage import logical_meshes, single_stage_plan
 from planner.intra.solve import solve_intra_op
 from planner.intra.stage_problem import IntraOpOptions, build_stage_problem
 from planner.intra.to_stage import stage_from_result
 from tests.conftest import captured, mesh_for, setup_for
+from tests.support.single_stage import single_stage_plan
 
 
 def test_wide_mlp_short_of_memory_becomes_megatron() -> None:

@@ -9,7 +9,7 @@ import networkx as nx
 
 from tests.conftest import ROOT
 
-PACKAGES = ("planner", "cost_models", "executors")
+PACKAGES = ("planner", "cost_models", "executors", "calibration")
 
 
 def test_no_import_cycles_between_modules_even_inside_functions() -> None:

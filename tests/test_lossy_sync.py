@@ -5,7 +5,7 @@ random batch every step) for :data:`STEPS` steps through the real training loop 
 gradient sync and once under each lossy choice, all from the same seed
 (``tests/lossy_worker.py``): the data-parallel plan (DDP with torch's ``bf16_compress_hook``, ``powerSGD_hook``
 and ``post_localSGD_hook`` + ``PeriodicModelAverager``) on two ranks, one per node, and the Megatron (2, 1, 2)
-plan on four (the sharded stage's buckets through the same torch hooks, :mod:`executors.grad_sync`).
+plan on four (the sharded stage's buckets through the same torch hooks, :mod:`executors.parallel.grad_sync`).
 
 Tolerance, fixed before any run: the mean loss over every window of :data:`WINDOW` steps stays within
 :data:`TOLERANCE` × the exact run's first-window mean of the exact run's mean over the same window, and every run's

@@ -137,10 +137,10 @@ def test_cross_entropy_holds_its_log_softmax_and_two_gradients() -> None:
 @pytest.mark.slow
 def test_the_estimate_of_a_data_parallel_mlp_is_within_bounds_of_its_measured_peak(tmp_path: Path) -> None:
     """Two gloo ranks train examples/mlp.py (hidden 256, 4 blocks, batch 64) with DDP: each rank's peak, the CPU
-    allocator's count over one profiled step (executors.training.memory_peak: deterministic for a fixed program),
+    allocator's count over one profiled step (executors.measure.memory_peak: deterministic for a fixed program),
     against the plan's estimate: within 15%, never more than 10% under. Parts by hand: 2.01 MiB of weights held,
     as much in DDP's buckets, and the step's gradients (2.01 MiB) with the largest activation gradients."""
-    from executors.step_timing import run_timing
+    from executors.measure.step_timing import run_timing
     from planner.api import plan_model_file
     from planner.plan import save_plan
     from tests.conftest import EXAMPLES
@@ -153,7 +153,7 @@ def test_the_estimate_of_a_data_parallel_mlp_is_within_bounds_of_its_measured_pe
     path = tmp_path / "plan.json"
     save_plan(plan, path)
     out = tmp_path / "peaks.json"
-    peaks = run_timing([str(path)], world=2, steps=2, out=out, module="executors.training.memory_peak")[str(path)]
+    peaks = run_timing([str(path)], world=2, steps=2, out=out, module="executors.measure.memory_peak")[str(path)]
     weights = (256 * 256 + 256) * 2 * 4 * 4  # 4 blocks of two 256x256 linears with biases, float32
     assert all(peak > 3 * weights for peak in peaks), (peaks, weights)  # weights, buckets, gradients at least
     error = plan.estimate.memory_per_device_bytes / max(peaks) - 1

@@ -88,7 +88,7 @@ def test_a_tuple_and_its_getitems_share_a_layer() -> None:
 
 
 def test_placements_send_only_the_outputs_someone_reads() -> None:
-    from executors.placement import used_outputs
+    from executors.parallel.placement import used_outputs
 
     zoo = Path(__file__).resolve().parent.parent / "examples" / "zoo"
     model, inputs = instantiate(load_model_file(zoo / "nn_recommender.py"), batch_size=4, model_args={})

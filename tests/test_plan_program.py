@@ -16,7 +16,6 @@ import pytest
 from cost_models.cluster import load_cluster
 from planner.api import plan_model_file
 from planner.cli.main import main
-from planner.costing.collectives import charged_collectives
 from planner.costing.lowering import simulate_plan
 from planner.costing.node_cost import grad_values
 from planner.costing.records import record_of, strategy_of
@@ -27,6 +26,7 @@ from planner.sharding.op_rules import enumerate_strategies
 from planner.sharding.specs import StageMesh
 from planner.sharding.strategies import StrategyContext
 from tests.conftest import EXAMPLES, captured, edit_strategy
+from tests.support.charged_collectives import charged_collectives
 
 MODELS = {
     "mlp": ({}, 16),

@@ -56,6 +56,6 @@ def test_a_rank_of_plan_run_imports_no_search_module(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in range(2):
         modules = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert "executors.tensor_parallel" in modules and "planner.plan" in modules  # it did run the plan
+        assert "executors.parallel.tensor_parallel" in modules and "planner.plan" in modules  # it did run the plan
         loaded = [m for m in modules if any(m == name or m.startswith(name + ".") for name in SEARCH)]
         assert not loaded, f"rank {rank} imported {loaded}"

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.cluster import Cluster, load_cluster
-from cost_models.fitting.runtime_fit import COMPUTE, CONSTANTS, ProbeRow, apply_runtime, fit_runtime, probe_features
-from planner.api import plan_prepared, prepare_model_file
-from planner.cli.calibrate_runtime import (
+from calibration.probes import (
     COMPUTE_PROBE_FILE,
     COMPUTE_PROBES,
     PROBES,
     _probe_configs,
     probe_degrees,
 )
+from calibration.runtime_fit import COMPUTE, CONSTANTS, ProbeRow, apply_runtime, fit_runtime, probe_features
+from cost_models.cluster import Cluster, load_cluster
+from planner.api import plan_prepared, prepare_model_file
 from planner.costing.lowering import simulate_plan
 from planner.errors import AutoplanError
 

@@ -176,12 +176,12 @@ def test_the_ilp_picks_sequence_parallelism_on_a_gpt_block_and_the_stage_says_so
 
 
 def test_the_executor_pins_each_edge_as_the_cost_model_prices_it() -> None:
-    """executors.tensor_parallel._edges on a sequence-parallel GPT record set: from a gathered norm, q reads R*
+    """executors.parallel.dtensor_edges.node_edges on a sequence-parallel GPT record set: from a gathered norm, q reads R*
     (gradient kept partial), the residual add reads shards (sliced locally); from a sharded norm a reader of R*
     all-reduces the gradient on the edge (pinned replicated)."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    from executors.tensor_parallel import _edges
+    from executors.parallel.dtensor_edges import node_edges
     from planner.plan import NodeSharding
 
     graph = gpt()
@@ -190,10 +190,10 @@ def test_the_executor_pins_each_edge_as_the_cost_model_prices_it() -> None:
     sharded = NodeSharding(split="1", input_specs=(("S(1)",), None, None), output_spec=("S(1)",))
     reader = NodeSharding(split="n*", input_specs=((G,), ("S(0)",), ("S(0)",)), output_spec=("S(2)",))
     residual = NodeSharding(split="1", input_specs=(("S(1)",), ("S(1)",)), output_spec=("S(1)",))
-    edge = _edges(q, reader, {"layer_norm": gathered})[0]
+    edge = node_edges(q, reader, {"layer_norm": gathered})[0]
     assert (edge.source_pin, edge.sliced, edge.own_pin) == ((Partial(),), None, (Partial(),))
-    assert _edges(q, reader, {"layer_norm": sharded})[0].own_pin == (Replicate(),)
-    assert _edges(q, reader, {"layer_norm": sharded})[0].source_pin is None
-    sliced = _edges(add, residual, {add.inputs[0]: gathered, add.inputs[1]: sharded})  # as if post-LN
+    assert node_edges(q, reader, {"layer_norm": sharded})[0].own_pin == (Replicate(),)
+    assert node_edges(q, reader, {"layer_norm": sharded})[0].source_pin is None
+    sliced = node_edges(add, residual, {add.inputs[0]: gathered, add.inputs[1]: sharded})  # as if post-LN
     assert (sliced[0].source_pin, sliced[0].sliced, sliced[0].own_pin) == ((Partial(),), (Shard(1),), None)
     assert sliced[1] == type(sliced[1])()  # shards from a sharded producer: the plain redistribution

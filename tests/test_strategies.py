@@ -34,7 +34,7 @@ def all_reduce_4(num_bytes: float) -> float:
 
 def grad_sync_4(num_bytes: float) -> float:
     """A gradient's additive share of a bucketed all-reduce over 4 devices: its share of a 25 MiB bucket's
-    latency (a sharded stage's executor reduces gradients in buckets, executors.grad_sync), written out."""
+    latency (a sharded stage's executor reduces gradients in buckets, executors.parallel.grad_sync), written out."""
     return min(1.0, num_bytes / (25 * 1024**2)) * 6 * 1e-5 + 1.5 * num_bytes / 1e9
 
 

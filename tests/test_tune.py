@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import load_cluster, memory_budget_bytes
-from cost_models.fitting.corrections import (
+from cost_models.corrections import (
     CorrectionRow,
     Corrections,
     apply_corrections,
@@ -157,7 +157,7 @@ def test_plan_tune_end_to_end_writes_the_plan_its_table_and_the_calibration(
     assert kept["measured_s"] == min(row["measured_s"] for row in table["rows"])
     assert json.loads(out.read_text())["notes"][-1].startswith("plan tune kept this candidate")
     assert "learned:" in printed and out.with_suffix(".tune.md").is_file()
-    from planner.cli.calibrate import planning_cluster
+    from calibration.machine import planning_cluster
 
     learned = planning_cluster("local-cpu", num_nodes=1, devices_per_node=2, calibrate=True, say=print)
     assert learned.calibration is not None and "corrections" in learned.calibration

@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from cost_models.atomic_file import write_text_atomic
 from executors.training.parallel_model import ParallelModel
+from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 
 LATEST = "latest"

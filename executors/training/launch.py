@@ -42,7 +42,7 @@ def free_port() -> int:
 def preflight(plan: Plan) -> OpGraph:
     """Check the model file builds the model the plan was made for (checked once here, again on every
     rank); returns its graph at the plan's microbatch size."""
-    from executors.pipeline import check_pipeline
+    from executors.parallel.pipeline import check_pipeline
     from executors.runner import check_grad_sync
     from executors.session import load_workload
 

@@ -13,8 +13,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from cost_models.atomic_file import save_figure_atomic
 from cost_models.units import GIB
+from planner.atomic_file import save_figure_atomic
 from planner.errors import AutoplanError
 
 

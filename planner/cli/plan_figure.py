@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cost_models.atomic_file import save_figure_atomic
 from cost_models.simulator import SimResult, Span
+from planner.atomic_file import save_figure_atomic
 from planner.plan import Plan, Stage
 
 MAX_DEVICE_ROWS = 32  # more devices than this: one timeline row per stage

@@ -2,12 +2,12 @@
 
 The decisions are :mod:`planner.tuning`'s (which candidates, which to keep, what to learn); this module runs them:
 :func:`measure_locally` starts one torchrun job per candidate on this machine
-(:mod:`executors.training.measure_plan`: the training program's own step, ``--warmup`` steps then ``--steps`` timed,
+(:mod:`executors.measure.measure_plan`: the training program's own step, ``--warmup`` steps then ``--steps`` timed,
 each rank's peak memory), reports each as it finishes, skips one that fails or runs out of memory, and on
 Ctrl-C stops the running job and writes nothing. At the end it writes the kept plan to ``--out``, the table of
 every candidate's estimate against what it measured beside it (``OUT.tune.md`` and ``OUT.tune.json``), and —
 unless ``--no-learn`` — the corrected figures into this machine's cached calibration of the cluster
-(:mod:`cost_models.fitting.calibration_store`), which the next ``plan`` on that cluster reads.
+(:mod:`calibration.store`), which the next ``plan`` on that cluster reads.
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ def _check(options: argparse.Namespace) -> None:
 def measure_locally(
     plan_path: Path, *, steps: int, warmup: int, backend: str | None = None, timeout_s: float = 600.0
 ) -> tuple[dict | None, str | None]:
-    """Run :mod:`executors.training.measure_plan` on the plan at ``plan_path`` with one process per device of the plan:
+    """Run :mod:`executors.measure.measure_plan` on the plan at ``plan_path`` with one process per device of the plan:
     ``(measurement, None)``, or ``(None, why it failed)``. Ctrl-C stops the job and is raised again."""
-    from executors.step_timing import root_cause
+    from executors.measure.step_timing import root_cause
     from executors.training.launch import check_host, free_port
     from planner.plan import load_plan
     from planner.plan.launch import backend_for
@@ -97,7 +97,7 @@ def measure_locally(
         "--master-port",
         str(free_port()),
         "-m",
-        "executors.training.measure_plan",
+        "executors.measure.measure_plan",
         str(out),
         str(plan_path),
         str(steps),

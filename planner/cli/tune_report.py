@@ -4,7 +4,7 @@ The table (``OUT.tune.md`` and ``OUT.tune.json`` beside the plan) has one row pe
 name, the plan's shape, its estimated step and memory (the numbers ``plan`` prints for it), the measured median
 step and the fullest rank's measured peak, their ratios, whether it fits, and which was kept; then the rule that
 kept it and the corrections fitted. :func:`learn_into_calibration` writes the corrected cluster into this
-machine's cached calibration (:mod:`cost_models.fitting.calibration_store`).
+machine's cached calibration (:mod:`calibration.store`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import datetime
 import json
 from pathlib import Path
 
+from calibration.store import save_calibrated
 from cost_models.cluster import Cluster
-from cost_models.fitting.calibration_store import save_calibrated
-from cost_models.fitting.corrections import Corrections, apply_corrections
+from cost_models.corrections import Corrections, apply_corrections
 from planner.plan.shape import plan_shape
 from planner.tuning import TuneResult, TuneRow
 

@@ -1,7 +1,7 @@
 """What a gradient-sync choice (:class:`planner.plan.GradSync`) costs, and where it can run.
 
 The executors run torch's DDP communication hooks and model averager on the buckets of
-:mod:`planner.costing.overlap` (DDP's own, or :mod:`executors.grad_sync`'s on sharded stages). A bucket of
+:mod:`planner.costing.overlap` (DDP's own, or :mod:`executors.parallel.grad_sync`'s on sharded stages). A bucket of
 ``N`` gradient elements of ``b`` bytes (the optimizer's gradient itemsize), summed over a group of ``n``
 devices on a link (α, β), costs — :func:`bucket_sync_s`:
 

@@ -14,13 +14,13 @@ its buckets and back: ``4 · gradient bytes / memory bandwidth``) and :func:`opt
 (``num_params · (2·(weight + state bytes) + grad bytes) / memory bandwidth``).
 
 A parameter read in several pipeline stages (a tied embedding) has its gradient summed over every
-rank after the backward pass (:func:`executors.stages.sync_shared_grads`), priced by
+rank after the backward pass (:func:`executors.parallel.stages.sync_shared_grads`), priced by
 :func:`shared_param_sync_s`: one all-reduce of the whole gradient per such parameter, over all the
 cluster's devices and its slowest link; pipeline plans add it to the step
 (:func:`planner.inter.pricing.price_stages`).
 
 Gradient synchronisation overlaps the backward pass where the executor overlaps it: under DDP (pure data
-parallelism) and on sharded stages (their buckets, :mod:`executors.grad_sync`; priced by
+parallelism) and on sharded stages (their buckets, :mod:`executors.parallel.grad_sync`; priced by
 :func:`planner.inter.pricing.price_stages`); FSDP's collectives and their overlap are :mod:`planner.costing.zero`'s. Model FLOPs are those of the
 captured graph (forward + backward, no recomputation); TFLOP/s per device and model-FLOPs
 utilisation (MFU) divide them by step time, device count and the device's peak.

@@ -124,7 +124,7 @@ def lower_stages(
         half = setup.cluster.device.microbatch_overhead_s / 2
         chunks = tuple(replace(c, fwd_s=c.fwd_s + half, bwd_s=c.bwd_s + half) for c in chunks)
     edges, grad_edges = pipeline_edges(graph, runs, setup) if pipeline else dataflow_edges(graph, runs, setup)
-    # tied weights' gradients are summed over every rank after the backward pass (executors.stages.sync_shared_grads)
+    # tied weights' gradients are summed over every rank after the backward pass (executors.parallel.stages.sync_shared_grads)
     tied_s = shared_param_sync_s(stages, graph, setup) if pipeline and len(stages) > 1 else 0.0
     step_s = [
         math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s + tied_s

@@ -12,7 +12,7 @@ with the same function, so what was searched and what is judged are one cost::
     step_s    = grad_sync(s) + optimizer(local params) + h · params_v   once per step
               grad_sync: per parameter and sync axis its additive share of a bucketed all-reduce
               (cost_models.communication.bucketed_all_reduce_s: sharded stages reduce in buckets too,
-              executors.grad_sync; the estimate and the simulator charge the exact buckets, overlapped
+              executors.parallel.grad_sync; the estimate and the simulator charge the exact buckets, overlapped
               with the last backward, planner.costing.overlap); when the stage runs as DDP, the same share
               over the stage's devices + DDP_BUCKET_COPIES · gradient bytes / memory bandwidth
               + zero_step: the ZeRO level's collectives once per step (planner.costing.zero.param_terms:

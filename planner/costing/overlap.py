@@ -1,6 +1,6 @@
 """DDP's gradient all-reduce overlapped with the backward pass, as DDP runs it.
 
-DDP (``executors.data_parallel``: a one-stage plan with every parameter replicated) all-reduces its
+DDP (``executors.parallel.data_parallel``: a one-stage plan with every parameter replicated) all-reduces its
 gradients in buckets while backward is still running: a bucket is launched as soon as every gradient in
 it is ready, and buckets run one after another on the communication stream. Under gradient
 accumulation (``no_sync`` on all but the last microbatch) this happens during the last microbatch's
@@ -21,7 +21,7 @@ runs the buckets as tasks on a communication resource, so the two agree. A data-
 runs FSDP instead, priced by :mod:`planner.costing.zero`.
 
 Sharded (DTensor) stages, in a pipeline or alone, reduce their partial-sum gradients the same way
-(:mod:`executors.grad_sync`): :func:`stage_grad_entries` lists each parameter the stage's records sync
+(:mod:`executors.parallel.grad_sync`): :func:`stage_grad_entries` lists each parameter the stage's records sync
 (its first reader's ``sync`` collectives: the mesh axes it is summed over, and its local shard's shape),
 in gradient-ready order (:func:`grad_ready_order`: the later its first reader, the earlier it is ready);
 :func:`stage_buckets` packs them with DDP's caps, one bucket per set of mesh axes (one process group),

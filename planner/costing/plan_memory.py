@@ -25,7 +25,7 @@ A stage of a pipeline keeps one receive buffer per microbatch for what it receiv
 gradients back (``torch.distributed.pipelining``'s stages allocate them once and keep them): the activations of
 the microbatches not in flight and every output gradient (:func:`_receive_buffers`, ``held``).
 
-On a DTensor stage of several devices the gradient buckets (:mod:`executors.grad_sync`) copy every gradient
+On a DTensor stage of several devices the gradient buckets (:mod:`executors.parallel.grad_sync`) copy every gradient
 that syncs over a mesh axis once more at the end of the last backward (``StageMemory.sync_bytes``).
 
 State: the nodes' ``state_bytes`` (weights, gradients, optimizer state at their shard counts and the stage's

@@ -24,8 +24,8 @@ refuse such a plan (:meth:`RuntimeProfile.refusal`). What a profile sets:
 
 Profiles and their sources:
 
-* ``autoplan``: our executors. DDP (``executors/data_parallel.py``: torch DDP, 25 MiB buckets after a 1 MiB
-  first one, overlapped with the last backward) and the sharded stages' buckets (``executors/grad_sync.py``).
+* ``autoplan``: our executors. DDP (``executors/parallel/data_parallel.py``: torch DDP, 25 MiB buckets after a 1 MiB
+  first one, overlapped with the last backward) and the sharded stages' buckets (``executors/parallel/grad_sync.py``).
   The optimizer is ``torch.optim.AdamW(foreach=False)`` on fp32 parameters (``executors/precision.py``): per
   parameter tensor, torch 2.13's ``_single_tensor_adam`` runs ``exp_avg.lerp_`` (reads 8 B, writes 4),
   ``exp_avg_sq.mul_`` (4, 4), ``.addcmul_`` (8, 4), ``exp_avg_sq.sqrt()`` (4, 4), ``/ bias_correction2_sqrt``

@@ -19,7 +19,7 @@ timeline (:mod:`cost_models.memory_timeline`).
   (``min(S − s, m)`` under 1F1B, ``m`` under GPipe);
 * ``end + sync``: when the last backward ends, what its microbatch still holds (its parameters' gradients with
   one microbatch, the stage's inputs and outputs) and, on a sharded stage, the gradient buckets it flattens to
-  all-reduce the partial sums (:mod:`executors.grad_sync`: each bucket's local gradients copied into one flat
+  all-reduce the partial sums (:mod:`executors.parallel.grad_sync`: each bucket's local gradients copied into one flat
   tensor while the gradients themselves live on until the reduced bucket replaces them), one more copy of every
   gradient that syncs over a mesh axis.
 

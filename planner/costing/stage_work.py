@@ -73,10 +73,10 @@ def weight_grad_s(node: OpNode, cost: NodeCost) -> float:
     return max(0.0, cost.compute_s - forward_compute) / 2
 
 
-def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...], *, zero: object = None) -> bool:
+def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...]) -> bool:
     """Pure data parallelism, which the executor runs with DDP on plain tensors: one stage on several
-    devices, every parameter replicated, at ZeRO level 0 (a level above runs FSDP:
-    :func:`planner.costing.zero.runs_as_fsdp`). ``zero`` is not read: each stage has its own level."""
+    devices, every parameter replicated, at ZeRO level 0 (each stage has its own level; a level above runs
+    FSDP: :func:`planner.costing.zero.runs_as_fsdp`)."""
     return (
         len(stages) == 1
         and len(stages[0].devices) > 1

@@ -4,7 +4,7 @@ Levels (Rajbhandari et al. 2020, "ZeRO"; bytes per level in :func:`cost_models.m
 0 keeps everything on every replica; 1 shards the optimizer state over the ``d`` replicas; 2 the
 gradients too; 3 the parameters too. How the executors run them, and what is charged:
 
-* **a sharded (DTensor) stage, level 1** (:class:`executors.stages.ZeroOptimizerShards`; a pipeline's or a
+* **a sharded (DTensor) stage, level 1** (:class:`executors.parallel.stages.ZeroOptimizerShards`; a pipeline's or a
   tensor-parallel stage, Megatron's distributed optimizer): the gradients are reduced as at level 0
   (the stage's buckets, :mod:`planner.costing.overlap`), each rank updates only its ``1/d`` of every
   parameter and its optimizer state, and the updated parameter is all-gathered — torch's
@@ -145,10 +145,6 @@ class FsdpTimeline:
     backward_wait_s: tuple[float, ...]  # per microbatch: seconds its backward waits for all-gathers
     tail_s: float  # after the last backward: the communication stream's remainder (the last reduce-scatters)
     comm_s: float  # every collective of the step
-
-    @property
-    def exposed_s(self) -> float:
-        return math.fsum(self.forward_wait_s) + math.fsum(self.backward_wait_s) + self.tail_s
 
 
 def fsdp_timeline(groups: Sequence[FsdpGroup], *, level: int, num_microbatches: int) -> FsdpTimeline:

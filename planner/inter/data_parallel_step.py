@@ -32,7 +32,7 @@ def reprice_data_parallel(
     :func:`ddp_step`) under the gradient syncs offered (:func:`planner.inter.grad_sync_choice.offered`): each
     choice priced by :func:`ddp_step` under it; the fastest that fits; None when none can run."""
     choices = offered(allow_lossy=allow_lossy, forced=forced)
-    ddp = runs_as_ddp(candidate.stages, zero=zero)
+    ddp = runs_as_ddp(candidate.stages)
     own = candidate.grad_sync
     own_state = ddp_step(candidate.stages[0], graph, setup, m=1, grad_sync=own).state_bytes if ddp else 0.0
     priced: dict[GradSync, DdpStep] = {}

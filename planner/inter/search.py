@@ -6,7 +6,7 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
 1. Layers ``0..L−1`` (:func:`layering`): repeated blocks from module paths, or Alpa's
    clustering; identical layers share a *kind* and are solved once.
 2. Submeshes ``j`` (:func:`planner.inter.stage_dp.submeshes`) and their logical meshes ``q``
-   (:func:`planner.intra.single_stage.logical_meshes`); per (kind, j, q) a
+   (:func:`planner.intra.logical_meshes.logical_meshes`); per (kind, j, q) a
    :class:`~planner.inter.layer_costs.LayerTable` of slots ``w`` (:class:`LayerTables`).
 3. Span options by prefix sums over layers (:func:`option_arrays`)::
 
@@ -43,7 +43,7 @@ from planner.inter.device_blocks import Submesh
 from planner.inter.forked import fork_map
 from planner.inter.layer_costs import FSDP_LEVELS, SLOTS, LayerTable, layer_table, loss_and_output_bytes, with_loss
 from planner.inter.stage_dp import OptionArrays, StagePlan, solve_stages, submeshes
-from planner.intra.single_stage import logical_meshes
+from planner.intra.logical_meshes import logical_meshes
 from planner.intra.stage_problem import IntraOpOptions
 from planner.ir.graph import OpGraph, subgraph
 from planner.ir.layers import collapse_identical_layers, graph_layers

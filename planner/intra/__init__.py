@@ -6,7 +6,7 @@
 * :mod:`~planner.intra.elimination` — exact variable elimination for the unconstrained problem;
 * :mod:`~planner.intra.incumbents` — data-parallel and Megatron assignments that seed the solver;
 * :mod:`~planner.intra.solve` — build, seed and solve one stage;
-* :mod:`~planner.intra.single_stage` — the best one-stage plan over every logical mesh;
+* :mod:`~planner.intra.logical_meshes` — the logical meshes a stage's devices can form;
 * :mod:`~planner.intra.to_stage` — a solved stage as the plan's ``Stage``.
 
 May import: :mod:`planner.costing` and everything it may import; highspy and pulp.

@@ -13,8 +13,9 @@ eliminations of ``∏_{y ∈ S ∪ {x}} k_y`` — tiny for layer graphs (chains 
 treewidth 2–3), where HiGHS takes tenths of a second per solve. When one table would exceed
 ``max_table`` entries, :func:`min_sum` gives up (None) and the caller uses the ILP.
 
-Pareto points of (time, memory) come from :func:`planner.inter.layer_costs.layer_options`, which
-calls this with ``c_v + λ·m_v`` for several ``λ`` (a Lagrangian sweep of the memory row).
+Pareto points of (time, memory) come from :func:`planner.inter.layer_costs.layer_table`, whose Lagrangian
+sweep of the memory row calls this (through :func:`planner.intra.ilp.solve_unconstrained`) with
+``c_v + λ·m_v`` for several ``λ``.
 """
 
 from __future__ import annotations

@@ -213,10 +213,6 @@ class OpGraph:
         return sum(p.meta.numel for p in self.params)
 
     @property
-    def param_bytes(self) -> int:
-        return sum(p.meta.nbytes for p in self.params)
-
-    @property
     def flops_fwd(self) -> int:
         return sum(node.flops_fwd for node in self.nodes)
 

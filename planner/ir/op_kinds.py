@@ -29,7 +29,7 @@ BATCH_STATISTICS = frozenset(
 # DTensor's batch-split group norm passes the global batch to the kernel: wrong gradients on 2-D meshes (torch
 # 2.13); its convolution rule mis-sizes strided convolutions' outputs; slice_scatter's backward mixes in a plain
 # zeros tensor. The tensor-parallel executor runs these on whole (all-gathered) inputs instead, or on local shards
-# when every input and the output split at most the batch dim alike (executors.tensor_parallel), and the memory
+# when every input and the output split at most the batch dim alike (executors.parallel.tensor_parallel), and the memory
 # estimate charges them so (planner.costing.plan_memory).
 CONVOLUTIONS = frozenset(
     {

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cost_models.atomic_file import write_text_atomic
 from cost_models.cluster import Cluster, memory_budget_bytes
+from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 from planner.plan.grad_sync import GradSync
 from planner.plan.stage import Stage

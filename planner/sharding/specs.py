@@ -148,7 +148,7 @@ class StageMesh:
     def grad_sync_s(self, num_bytes: float, axis: int) -> float:
         """A parameter's gradient sync over ``axis`` on a sharded stage, as the intra-op problem adds it up:
         its additive share of a bucketed all-reduce (the executor packs a stage's gradients into DDP-sized
-        buckets, :mod:`executors.grad_sync`); the estimate and the simulator charge the exact buckets,
+        buckets, :mod:`executors.parallel.grad_sync`); the estimate and the simulator charge the exact buckets,
         overlapped with the last backward (:mod:`planner.costing.overlap`)."""
         return bucketed_all_reduce_s(num_bytes, num_devices=self.mesh_shape[axis], link=self.link(axis))
 

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from planner.ir.graph import NodeKind, OpGraph, OpNode, TensorArg, ValueKind
+from planner.ir.graph import OpGraph, OpNode, TensorArg, ValueKind
 from planner.sharding.specs import REPLICATE, ShardingSpec, StageMesh, shard
 
 
@@ -271,7 +271,3 @@ def own_collectives_s(
 def tensor_positions(node: OpNode) -> dict[int, int]:
     """Positional argument index -> index into ``node.inputs`` for tensor arguments."""
     return {position: arg.index for position, arg in enumerate(node.args) if isinstance(arg, TensorArg)}
-
-
-def is_batchlike(kind: NodeKind) -> bool:
-    return kind in (NodeKind.ELEMENTWISE, NodeKind.NORM, NodeKind.SOFTMAX, NodeKind.REDUCTION, NodeKind.INDEX)

@@ -16,7 +16,7 @@ against it (``CommDebugMode`` in the tests):
   handed back partial); ``R*`` is ``R`` otherwise — per microbatch;
 * the gradient sync of every parameter over the axes it is replicated on (its first reader's
   ``grad_sync_axes``), packed into buckets (:func:`planner.costing.overlap.stage_buckets`, as
-  :mod:`executors.grad_sync` packs them): one all-reduce per bucket and axis, once per step (``sync``;
+  :mod:`executors.parallel.grad_sync` packs them): one all-reduce per bucket and axis, once per step (``sync``;
   ``sync_params``: one per parameter and axis, as the plan lists them).
 """
 
@@ -80,3 +80,18 @@ def _reshard(source: tuple[str, ...], target: tuple[str, ...], *, requires_grad:
         else:
             steps += [("forward", "all_to_all")] + ([("backward", "all_to_all")] if requires_grad else [])
     return steps
+
+
+def observed_kind(op_name: str) -> str | None:
+    """CommDebugMode's collective (functional, or c10d's ``allreduce_``: the gradient buckets of
+    :mod:`executors.parallel.grad_sync`) -> the cost model's kind (None: not a collective we price)."""
+    for key, kind in (
+        ("all_reduce", "all_reduce"),
+        ("allreduce", "all_reduce"),
+        ("all_gather", "all_gather"),
+        ("all_to_all", "all_to_all"),
+        ("reduce_scatter", "reduce_scatter"),
+    ):
+        if key in op_name:
+            return kind
+    return None

@@ -3,19 +3,19 @@
 ``plan calibrate`` measures the raw machine (matmul, memory, gloo collectives); what our executors
 add around that — DTensor dispatch on every operator of a multi-device stage, the pipeline
 schedule's per-microbatch work, collectives issued through DTensor, the interpreter's per-operator
-call — is measured here. Each probe is the narrow residual MLP of :mod:`executors.probe_model`
+call — is measured here. Each probe is the narrow residual MLP of :mod:`calibration.probe_model`
 (arithmetic negligible) planned by a fixed method on ``world`` local processes (:data:`PROBES`:
 data parallel, Megatron tensor parallel and pipelines of 2 stages at several depths and
-microbatch counts), saved, and timed by :func:`executors.step_timing.run_timing`. Its features
-are the estimate's slopes in the runtime constants (:func:`cost_models.fitting.runtime_fit.probe_features`,
-re-planning under changed constants), and :func:`cost_models.fitting.runtime_fit.fit_runtime` fits them.
+microbatch counts), saved, and timed by :func:`executors.measure.step_timing.run_timing`. Its features
+are the estimate's slopes in the runtime constants (:func:`calibration.runtime_fit.probe_features`,
+re-planning under changed constants), and :func:`calibration.runtime_fit.fit_runtime` fits them.
 
 ``cost_model="profiled"`` fits the constants under the compute model the plans will be priced with
 (operator times profiled here × ``shared_slowdown``, not the roofline: the slopes are then the ones
 that model's estimates have) and adds :data:`COMPUTE_PROBES` — the residual MLP of
 ``examples/mlp.py`` at real widths, whose steps are mostly arithmetic — so the fit also finds how
 much slower the processes compute while they share the cores (``compute_extra``,
-:data:`cost_models.fitting.runtime_fit.COMPUTE`).
+:data:`calibration.runtime_fit.COMPUTE`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from calibration.runtime_fit import CONSTANTS, ProbeRow, RuntimeFit, fit_runtime, probe_features
 from cost_models.cluster import Cluster
 from cost_models.compute import ProfiledCompute, RooflineCompute
-from cost_models.fitting.runtime_fit import CONSTANTS, ProbeRow, RuntimeFit, fit_runtime, probe_features
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from planner.api import Prepared
 
 PROBE_FILE = Path(__file__).with_name("probe_model.py")
-COMPUTE_PROBE_FILE = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
+COMPUTE_PROBE_FILE = Path(__file__).resolve().parents[1] / "examples" / "mlp.py"
 # name -> (width, layers, GELUs per block, batch, method, options); degrees "tensor" = (world, 1, 1),
 # "pipeline" = (1, 2, world / 2). Width 16: the arithmetic is negligible, the runtime's overheads show.
 PROBES: dict[str, tuple[int, int, int, int, str, dict]] = {
@@ -81,7 +81,7 @@ def fit_runtime_overheads(
     """Plan, run and fit the probes on ``world`` local processes (``cluster`` sized to them), under
     ``cost_model`` (``profiled``: the compute probes and the compute constant too); the probes are
     timed ``attempts`` times and each keeps its least disturbed timing (:func:`_least_disturbed`)."""
-    from executors.step_timing import run_timing
+    from executors.measure.step_timing import run_timing
     from planner.api import plan_prepared
     from planner.plan import save_plan
 
@@ -140,7 +140,7 @@ def fit_runtime_overheads(
 
 def _least_disturbed(runs: list[dict[str, float]], machine: list[dict[str, dict[str, float]]]) -> dict[str, float]:
     """Per plan, the run whose timed steps had the least share of the CPU taken by the VM's host and
-    other processes (``executors.step_timing``'s machine shares; the earlier run on a tie)."""
+    other processes (``executors.measure.step_timing``'s machine shares; the earlier run on a tie)."""
 
     def disturbance(index: int, path: str) -> float:
         shares = machine[index].get(path, {})

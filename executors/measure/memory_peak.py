@@ -29,7 +29,7 @@ in place (masks, rotary tables, batch-norm statistics: kilobytes here) and the i
 the interpreter and torch's libraries, and blocks another thread allocates and frees between two events of
 the profiled threads.
 
-    python -m torch.distributed.run --nproc-per-node N -m executors.training.memory_peak OUT STEPS PLAN...
+    python -m torch.distributed.run --nproc-per-node N -m executors.measure.memory_peak OUT STEPS PLAN...
 
 writes ``{plan path: [peak bytes of rank 0, rank 1, ...]}`` (STEPS warm-up steps first; null where the plan
 failed) and, beside OUT, ``OUT.parts.json`` = ``{plan path: [{"held": H, "runner": T₀ − T₁, "step": T_max − T₀}

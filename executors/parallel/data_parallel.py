@@ -5,7 +5,7 @@ specs say, so it runs the way users run it: each rank interprets the graph captu
 the batch (``B / (m·d)`` rows: the plan's microbatches, each split over ``d`` ranks) on plain
 tensors, wrapped in ``DistributedDataParallel`` — bucketed gradient all-reduce overlapped with
 backward, gradients averaged — with ``no_sync`` on all but the last microbatch, and a lossy gradient sync
-the plan chose as torch's communication hook on it (:func:`executors.grad_sync.register_ddp_hook`; local
+the plan chose as torch's communication hook on it (:func:`executors.parallel.grad_sync.register_ddp_hook`; local
 SGD's model averager runs in :meth:`DataParallelRunner.after_optimizer_step`). At a ZeRO level
 (``Stage.zero`` ≥ 1) FSDP2 runs it instead: ``fully_shard`` on every layer group (:func:`fsdp_groups`, each
 a child of :class:`~executors.graph_module.LayeredGraphModule`) and on the root (parameters several groups
@@ -33,8 +33,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from executors.grad_sync import local_sgd_subgroup, register_ddp_hook
 from executors.graph_module import GraphModule, LayeredGraphModule, flat_outputs, make_segment, model_tensors
+from executors.parallel.grad_sync import local_sgd_subgroup, register_ddp_hook
 from executors.session import Workload, split_batch
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
@@ -75,7 +75,7 @@ class DataParallelRunner:
         self.group = dist.new_group(list(stage.devices))
         self.subgroup = local_sgd_subgroup(plan, stage.devices)  # every rank creates the node groups
         self.rank = dist.get_rank()
-        self.averager = None  # local SGD's model averager (executors.grad_sync.register_ddp_hook)
+        self.averager = None  # local SGD's model averager (executors.parallel.grad_sync.register_ddp_hook)
         self.wrapped = self._wrap(workload.device)
 
     def _wrap(self, device: str) -> nn.Module:

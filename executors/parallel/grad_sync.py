@@ -16,7 +16,7 @@ optimizer step. :class:`GradReducer` does it as DDP does for replicas:
 * :meth:`GradReducer.finish` (before the optimizer step) launches whatever is left, waits for every bucket
   and hands each parameter its reduced gradient, a view into the bucket, in the parameter's placements;
   gradients whose placements are not the planned partial sums (an operator run on whole tensors) are left
-  to :meth:`executors.tensor_parallel.StageSharding.sync_grads`, which redistributes them one by one.
+  to :meth:`executors.parallel.tensor_parallel.StageSharding.sync_grads`, which redistributes them one by one.
 
 A lossy :class:`~planner.plan.GradSync` runs torch's own DDP communication hooks on the same buckets:
 ``default_hooks.bf16_compress_hook`` or ``powerSGD_hook.powerSGD_hook`` with one ``PowerSGDState`` per
@@ -30,7 +30,7 @@ backward goes on (NCCL runs the callbacks inline).
 ``divided_by``: torch's pipeline schedules divide every gradient by the number of microbatches after the
 backward (``scale_grads``); a bucket already launched by then holds undivided sums, divided on arrival.
 
-DDP plans (:mod:`executors.data_parallel`) register the same hooks on DDP itself (:func:`register_ddp_hook`):
+DDP plans (:mod:`executors.parallel.data_parallel`) register the same hooks on DDP itself (:func:`register_ddp_hook`):
 ``bf16_compress_hook``, ``powerSGD_hook`` with a ``PowerSGDState``, or ``post_localSGD_hook`` with a
 ``PostLocalSGDState`` whose subgroup is each node's replicas (:func:`local_sgd_subgroup`) and a
 ``PeriodicModelAverager`` the runner calls after every optimizer step. DDP refuses to register a hook named

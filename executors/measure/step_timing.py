@@ -13,7 +13,7 @@ steal) and every rank its own CPU time (``getrusage``, all threads); the job wri
 with ``T`` the ticks of all cores over the plan's timed steps: the share of the machine the host and
 other processes took while the plan was timed.
 
-    python -m torch.distributed.run --nproc-per-node N -m executors.step_timing OUT STEPS PLAN...
+    python -m torch.distributed.run --nproc-per-node N -m executors.measure.step_timing OUT STEPS PLAN...
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from executors.training.machine_load import cpu_ticks, machine_shares, own_cpu_ticks
+from executors.measure.machine_load import cpu_ticks, machine_shares, own_cpu_ticks
 from planner.errors import AutoplanError
 
 WARMUP_STEPS = 3
@@ -89,10 +89,10 @@ def run_timing(
     steps: int,
     out: Path,
     timeout_s: float = 1800.0,
-    module: str = "executors.step_timing",
+    module: str = "executors.measure.step_timing",
 ) -> dict[str, Any]:
     """Launch one torchrun job of ``world`` processes (one thread each) timing every plan; ``module``:
-    another job with the same arguments (``executors.training.memory_peak``: peak memory per rank)."""
+    another job with the same arguments (``executors.measure.memory_peak``: peak memory per rank)."""
     from executors.training.launch import free_port
 
     command = [

@@ -1,11 +1,8 @@
-"""The best one-stage plan: the intra-op ILP on every logical mesh of the devices.
+"""The best one-stage plan: the intra-op ILP on every logical mesh of the devices (the tests' reference).
 
-Logical meshes of ``D`` devices (:func:`logical_meshes`): the 1-D mesh ``(D,)`` and the 2-D
-meshes ``(D/t, t)`` for every ``t`` dividing both ``D`` and the devices per node with
-``1 < t < D`` — the inner axis stays inside a node, as Alpa's ``(dp, mp)`` with mp ≤ devices
-per node. Each is solved by :func:`planner.intra.solve.solve_intra_op`; the cheapest that fits
-wins. The step time is the ILP objective (one microbatch); its breakdown sums the explanation
-rows (:func:`planner.costing.stage_work.explain_stage`).
+Each logical mesh (:func:`planner.intra.logical_meshes.logical_meshes`) is solved by
+:func:`planner.intra.solve.solve_intra_op`; the cheapest that fits wins. The step time is the ILP objective
+(one microbatch); its breakdown sums the explanation rows (:func:`planner.costing.stage_work.explain_stage`).
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ from planner.costing.estimate import mfu, model_tflops_per_device
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import explain_stage
 from planner.errors import AutoplanError
+from planner.intra.logical_meshes import logical_meshes
 from planner.intra.problem import MemoryBudgetError
 from planner.intra.solve import IntraOpResult, solve_intra_op
 from planner.intra.stage_problem import DEFAULT_OPTIONS, IntraOpOptions
@@ -24,14 +22,6 @@ from planner.intra.to_stage import stage_from_result
 from planner.ir.graph import OpGraph
 from planner.plan import Estimate, Stage
 from planner.sharding.specs import StageMesh
-
-
-def logical_meshes(num_devices: int, devices_per_node: int) -> list[tuple[int, ...]]:
-    shapes: list[tuple[int, ...]] = [(num_devices,)]
-    for inner in range(2, min(num_devices, devices_per_node) + 1):
-        if num_devices % inner == 0 and devices_per_node % inner == 0 and inner < num_devices:
-            shapes.append((num_devices // inner, inner))
-    return shapes
 
 
 def solve_best_mesh(

@@ -7,18 +7,18 @@ also computes the loss (``loss_fn(output, inputs)``, the model inputs it needs b
 so the schedule's loss function is the identity.
 
 Stages with ``k`` devices each (stages of different sizes run under
-:mod:`executors.uneven_pipeline`) form ``k`` pipeline groups: group ``i`` holds device ``i`` of every
+:mod:`executors.parallel.uneven_pipeline`) form ``k`` pipeline groups: group ``i`` holds device ``i`` of every
 stage's mesh, and runs one ``PipelineStage`` per stage with ``ScheduleGPipe`` or ``Schedule1F1B`` and
 the plan's number of microbatches — or, under ``interleaved`` and ``zero-bubble``
 (:mod:`planner.plan.schedules`), the stages ``k ≡ r (mod P)`` of its rank ``r`` with
 ``ScheduleInterleaved1F1B`` or ``ScheduleInterleavedZeroBubble`` (which runs each backward as torch's
 input-gradient and weight-gradient halves). Inside a stage every rank computes with DTensor on its mesh
-(:mod:`executors.stages`); a boundary value leaves a stage whole (replicated) on every rank, so rank
+(:mod:`executors.parallel.stages`); a boundary value leaves a stage whole (replicated) on every rank, so rank
 ``i`` of the next stage receives it from rank ``i`` of this one.
 
 Gradients: the schedule scales them by ``1/m`` (each microbatch loss is a mean), partial sums on
 data-parallel axes are all-reduced per stage, and a parameter read by several stages (tied
-embeddings) has its gradients summed over them (:func:`executors.stages.sync_shared_grads`).
+embeddings) has its gradients summed over them (:func:`executors.parallel.stages.sync_shared_grads`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executors.grad_sync import SyncOptions
 from executors.graph_module import Segment, flat_outputs, make_segment, model_tensors
+from executors.parallel.grad_sync import SyncOptions
+from executors.parallel.stages import StagePart, build_meshes, build_stage, sync_shared_grads
 from executors.session import Workload
-from executors.stages import StagePart, build_meshes, build_stage, sync_shared_grads
 from planner.costing.estimate import shared_params
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
@@ -75,7 +75,7 @@ def stage_segments(graph: OpGraph, plan: Plan, *, loss_inputs: tuple[str, ...]) 
 
 def check_pipeline(plan: Plan) -> int | None:
     """The schedule must be a pipeline's; returns the devices per stage, or None when the stages
-    differ in size (run by :class:`executors.uneven_pipeline.UnevenPipelineRunner`)."""
+    differ in size (run by :class:`executors.parallel.uneven_pipeline.UnevenPipelineRunner`)."""
     if plan.schedule not in SCHEDULE_CLASSES:
         raise AutoplanError(
             f"a pipeline plan needs schedule {', '.join(SCHEDULE_CLASSES)}, this one says {plan.schedule!r}"
@@ -94,8 +94,8 @@ class PipelineRunner:
         width = check_pipeline(plan)
         assert width is not None, "stages of different sizes run under UnevenPipelineRunner"
         self.plan, self.workload = plan, workload
-        m = plan.num_microbatches
-        graph = workload.graph_at(plan.batch_size // m)
+        microbatch = plan.batch_size // plan.num_microbatches
+        graph = workload.graph_at(microbatch)
         loss_inputs = workload.loss_names(graph)
         segments = stage_segments(graph, plan, loss_inputs=loss_inputs)
         meshes = build_meshes(plan, device_type=workload.device.split(":")[0])
@@ -130,7 +130,6 @@ class PipelineRunner:
                 sync=SyncOptions.of(plan),
             )
             self.parts.append(part)
-            microbatch = plan.batch_size // m
             pipeline_stages.append(
                 pipelining.PipelineStage(
                     part.module,
@@ -144,13 +143,7 @@ class PipelineRunner:
                     group=groups[position],
                 )
             )
-        schedule_class = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
-        one = plan.schedule in ("gpipe", "1f1b")  # single-stage schedule classes take the stage, not a list
-        self.schedule = schedule_class(
-            pipeline_stages[0] if one else pipeline_stages,
-            n_microbatches=m,
-            loss_fn=lambda output, target: output.sum(),
-        )
+        self.schedule = _schedule(plan, pipeline_stages)
         self.is_first = mine[0].index == 0
         self.is_last = mine[-1].index == count - 1
 
@@ -192,6 +185,19 @@ class PipelineRunner:
             if self.rank == part.stage.devices[0]:
                 grads.update(found)
         return grads
+
+
+def _schedule(plan: Plan, pipeline_stages: list[Any]) -> Any:
+    """torch's schedule of the plan's kind over this rank's pipeline stages (the loss is each stage's output)."""
+    from torch.distributed import pipelining
+
+    schedule_class = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
+    one = plan.schedule in ("gpipe", "1f1b")  # single-stage schedule classes take the stage, not a list
+    return schedule_class(
+        pipeline_stages[0] if one else pipeline_stages,
+        n_microbatches=plan.num_microbatches,
+        loss_fn=lambda output, target: output.sum(),
+    )
 
 
 def _examples(

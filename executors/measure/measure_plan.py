@@ -9,13 +9,13 @@ slowest rank (:class:`executors.training.runtime.StepTimer`); the result is thei
 Peak memory per rank: on a GPU, ``torch.cuda.max_memory_allocated`` over the timed steps (the caching
 allocator's high-water mark of tensors); on CPU, which has no allocator counters, the rank's model state at the
 start of one more step plus the most that step's allocations held at once, from the profiler's memory events
-(:func:`executors.training.memory_peak.step_peak_bytes`; what ``benchmarks/fidelity.py`` measures).
+(:func:`executors.measure.memory_peak.step_peak_bytes`; what ``benchmarks/fidelity.py`` measures).
 
 What else ran meanwhile: the share of all CPU time the VM's host stole and other processes took while the timed
-steps ran (:func:`executors.training.machine_load.machine_shares`), so a caller can keep the least disturbed of several
+steps ran (:func:`executors.measure.machine_load.machine_shares`), so a caller can keep the least disturbed of several
 runs.
 
-    python -m torch.distributed.run --nproc-per-node N -m executors.training.measure_plan OUT PLAN STEPS WARMUP [BACKEND]
+    python -m torch.distributed.run --nproc-per-node N -m executors.measure.measure_plan OUT PLAN STEPS WARMUP [BACKEND]
 
 Rank 0 writes ``OUT``: ``{"step_times_s": [...], "median_s": ..., "peak_bytes": [per rank], "steal": ...,
 "foreign": ..., "wall_s": ...}``.
@@ -39,9 +39,9 @@ def measure(plan_path: str, *, steps: int, warmup: int, backend: str | None) -> 
     import torch
     import torch.distributed as dist
 
+    from executors.measure.machine_load import cpu_ticks, machine_shares, own_cpu_ticks
+    from executors.measure.memory_peak import step_peak_bytes
     from executors.training import runtime
-    from executors.training.machine_load import cpu_ticks, machine_shares, own_cpu_ticks
-    from executors.training.memory_peak import step_peak_bytes
     from executors.training.memory_probe import model_state_bytes
 
     plan = runtime.load_plan(plan_path)

@@ -3,7 +3,7 @@
 :func:`build_meshes` makes every stage's device mesh on every rank (DeviceMesh creates process
 groups, a collective call). :func:`build_stage` returns the :class:`StagePart` of a stage this rank
 belongs to: a :class:`~executors.graph_module.GraphModule` whose nodes run through
-:class:`~executors.tensor_parallel.StageSharding`, wrapped so that it takes and returns whole
+:class:`~executors.parallel.tensor_parallel.StageSharding`, wrapped so that it takes and returns whole
 tensors (:class:`ShardedStageModule`) — what pipeline transfers and loss functions see.
 
 A parameter read in several stages (tied embeddings) has a copy in each; :func:`sync_shared_grads`
@@ -26,9 +26,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Shard, distribute_tensor
 
-from executors.grad_sync import GradReducer, SyncOptions, bucket_plan
 from executors.graph_module import GraphModule, Segment
-from executors.tensor_parallel import SingleDeviceSharding, StageSharding, make_mesh
+from executors.parallel.grad_sync import GradReducer, SyncOptions, bucket_plan
+from executors.parallel.tensor_parallel import SingleDeviceSharding, StageSharding, make_mesh
 from planner.costing.overlap import stage_grad_entries
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, Stage
@@ -107,7 +107,7 @@ class StagePart:
     zero: ZeroOptimizerShards | None = None  # ZeRO-1: the optimizer steps shards (Stage.zero ≥ 1)
 
     def sync_grads(self, *, divided_by: float = 1.0) -> None:
-        """Gradients in their parameters' placements: the buckets (:mod:`executors.grad_sync`; ``divided_by``:
+        """Gradients in their parameters' placements: the buckets (:mod:`executors.parallel.grad_sync`; ``divided_by``:
         what a pipeline schedule divided the gradients by after the backward), then anything left one by one;
         under ZeRO each rank's slice of them handed to its shards."""
         if self.reducer is not None:
@@ -152,7 +152,7 @@ def build_stage(
     sync: SyncOptions | None = None,
 ) -> StagePart:
     """The part of ``stage`` this rank runs, every node as the plan's record of it says; ``sync``: how it
-    reduces its gradients (:meth:`executors.grad_sync.SyncOptions.of` the plan; None: exact, bucketed by
+    reduces its gradients (:meth:`executors.parallel.grad_sync.SyncOptions.of` the plan; None: exact, bucketed by
     4-byte gradients, after the backward)."""
     sharding: StageSharding | SingleDeviceSharding
     if len(stage.devices) == 1:

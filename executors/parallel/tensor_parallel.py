@@ -15,7 +15,7 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
 * runs sequence parallelism's gathered tensors (``R*``: replicated, the gradient handed back partial;
   :mod:`planner.sharding.sequence_parallel`) as the records say: an ``R*`` output is computed on sequence
   shards and all-gathered, and its gradient, handed back partial by every reader, reduce-scattered once
-  (:meth:`StageSharding._as_planned`, :func:`_edges`);
+  (:meth:`StageSharding._as_planned`, :func:`executors.parallel.dtensor_edges.node_edges`);
 * runs operators that DTensor has no sharding rule for without it: attention (CPU flash attention)
   on the local shards — its batch or head split is local compute that its arguments do not name —
   and anything else on whole (all-gathered) inputs, its output then sliced to the planned spec —
@@ -33,33 +33,30 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.nn import functional as F
 from torch.utils._pytree import tree_flatten, tree_map
 
 from executors.graph_module import call_node_plain, compile_node
+from executors.parallel.dtensor_edges import (
+    Edge,
+    GradAsPlanned,
+    SliceKeepingPartialGradient,
+    local_grad_placements,
+    node_edges,
+    to_placements,
+)
 from planner.ir.graph import NodeKind, OpGraph, OpNode, ValueKind
 from planner.ir.node_call import is_inplace
 from planner.ir.op_kinds import BATCH_STATISTICS, WHOLE_UNDER_DTENSOR
-from planner.plan import GATHERED, NodeSharding, parse_placement
+from planner.plan import GATHERED, NodeSharding
 
 # Operators run on whole inputs or local shards instead of DTensor: planner.ir.op_kinds.WHOLE_UNDER_DTENSOR
 AVOID_DTENSOR = WHOLE_UNDER_DTENSOR
-
-
-def to_placements(spec: Sequence[str]) -> tuple[Placement, ...]:
-    """``("S(1)", "R")`` -> ``(Shard(1), Replicate())``."""
-    result: list[Placement] = []
-    for text in spec:
-        kind, dim = parse_placement(text)  # R and R* (gathered) are both replicated in forward
-        result.append(Shard(dim) if kind == "S" else Partial() if kind == "P" else Replicate())
-    return tuple(result)
 
 
 def make_mesh(devices: Sequence[int], mesh_shape: Sequence[int], *, device_type: str) -> DeviceMesh:
@@ -80,7 +77,7 @@ class StageSharding:
             name: tuple(to_placements(spec) if spec is not None else None for spec in record.input_specs)
             for name, record in strategies.items()
         }
-        self.edges = {name: _edges(graph.node(name), record, strategies) for name, record in strategies.items()}
+        self.edges = {name: node_edges(graph.node(name), record, strategies) for name, record in strategies.items()}
         self.gathered_outputs = {  # a gathered output's gradient comes back partial, to be reduce-scattered
             name: tuple(
                 Partial() if text == GATHERED else placement
@@ -152,8 +149,8 @@ class StageSharding:
                 result = self._call_local(node, inputs)
         return self._as_planned(node, result)
 
-    def _arrive(self, tensor: Any, placements: tuple[Placement, ...] | None, edge: _Edge) -> Any:
-        """An activation in the record's placements, its gradient pinned to them (or as :func:`_edges` says where
+    def _arrive(self, tensor: Any, placements: tuple[Placement, ...] | None, edge: Edge) -> Any:
+        """An activation in the record's placements, its gradient pinned to them (or as :func:`executors.parallel.dtensor_edges.node_edges` says where
         gathered ``R*`` tensors are involved)."""
         if not isinstance(tensor, torch.Tensor):
             return tensor
@@ -162,16 +159,16 @@ class StageSharding:
             return tensor
         grad = tensor.requires_grad
         if edge.source_pin is not None and grad:  # from a gathered output: hand the gradient back partial
-            tensor = _GradAsPlanned.apply(tensor, edge.source_pin)
+            tensor = GradAsPlanned.apply(tensor, edge.source_pin)
         if edge.sliced is not None:
             tensor = (
-                _SliceKeepingPartialGradient.apply(tensor, edge.sliced)
+                SliceKeepingPartialGradient.apply(tensor, edge.sliced)
                 if grad
                 else tensor.redistribute(self.mesh, edge.sliced)
             )
         if tuple(tensor.placements) != placements:
             tensor = tensor.redistribute(self.mesh, placements)
-        return _GradAsPlanned.apply(tensor, edge.own_pin or placements) if grad else tensor
+        return GradAsPlanned.apply(tensor, edge.own_pin or placements) if grad else tensor
 
     def _hold(self, tensor: Any, placements: tuple[Placement, ...] | None) -> Any:
         """A parameter or buffer: as distributed, unless the record reads it in other placements."""
@@ -193,7 +190,7 @@ class StageSharding:
             inputs = [t.redistribute(self.mesh, self._replicated) if isinstance(t, DTensor) else t for t in inputs]
         placements = self.outputs.get(node.name, self._replicated) if on_shards else self._replicated
         local = [
-            tensor.to_local(grad_placements=_local_grad_placements(tensor, placements))
+            tensor.to_local(grad_placements=local_grad_placements(tensor, placements))
             if isinstance(tensor, DTensor)
             else tensor
             for tensor in inputs
@@ -250,7 +247,7 @@ class StageSharding:
         if planned is not None and tuple(value.placements) != planned:
             value = value.redistribute(self.mesh, planned)
         partial = self.gathered_outputs.get(node.name)
-        return _GradAsPlanned.apply(value, partial) if partial is not None and value.requires_grad else value
+        return GradAsPlanned.apply(value, partial) if partial is not None and value.requires_grad else value
 
     def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
         """Bring every gradient to its parameter's placement (all-reduce of partial sums)."""
@@ -258,109 +255,6 @@ class StageSharding:
             grad = param.grad
             if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
                 param.grad = grad.redistribute(param.device_mesh, param.placements)
-
-
-def _local_grad_placements(tensor: DTensor, output: tuple[Placement, ...]) -> list[Placement]:
-    """The placements of the gradient of ``tensor.to_local()`` when the operator runs on local shards with
-    its output in ``output``: a shard's gradient is that shard of the gradient, but a whole input read on
-    an axis the output splits (attention's bias against a batch split, a linear's weight against split
-    rows) gets from each rank only its share of the gradient there — a partial sum, reduced later."""
-    return [
-        Partial() if placement.is_replicate() and isinstance(out, Shard) else placement
-        for placement, out in zip(tensor.placements, output, strict=True)
-    ]
-
-
-class _GradAsPlanned(torch.autograd.Function):
-    """Identity forward; backward brings the gradient to the value's own placements (or ``placements``) right here.
-
-    The cost model charges a column-split contraction's replicated input one gradient all-reduce at
-    that input (Megatron's ``f``). DTensor would leave the partial gradient pending and resolve it
-    wherever a later backward operator needs it, with other collectives; this pins it to the edge.
-    Pinned to ``Partial`` it keeps a gradient partial (a gathered tensor's, reduce-scattered by its producer).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, tensor: DTensor, placements: tuple[Placement, ...] | None = None) -> DTensor:
-        ctx.mesh, ctx.placements = tensor.device_mesh, placements or tuple(tensor.placements)
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        if not isinstance(grad, DTensor) or tuple(grad.placements) == ctx.placements:
-            return grad, None
-        pairs = list(zip(grad.placements, ctx.placements, strict=True))
-        made_partial = [axis for axis, (now, wanted) in enumerate(pairs) if now.is_replicate() and wanted.is_partial()]
-        if made_partial:  # DTensor will not redistribute to Partial: a replica is a partial sum kept on one rank
-            keep = all(ctx.mesh.get_local_rank(axis) == 0 for axis in made_partial)
-            local = grad.to_local() if keep else torch.zeros_like(grad.to_local())
-            placements = [Partial() if axis in made_partial else now for axis, (now, _) in enumerate(pairs)]
-            grad = DTensor.from_local(
-                local, ctx.mesh, placements, run_check=False, shape=grad.shape, stride=grad.stride()
-            )
-        return grad.redistribute(ctx.mesh, ctx.placements), None
-
-
-@dataclass(frozen=True)
-class _Edge:  # how an activation reaches a node where gathered (R*) tensors are involved (_edges)
-    source_pin: tuple[Placement, ...] | None = None  # at the producer's side: partial on its R* axes
-    sliced: tuple[Placement, ...] | None = None  # R* axes read as shards: sliced with their gradient kept partial
-    own_pin: tuple[Placement, ...] | None = None  # at the reader's side, instead of its record's input placements
-
-
-def _edges(node: OpNode, record: NodeSharding, strategies: Mapping[str, NodeSharding]) -> list[_Edge]:
-    """Per input of ``node``, how its gradient goes back where gathered (``R*``) tensors are involved, with the
-    collectives :func:`planner.sharding.specs.reshard_s` prices: every reader of a gathered output hands back a
-    partial gradient there (pinned on the producer's side), which the producer reduce-scatters once — a reader
-    of a shard no other axis splits slices it locally and hands back its gradient shard as a partial sum
-    (:class:`_SliceKeepingPartialGradient`); a reader of an input ``R*`` keeps its gradient partial there when
-    the producer gathered its output, and all-reduces it on the edge (pinned replicated) when it did not."""
-    edges: list[_Edge] = []
-    for value, spec in zip(node.inputs, record.input_specs, strict=True):
-        source = tuple(strategies[value].output_spec) if value in strategies else ()
-        if spec is None or GATHERED not in (*source, *spec):
-            edges.append(_Edge())
-            continue
-        held, wanted = to_placements(source), to_placements(spec)
-        gathered = [axis for axis, text in enumerate(source) if text == GATHERED]
-        partial = tuple(Partial() if axis in gathered else placement for axis, placement in enumerate(held))
-        own_pin = tuple(
-            Partial() if text == GATHERED and axis in gathered else placement
-            for axis, (text, placement) in enumerate(zip(spec, wanted, strict=True))
-        )
-        local = [axis for axis in gathered if spec[axis].startswith("S") and spec.count(spec[axis]) == 1]
-        sliced = tuple(wanted[axis] if axis in local else placement for axis, placement in enumerate(held))
-        edges.append(
-            _Edge(
-                source_pin=partial if gathered else None,
-                sliced=sliced if local else None,
-                own_pin=own_pin if GATHERED in spec else None,
-            )
-        )
-    return edges
-
-
-class _SliceKeepingPartialGradient(torch.autograd.Function):
-    """A replicated tensor sliced into shards (no communication); backward, each rank's gradient shard goes
-    back as a partial sum — the shard in place, zeros elsewhere — instead of being all-gathered: the producer
-    of a gathered tensor reduce-scatters its readers' partial gradients anyway (sequence parallelism)."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: DTensor, placements: tuple[Placement, ...]) -> DTensor:
-        ctx.mesh, ctx.source = tensor.device_mesh, tuple(tensor.placements)
-        return tensor.redistribute(tensor.device_mesh, placements)
-
-    @staticmethod
-    def backward(ctx: Any, grad: DTensor) -> Any:
-        mesh, local, placements = ctx.mesh, grad.to_local(), list(grad.placements)
-        for axis, (before, after) in enumerate(zip(ctx.source, grad.placements, strict=True)):
-            if before.is_replicate() and isinstance(after, Shard):  # the shard in place, zeros elsewhere
-                size, index = local.shape[after.dim], mesh.get_local_rank(axis)
-                pads = [0, 0] * (local.ndim - 1 - after.dim)
-                local = F.pad(local, [*pads, index * size, (mesh.size(axis) - 1 - index) * size])
-                placements[axis] = Partial()
-        whole = DTensor.from_local(local, mesh, placements, run_check=False, shape=grad.shape, stride=grad.stride())
-        return whole, None
 
 
 class SingleDeviceSharding:
@@ -402,23 +296,3 @@ def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
         stride.append(running)
         running *= size
     return tuple(reversed(stride))
-
-
-def full_tensor(value: Any) -> torch.Tensor:
-    """The whole tensor (collective over the value's mesh when it is a DTensor)."""
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
-def observed_kind(op_name: str) -> str | None:
-    """CommDebugMode's collective (functional, or c10d's ``allreduce_``: the gradient buckets of
-    :mod:`executors.grad_sync`) -> the cost model's kind (None: not a collective we price)."""
-    for key, kind in (
-        ("all_reduce", "all_reduce"),
-        ("allreduce", "all_reduce"),
-        ("all_gather", "all_gather"),
-        ("all_to_all", "all_to_all"),
-        ("reduce_scatter", "reduce_scatter"),
-    ):
-        if key in op_name:
-            return kind
-    return None

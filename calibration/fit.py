@@ -1,6 +1,6 @@
 """Fit this machine's cost-model figures from measured samples (``plan calibrate``).
 
-Pure: the measurements come from :mod:`executors.calibrate`; this module only fits them.
+Pure: the measurements come from :mod:`calibration.measure`; this module only fits them.
 
 Collectives (one :class:`Sample` per message size ``b``, median seconds ``t``, ``n`` devices)
 follow the α-β shapes of :mod:`cost_models.communication`::
@@ -50,9 +50,9 @@ from typing import Any
 
 import numpy as np
 
+from calibration.runtime_fit import RuntimeFit, apply_runtime
 from cost_models.cluster import Cluster, Link, preset
 from cost_models.communication import all_gather_s, all_reduce_s, p2p_s
-from cost_models.fitting.runtime_fit import RuntimeFit, apply_runtime
 from planner.errors import AutoplanError
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "p2p")
@@ -60,7 +60,7 @@ MEMORY_KINDS = ("memory_copy", "memory_add")
 MATMUL_KIND = "matmul"
 OP_OVERHEAD_KIND = "op_overhead"
 MATMUL_ALONE_KIND = "matmul_alone"
-ALONE_MATMUL_SIZE = 512  # in every matmul size list of executors.calibrate, so it is also timed with all running
+ALONE_MATMUL_SIZE = 512  # in every matmul size list of calibration.measure, so it is also timed with all running
 LINK_FIT = "all_reduce"  # the fit that becomes the cluster's links: collectives dominate training traffic
 CALIBRATED_NAME = "local-cpu-calibrated"
 

@@ -1,8 +1,8 @@
 """Pipelines whose stages have different device counts (an Alpa-style submesh per stage).
 
 ``torch.distributed.pipelining`` pairs one rank per stage in each pipeline group, so it needs
-stages of equal size (:mod:`executors.pipeline`). Here the stages are the same
-:class:`~executors.stages.StagePart` modules — DTensor inside, whole tensors at the boundaries —
+stages of equal size (:mod:`executors.parallel.pipeline`). Here the stages are the same
+:class:`~executors.parallel.stages.StagePart` modules — DTensor inside, whole tensors at the boundaries —
 and the transfers are point to point:
 
 * forward: rank ``j`` of stage ``s`` receives the stage inputs from rank ``j mod |s−1|`` of stage
@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executors.grad_sync import SyncOptions
 from executors.graph_module import flat_outputs, model_tensors
-from executors.pipeline import stage_segments
+from executors.parallel.grad_sync import SyncOptions
+from executors.parallel.pipeline import stage_segments
+from executors.parallel.stages import StagePart, build_meshes, build_stage, sync_shared_grads
 from executors.session import Workload, split_batch
-from executors.stages import StagePart, build_meshes, build_stage, sync_shared_grads
 from planner.costing.estimate import shared_params
 from planner.ir.layers import needs_grad
 from planner.ir.node_call import torch_dtype

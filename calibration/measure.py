@@ -19,7 +19,7 @@ Every sample is the median over ``repeats`` timed runs after a warm-up (:func:`_
 run is a barrier then one operation, timed on rank 0: back-to-back gloo collectives queue behind each
 other and read several times slower than isolated ones. A matmul run is ``_inner_iterations``
 back-to-back products divided out, so an 8×8 product is not timer noise.
-:func:`cost_models.fitting.calibration.fit_calibration` fits the samples; :func:`write_cluster_file`
+:func:`calibration.fit.fit_calibration` fits the samples; :func:`write_cluster_file`
 writes the result (JSON or TOML) atomically: a temporary file in the same folder, then ``os.replace``.
 """
 
@@ -42,9 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cost_models.atomic_file import write_text_atomic
-from cost_models.cluster import Cluster
-from cost_models.fitting.calibration import (
+from calibration.fit import (
     ALONE_MATMUL_SIZE,
     MATMUL_ALONE_KIND,
     CalibrationResult,
@@ -52,7 +50,9 @@ from cost_models.fitting.calibration import (
     fit_calibration,
     to_toml,
 )
+from cost_models.cluster import Cluster
 from executors.training.launch import free_port
+from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 
 KIB = 1024
@@ -90,7 +90,7 @@ def run_calibration(
     timeout_s: float = 300.0,
 ) -> CalibrationResult:
     """Measure compute, memory and gloo collectives on this machine and fit them. (The executors' host
-    overheads are fitted on probe plans by :func:`planner.cli.calibrate.calibrate_machine`.)"""
+    overheads are fitted on probe plans by :func:`calibration.machine.calibrate_machine`.)"""
     sizes = tuple(sizes_bytes) if sizes_bytes is not None else (QUICK_SIZES_BYTES if quick else DEFAULT_SIZES_BYTES)
     repeats = repeats if repeats is not None else (QUICK_REPEATS if quick else DEFAULT_REPEATS)
     _check_options(num_processes=num_processes, sizes_bytes=sizes, repeats=repeats)

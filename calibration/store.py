@@ -2,8 +2,8 @@
 
 ``plan`` on ``--cluster local-cpu`` (this machine's CPU processes) reads the calibration cached for this machine
 and that many processes (:func:`load_calibrated`); without one it runs ``plan calibrate --quick`` once and caches
-the result (:func:`save_calibrated`, ``planner.cli.calibrate.calibrated_cluster``). ``plan tune`` writes what it
-learned (:mod:`cost_models.fitting.corrections`) into the same entry, so the next ``plan`` starts closer.
+the result (:func:`save_calibrated`, ``calibration.machine.planning_cluster``). ``plan tune`` writes what it
+learned (:mod:`cost_models.corrections`) into the same entry, so the next ``plan`` starts closer.
 
 An entry is a cluster file (what ``plan calibrate`` writes) at
 ``$AUTOPLAN_CACHE_DIR/calibration/<name>-w<processes>-<machine key>.json`` (else ``~/.cache/autoplan/...``), the
@@ -21,9 +21,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from cost_models.atomic_file import write_text_atomic
 from cost_models.cluster import Cluster
 from cost_models.profiler import CACHE_DIR_ENV
+from planner.atomic_file import write_text_atomic
 
 
 def machine_key() -> str:

@@ -3,8 +3,8 @@
 Around a plan's timed steps rank 0 reads the CPU tick counters of /proc/stat (:func:`cpu_ticks`: ``steal`` is the
 time the VM's host took; busy = total − idle − iowait − steal) and every rank its own CPU time
 (:func:`own_cpu_ticks`, ``getrusage``, all threads); :func:`machine_shares` turns them into the share of all
-CPU ticks the host stole and the share other processes used. ``executors.step_timing`` and
-``executors.training.measure_plan`` report them so a caller can keep the least disturbed of several runs.
+CPU ticks the host stole and the share other processes used. ``executors.measure.step_timing`` and
+``executors.measure.measure_plan`` report them so a caller can keep the least disturbed of several runs.
 """
 
 from __future__ import annotations
