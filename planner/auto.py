@@ -35,11 +35,12 @@ from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.pricing import price_stages, specs_from_dp
 from planner.inter.schedule_variants import Candidate, Pipelines, best_rescheduled, method_schedules, with_variant
-from planner.inter.search import LayerTables, PipelineChoice, PipelineOptions, Progress, search_pipeline
+from planner.inter.search import LayerTables, PipelineChoice, Progress, search_pipeline
 from planner.inter.stage_dp import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs
+from planner.options import PlanOptions
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES
 
 DP_CANDIDATES = 3
@@ -52,7 +53,7 @@ def _add_megatron_at_scale(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
     progress: Progress | None,
 ) -> None:
     """On a large cluster the Megatron candidate is :func:`megatron_at_scale`'s (deep pipelines, hundreds of
@@ -69,7 +70,7 @@ def _add_pure_data_parallel(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
 ) -> None:
     """The one-microbatch data-parallel plan replaces the grid's data-parallel candidate when it is faster, as
     ``--method data-parallel`` chooses (:func:`planner.baselines.handwritten_plan.data_parallel_plan`)."""
@@ -111,7 +112,7 @@ def _add_schedule_variants(
             del priced[method]
 
 
-def _does_not_fit(settings: list[PipelineChoice], setup: CostSetup, options: PipelineOptions) -> str:
+def _does_not_fit(settings: list[PipelineChoice], setup: CostSetup, options: PlanOptions) -> str:
     """Why no candidate fits, with what the smallest hand-written plan under the asked choices needs."""
     failure = next((s.failure for s in reversed(settings) if s.failure), "")
     asked = {"remat": options.remat, "degrees": options.degrees, "zero": options.zero, "max_stages": options.max_stages}
@@ -142,7 +143,7 @@ def auto_plan(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
     progress: Progress | None = None,
 ) -> AutoResult:
     """The fastest fitting plan of the search and of the hand-written methods; AutoplanError if none fits."""

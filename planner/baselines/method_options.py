@@ -19,12 +19,12 @@ from cost_models.units import GIB
 from planner.baselines.placement.methods import PLACEMENT_METHODS
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.inter.search import PipelineOptions
+from planner.options import PlanOptions
 
 SHARDED_STATE_METHODS = ("megatron", "uniform-pipeline")
 
 
-def method_option_refusal(method: str, options: PipelineOptions) -> str | None:
+def method_option_refusal(method: str, options: PlanOptions) -> str | None:
     """Why ``method`` cannot plan with ``options``, in one line; None when it honours them all."""
     if options.degrees is not None and method not in ("megatron", "auto"):
         return (
@@ -56,14 +56,14 @@ def method_option_refusal(method: str, options: PipelineOptions) -> str | None:
     return None
 
 
-def check_method_options(method: str, options: PipelineOptions) -> None:
+def check_method_options(method: str, options: PlanOptions) -> None:
     """Raise the refusal of :func:`method_option_refusal`, if any."""
     refusal = method_option_refusal(method, options)
     if refusal is not None:
         raise AutoplanError(refusal)
 
 
-def does_not_fit_message(method: str, options: PipelineOptions, setup: CostSetup, needed_bytes: float | None) -> str:
+def does_not_fit_message(method: str, options: PlanOptions, setup: CostSetup, needed_bytes: float | None) -> str:
     """One line: what the smallest plan of ``method`` with the choices asked for needs, against the budget."""
     choices = options.asked_choices()
     plan_words = f"{method} plan" + (f" with {choices}" if choices else "")

@@ -47,12 +47,13 @@ def _parser() -> argparse.ArgumentParser:
 def run_compare(argv: Sequence[str]) -> int:
     from planner.api import prepare_model_file
     from planner.cli.calibrate import cluster_of
-    from planner.cli.options import search_kwargs
+    from planner.cli.options import plan_options
     from planner.compare import best_step_s, compare, parse_methods
     from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan.shape import count_of
 
     options = _parser().parse_args(list(argv))
+    chosen = plan_options(options)
     methods = parse_methods(options.methods)
     figure = Path(options.figure) if options.figure else None
     if figure is not None and figure.suffix.lower() != ".png":
@@ -66,7 +67,7 @@ def run_compare(argv: Sequence[str]) -> int:
         cluster,
         batch_size=options.batch_size,
         model_args=parse_model_args(options.model_arg),
-        **search_kwargs(options),
+        options=chosen,
     )
     rows = compare(prepared, methods, progress=_progress_line)
     best = best_step_s(rows)
