@@ -16,6 +16,7 @@ from pathlib import Path
 from cost_models.atomic_file import save_figure_atomic
 from cost_models.units import GIB
 from planner.errors import AutoplanError
+from planner.options import Method
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,7 +134,7 @@ def draw_comparison(rows, path: Path, *, title: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(rows), 3) + 1.2))
     names = [row.method for row in shown]
     times = [row.step_time_s for row in shown]
-    colors = ["#2b6cb0" if row.method == "auto" else ("#718096" if row.fits else "#cbd5e0") for row in shown]
+    colors = ["#2b6cb0" if row.method == Method.AUTO else ("#718096" if row.fits else "#cbd5e0") for row in shown]
     bars = ax.barh(names, times, color=colors)
     for bar, row in zip(bars, shown, strict=True):
         if not row.fits:
