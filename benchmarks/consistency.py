@@ -37,6 +37,7 @@ from pathlib import Path
 
 from planner.api import Prepared, plan_prepared
 from planner.errors import AutoplanError
+from planner.methods import AutoSearch, search_auto
 from planner.plan import Plan
 from planner.plan.report import plan_summary
 
@@ -59,10 +60,10 @@ FORCED_OPTIONS: tuple[Mapping[str, object], ...] = (
 REMAT_KINDS = {"off": {"none"}, "attention": {"attention", "none"}, "full": {"full", "none"}}
 
 
-def _plan(prepared: Prepared, method: str) -> Plan | str:
-    """The plan, or the one-line refusal."""
+def _plan(prepared: Prepared, method: str, search: AutoSearch | None = None) -> Plan | str:
+    """The plan (auto's from ``search`` when given), or the one-line refusal."""
     try:
-        return plan_prepared(prepared, method)
+        return plan_prepared(prepared, method, search=search)
     except AutoplanError as error:
         message = str(error)
         return message if "\n" not in message else f"MULTI-LINE ERROR: {message!r}"
@@ -118,9 +119,11 @@ def tradeoff_problems(method: str, plan: Plan, prepared: Prepared) -> list[str]:
 
 def check_case(prepared: Prepared, methods: Sequence[str] = METHODS) -> list[str]:
     """Violations of the one-number rules (module docstring) on one prepared model."""
-    from planner.api import _auto
-
-    plans = {method: _plan(prepared, method) for method in methods}
+    try:
+        search = search_auto(prepared) if "auto" in methods else None
+    except AutoplanError:
+        search = None
+    plans = {method: _plan(prepared, method, search) for method in methods}
     problems = [f"{method}: {plan}" for method, plan in plans.items() if isinstance(plan, str) and "MULTI" in plan]
     for method, plan in plans.items():
         if isinstance(plan, Plan):
@@ -128,9 +131,9 @@ def check_case(prepared: Prepared, methods: Sequence[str] = METHODS) -> list[str
             if plan.schedule != "dataflow":
                 problems += tradeoff_problems(method, plan, prepared)
     auto = plans.get("auto")
-    if not isinstance(auto, Plan):
+    if not isinstance(auto, Plan) or search is None:
         return problems
-    result, _ = _auto(prepared)
+    result = search.result
     least = min(candidate.estimate.step_time_s for candidate in result.priced.values())
     if auto.estimate.step_time_s != least:
         problems.append(f"auto: its step {auto.estimate.step_time_s!r} is not its candidates' least {least!r}")
@@ -211,9 +214,7 @@ def check_options(
 
 def with_options(prepared: Prepared, forced: Mapping[str, object]) -> Prepared:
     """``prepared`` with planner options forced, its capture shared (no search run yet)."""
-    options = replace(prepared.options, **forced)
-    microbatches = forced.get("microbatches", prepared.microbatches)
-    return replace(prepared, options=options, microbatches=microbatches, auto=None)
+    return replace(prepared, options=replace(prepared.options, **forced))
 
 
 def _quality_case(name: str, **options: object) -> Prepared:

@@ -43,10 +43,10 @@ def rows_for(cluster_name: str, nodes: int, *, batch: int) -> list[list[str]]:
     rows, exact_s = [], None
     for choice in (*CHOICES, "choose"):
         forced = None if choice == "choose" else GradSync.parse(choice)
-        prepared.options, prepared.auto = dataclasses.replace(base, grad_sync=forced), None
+        forced_prepared = dataclasses.replace(prepared, options=dataclasses.replace(base, grad_sync=forced))
         started = time.perf_counter()
         try:
-            plan = plan_prepared(prepared, "auto")
+            plan = plan_prepared(forced_prepared, "auto")
         except AutoplanError as error:
             rows.append([f"{cluster_name} × {nodes}", choice, "—", "—", str(error).split(":")[0], "—"])
             continue

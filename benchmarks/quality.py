@@ -98,7 +98,7 @@ def parse_case(case: str) -> tuple[str, dict, int, str, int]:
 
 def worker(case: str, rl_budget_s: float) -> dict:
     from cost_models.cluster import load_cluster
-    from planner.api import prepare_model_file, search_space
+    from planner.api import prepare_model_file
     from planner.compare import compare
 
     example, args, batch, cluster_name, nodes = parse_case(case)
@@ -112,10 +112,9 @@ def worker(case: str, rl_budget_s: float) -> dict:
         print(f"  {case}: {method} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
     rows = compare(prepared, progress=progress)
-    remat, zero = search_space("alpa", remat="auto", zero="auto", schedule="auto", allow_lossy=False)
-    prepared.options, prepared.auto = dataclasses.replace(prepared.options, space="alpa", remat=remat, zero=zero), None
+    alpa = dataclasses.replace(prepared, options=dataclasses.replace(prepared.options, space="alpa"))  # narrowed
     progress(ALPA)
-    rows.append(dataclasses.replace(compare(prepared, ("auto",))[0], method=ALPA))
+    rows.append(dataclasses.replace(compare(alpa, ("auto",))[0], method=ALPA))
     device = cluster.device
     dtype = "bfloat16" if device.mixed_precision else "float32"  # the training dtype, as planner.costing.estimate.mfu
     model_flops = prepared.graph.flops_fwd + prepared.graph.flops_bwd

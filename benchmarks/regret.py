@@ -79,7 +79,8 @@ def measure(path: Path, *, steps: int, warmup: int) -> dict:
 
 def run_case(name: str, cluster, directory: Path, *, steps: int, warmup: int) -> dict:
     """Plan one case, run each of its candidates in runs A and B; the plans' figures and the timings."""
-    from planner.api import _auto, candidate_plan, prepare_model_file
+    from planner.api import candidate_plan, prepare_model_file
+    from planner.methods import search_auto
     from planner.plan import save_plan
     from planner.plan.shape import plan_shape
     from planner.tuning import candidate_names
@@ -87,11 +88,12 @@ def run_case(name: str, cluster, directory: Path, *, steps: int, warmup: int) ->
     case = SCORED[name]
     started = time.perf_counter()
     prepared = prepare_model_file(case.path, cluster, batch_size=case.batch, model_args=dict(case.args))
-    result, _ = _auto(prepared)
+    search = search_auto(prepared)
+    result = search.result
     names = candidate_names(result, count=ALL_CANDIDATES)
     candidates = {}
     for candidate in names:
-        plan = candidate_plan(prepared, candidate)
+        plan = candidate_plan(prepared, candidate, search=search)
         path = directory / f"{name}-{candidate}.json"
         save_plan(plan, path)
         candidates[candidate] = {

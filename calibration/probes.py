@@ -117,9 +117,7 @@ def fit_runtime_overheads(
 
         def scaled(changed: Cluster, scale: float, name: str = name, method: str = method) -> float:
             base = prepared[name]
-            return plan_prepared(
-                replace(base, setup=_setup(base.setup, changed, scale), auto=None), method
-            ).estimate.step_time_s
+            return plan_prepared(replace(base, setup=_setup(base.setup, changed, scale)), method).estimate.step_time_s
 
         def estimate(changed: Cluster, name: str = name, method: str = method) -> float:
             return scaled(changed, 1.0, name, method)

@@ -63,9 +63,10 @@ def default_loss(output: Any, inputs: Sequence[Any]) -> torch.Tensor:
     return first.float().mean()
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Workload:
-    """One rank's copy of the model, its inputs and the planned graph."""
+    """One rank's copy of the model, its inputs and the planned graph (built complete by :func:`load_workload`;
+    ``_graphs`` caches the graph at other microbatch sizes)."""
 
     plan: Plan
     model_file: ModelFile
@@ -95,12 +96,7 @@ class Workload:
 
     def instantiate(self, *, batch_size: int, on_meta: bool) -> tuple[torch.nn.Module, tuple[Any, ...]]:
         """The model (the program's ``build_model`` when it has one) and inputs at ``batch_size`` rows."""
-        if self.build_fn is None:
-            return instantiate(self.model_file, batch_size=batch_size, model_args=self.model_args, on_meta=on_meta)
-        with torch.device("meta") if on_meta else torch.device("cpu"):
-            model = self.build_fn()
-        inputs = instantiate_inputs(self.model_file, batch_size=batch_size, model_args=self.model_args, on_meta=on_meta)
-        return model, inputs
+        return _instantiate(self.model_file, self.model_args, self.build_fn, batch_size=batch_size, on_meta=on_meta)
 
     def model_inputs(self, batch: Sequence[Any]) -> tuple[Any, ...]:
         """What ``forward`` takes from a (micro)batch."""
@@ -135,7 +131,7 @@ class Workload:
         if batch_size == self.plan.batch_size:
             return self.graph
         if batch_size not in self._graphs:
-            graph = _capture(self, batch_size)
+            graph = _capture(*self.instantiate(batch_size=batch_size, on_meta=True), tracer=self.plan.model.tracer)
             graph = graph if self.dropout else without_dropout(graph)  # as the planned graph was
             check_same_nodes(self.graph, graph, what=f"batch {batch_size}")
             self._graphs[batch_size] = graph
@@ -151,29 +147,19 @@ def load_workload(
     precision: Precision | None = None,
     build_fn: Callable[[], torch.nn.Module] | None = None,
     model_file: ModelFile | None = None,
+    loss_fn: Callable[[Any, Sequence[Any]], torch.Tensor] | None = None,
 ) -> Workload:
     """Rebuild the plan's model and check it is the model the plan was made for; ``dropout=False``
-    runs it with every dropout probability 0 (what ``--check-parity`` compares)."""
+    runs it with every dropout probability 0 (what ``--check-parity`` compares); ``loss_fn`` replaces the
+    model file's."""
     if plan.model.file is None:
         raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
     model_file = model_file or load_model_file(plan.model.file)  # a program passes the file it already imported
-    workload = Workload(
-        plan=plan,
-        model_file=model_file,
-        model_args=dict(plan.model.args),
-        seed=seed,
-        device=device,
-        graph=None,  # type: ignore[arg-type]
-        loss_fn=model_file.loss_fn or default_loss,
-        uses_inputs_in_loss=model_file.loss_fn is not None,
-        dropout=dropout,
-        precision=precision or Precision(name="fp32"),
-        build_fn=build_fn,
-    )
-    workload.graph = _capture(workload, plan.batch_size)
-    targets = instantiate_targets(model_file, batch_size=plan.batch_size, model_args=workload.model_args)
-    workload.target_metas = tuple(tensor_meta(t) for t in targets)
-    found = workload.graph.fingerprint()
+    model_args = dict(plan.model.args)
+    model, inputs = _instantiate(model_file, model_args, build_fn, batch_size=plan.batch_size, on_meta=True)
+    graph = _capture(model, inputs, tracer=plan.model.tracer)
+    targets = instantiate_targets(model_file, batch_size=plan.batch_size, model_args=model_args)
+    found = graph.fingerprint()
     if found != plan.model.fingerprint:
         raise AutoplanError(
             f"model fingerprint mismatch: the plan was made for model {plan.model.fingerprint}, but "
@@ -181,20 +167,46 @@ def load_workload(
             "unchanged, its graph depends on the process: code that iterates a set of strings, such as "
             "ModernBERT's rotary embeddings, orders by PYTHONHASHSEED; set PYTHONHASHSEED=0 to plan and run)"
         )
-    if not dropout:
-        workload.graph = without_dropout(workload.graph)
-    return workload
+    return Workload(
+        plan=plan,
+        model_file=model_file,
+        model_args=model_args,
+        seed=seed,
+        device=device,
+        graph=graph if dropout else without_dropout(graph),
+        loss_fn=loss_fn or model_file.loss_fn or default_loss,
+        uses_inputs_in_loss=model_file.loss_fn is not None,
+        num_inputs=len(inputs),
+        dropout=dropout,
+        target_metas=tuple(tensor_meta(t) for t in targets),
+        precision=precision or Precision(name="fp32"),
+        build_fn=build_fn,
+    )
 
 
-def _capture(workload: Workload, batch_size: int) -> OpGraph:
-    model, inputs = workload.instantiate(batch_size=batch_size, on_meta=True)
-    graph = capture(model, inputs, tracer=workload.plan.model.tracer)
+def _instantiate(
+    model_file: ModelFile,
+    model_args: dict[str, Any],
+    build_fn: Callable[[], torch.nn.Module] | None,
+    *,
+    batch_size: int,
+    on_meta: bool,
+) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """The model (``build_fn``'s when given, else the model file's) and its inputs at ``batch_size`` rows."""
+    if build_fn is None:
+        return instantiate(model_file, batch_size=batch_size, model_args=model_args, on_meta=on_meta)
+    with torch.device("meta") if on_meta else torch.device("cpu"):
+        model = build_fn()
+    return model, instantiate_inputs(model_file, batch_size=batch_size, model_args=model_args, on_meta=on_meta)
+
+
+def _capture(model: torch.nn.Module, inputs: Sequence[Any], *, tracer: str) -> OpGraph:
+    graph = capture(model, inputs, tracer=tracer)
     if len(graph.inputs) != len([x for x in inputs if isinstance(x, torch.Tensor)]):
         raise AutoplanError(
             f"the captured graph has {len(graph.inputs)} inputs but example_inputs gives {len(inputs)}: "
             "every example input must be a tensor the model reads"
         )
-    workload.num_inputs = len(inputs)
     return graph
 
 

@@ -35,14 +35,16 @@ from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.pricing import price_stages, specs_from_dp
 from planner.inter.schedule_variants import Candidate, Pipelines, best_rescheduled, method_schedules, with_variant
-from planner.inter.search import LayerTables, PipelineChoice, PipelineOptions, Progress, search_pipeline
+from planner.inter.search import LayerTables, PipelineChoice, Progress, search_pipeline
 from planner.inter.stage_dp import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs
+from planner.options import Method, PlanOptions
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES
 
 DP_CANDIDATES = 3
+STAGE_DP = "stage-dp"  # the candidates of the stage DP (auto's own), beside the hand-written methods' names
 
 
 def _add_megatron_at_scale(
@@ -52,14 +54,14 @@ def _add_megatron_at_scale(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
     progress: Progress | None,
 ) -> None:
     """On a large cluster the Megatron candidate is :func:`megatron_at_scale`'s (deep pipelines, hundreds of
     microbatches: Megatron's published configurations), as ``--method megatron`` runs it there."""
     found = megatron_at_scale(graphs, full_graph, setup, options=options, progress=progress)
     if found.best is not None and found.graph is not None:
-        priced["megatron"], graph_of["megatron"] = found.best, found.graph
+        priced[Method.MEGATRON], graph_of[Method.MEGATRON] = found.best, found.graph
 
 
 def _add_pure_data_parallel(
@@ -69,14 +71,14 @@ def _add_pure_data_parallel(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
 ) -> None:
     """The one-microbatch data-parallel plan replaces the grid's data-parallel candidate when it is faster, as
     ``--method data-parallel`` chooses (:func:`planner.baselines.handwritten_plan.data_parallel_plan`)."""
     pure = pure_data_parallel(graphs, full_graph, setup, options=options)
-    current = priced.get("data-parallel")
+    current = priced.get(Method.DATA_PARALLEL)
     if pure is not None and (current is None or pure.estimate.step_time_s < current.estimate.step_time_s):
-        priced["data-parallel"], graph_of["data-parallel"] = pure, full_graph
+        priced[Method.DATA_PARALLEL], graph_of[Method.DATA_PARALLEL] = pure, full_graph
 
 
 def _add_schedule_variants(
@@ -91,7 +93,7 @@ def _add_schedule_variants(
     """Each hand-written method's plan with its own schedule variants (Megatron: interleaved; as it is run alone),
     and the ``rescheduled`` candidate: the fastest pipelines of every method under every variant schedule
     (:mod:`planner.inter.schedule_variants`). A named multi-stage schedule keeps only the plans that use it."""
-    for method in ("megatron", "uniform-pipeline"):
+    for method in (Method.MEGATRON, Method.UNIFORM_PIPELINE):
         try:
             schedules = method_schedules(method, mode)
         except AutoplanError:  # not one of the method's schedules: the rescheduled candidate may still use it
@@ -111,7 +113,7 @@ def _add_schedule_variants(
             del priced[method]
 
 
-def _does_not_fit(settings: list[PipelineChoice], setup: CostSetup, options: PipelineOptions) -> str:
+def _does_not_fit(settings: list[PipelineChoice], setup: CostSetup, options: PlanOptions) -> str:
     """Why no candidate fits, with what the smallest hand-written plan under the asked choices needs."""
     failure = next((s.failure for s in reversed(settings) if s.failure), "")
     asked = {"remat": options.remat, "degrees": options.degrees, "zero": options.zero, "max_stages": options.max_stages}
@@ -142,7 +144,7 @@ def auto_plan(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
     progress: Progress | None = None,
 ) -> AutoResult:
     """The fastest fitting plan of the search and of the hand-written methods; AutoplanError if none fits."""
@@ -151,58 +153,10 @@ def auto_plan(
     search = search_pipeline(graphs, setup, tables, options=options, progress=progress)
     settings, search_dp_s = search.choices, search.dp_s
     searched = time.perf_counter()
-    ranked = sorted((s for s in settings if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
-    candidates = [("stage-dp", s, specs_from_dp(s.stage_plan, s.spans, setup)) for s in ranked[:DP_CANDIDATES]]
-    handwritten_started = time.perf_counter()
     at_scale = is_large(setup.cluster) and options.degrees is None  # Megatron's candidate: as run alone there
-    methods = tuple(method for method in HANDWRITTEN if not (at_scale and method == "megatron"))
-    for method, found in best_handwritten(
-        settings,
-        setup,
-        remat=options.remat,
-        degrees=options.degrees,
-        zero=options.zero,
-        methods=methods,
-        max_stages=options.max_stages,
-        allow_lossy=options.allow_lossy,
-    ).items():
-        candidates.extend((method, candidate.setting, list(candidate.specs)) for candidate in found)
-    handwritten_s = time.perf_counter() - handwritten_started
-    priced: dict[str, PricedPipeline] = {}
-    graph_of: dict[str, OpGraph] = {}
-    pipelines: dict[str, Pipelines] = {}  # every priced candidate of several stages, by method
-    for done, (method, setting, specs) in enumerate(candidates):
-        if progress is not None:
-            progress("pricing candidates", done, len(candidates))
-        result = price_stages(
-            full_graph=full_graph,
-            graph=setting.graph,
-            layers=setting.layers,
-            tables=tables,
-            specs=specs,
-            m=setting.num_microbatches,
-            schedule=setting.schedule,
-            boundary_s=setting.boundary_s,
-            refine=method == "stage-dp",
-        )
-        if result is not None and len(specs) > 1:
-            pipelines.setdefault(method, []).append(
-                (
-                    result,
-                    Candidate(
-                        graph=setting.graph,
-                        layers=setting.layers,
-                        boundary_s=setting.boundary_s,
-                        specs=tuple(specs),
-                        num_microbatches=setting.num_microbatches,
-                        refine=method == "stage-dp",
-                    ),
-                )
-            )
-        if result is not None and (
-            method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s
-        ):
-            priced[method], graph_of[method] = result, setting.graph
+    candidates = _candidates(settings, setup, options=options, at_scale=at_scale)
+    handwritten_s = time.perf_counter() - searched
+    priced, graph_of, pipelines = _price_candidates(candidates, full_graph=full_graph, tables=tables, progress=progress)
     _add_schedule_variants(priced, graph_of, pipelines, full_graph=full_graph, tables=tables, mode=options.schedule)
     if at_scale:
         _add_megatron_at_scale(priced, graph_of, graphs, full_graph, setup, options=options, progress=progress)
@@ -224,3 +178,68 @@ def auto_plan(
         dp_s=search_dp_s + handwritten_s,
         price_s=time.perf_counter() - searched - handwritten_s,
     )
+
+
+CandidateSpecs = tuple[str, PipelineChoice, list]  # (method, its setting, its stage specs)
+
+
+def _candidates(
+    settings: list[PipelineChoice], setup: CostSetup, *, options: PlanOptions, at_scale: bool
+) -> list[CandidateSpecs]:
+    """The DP's plans of the :data:`DP_CANDIDATES` best microbatch counts, then the best hand-written plans (the
+    Megatron grid left out at scale: :func:`_add_megatron_at_scale` adds it as run there)."""
+    ranked = sorted((s for s in settings if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
+    candidates = [(STAGE_DP, s, specs_from_dp(s.stage_plan, s.spans, setup)) for s in ranked[:DP_CANDIDATES]]
+    methods = tuple(method for method in HANDWRITTEN if not (at_scale and method == Method.MEGATRON))
+    for method, found in best_handwritten(
+        settings,
+        setup,
+        remat=options.remat,
+        degrees=options.degrees,
+        zero=options.zero,
+        methods=methods,
+        max_stages=options.max_stages,
+        allow_lossy=options.allow_lossy,
+    ).items():
+        candidates.extend((method, candidate.setting, list(candidate.specs)) for candidate in found)
+    return candidates
+
+
+def _price_candidates(
+    candidates: list[CandidateSpecs], *, full_graph: OpGraph, tables: LayerTables, progress: Progress | None
+) -> tuple[dict[str, PricedPipeline], dict[str, OpGraph], dict[str, Pipelines]]:
+    """Each candidate priced exactly on whole stages: the fastest per method, its graph, and every priced
+    candidate of several stages by method (for the schedule variants)."""
+    priced: dict[str, PricedPipeline] = {}
+    graph_of: dict[str, OpGraph] = {}
+    pipelines: dict[str, Pipelines] = {}
+    for done, (method, setting, specs) in enumerate(candidates):
+        if progress is not None:
+            progress("pricing candidates", done, len(candidates))
+        refine = method == STAGE_DP
+        result = price_stages(
+            full_graph=full_graph,
+            graph=setting.graph,
+            layers=setting.layers,
+            tables=tables,
+            specs=specs,
+            m=setting.num_microbatches,
+            schedule=setting.schedule,
+            boundary_s=setting.boundary_s,
+            refine=refine,
+        )
+        if result is None:
+            continue
+        if len(specs) > 1:
+            candidate = Candidate(
+                graph=setting.graph,
+                layers=setting.layers,
+                boundary_s=setting.boundary_s,
+                specs=tuple(specs),
+                num_microbatches=setting.num_microbatches,
+                refine=refine,
+            )
+            pipelines.setdefault(method, []).append((result, candidate))
+        if method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s:
+            priced[method], graph_of[method] = result, setting.graph
+    return priced, graph_of, pipelines

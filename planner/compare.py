@@ -1,13 +1,12 @@
 """``plan compare``: every method on the same model and cluster, each by the one estimate it prints.
 
-Each method (:data:`COMPARE_METHODS`) makes its plan on one prepared model
-(:func:`planner.api.plan_prepared`: one capture, one cost setup; auto, megatron and
-uniform-pipeline share one search). A row's step time and memory per device are the plan's estimate — the
-numbers ``plan``, ``plan show`` and the JSON print for it, and the ones ``auto`` chose by — so the data-parallel,
-Megatron and uniform-pipeline rows equal the candidates auto's "why this plan" lists. Each plan is also replayed
-by the discrete-event simulator (:func:`planner.costing.lowering.simulate_plan`) on the graph at its microbatch
-size, as a check of the estimate: ``simulated_step_time_s`` beside it. Each row's pipeline bubble is its plan's
-(:func:`cost_models.simulator.bubble_fraction`).
+Each method (:data:`COMPARE_METHODS`) makes its plan on one prepared model (:func:`planner.api.plan_prepared`:
+one capture, one cost setup, one :class:`planner.options.PlanOptions`). A row's step time and memory per device
+are the plan's estimate — the numbers ``plan``, ``plan show`` and the JSON print for it, and the ones ``auto``
+chose by — so the data-parallel, Megatron and uniform-pipeline rows equal the candidates auto's "why this plan"
+lists. Each plan is also replayed by the discrete-event simulator (:func:`planner.costing.lowering.simulate_plan`)
+on the graph at its microbatch size, as a check of the estimate: ``simulated_step_time_s`` beside it. Each row's
+pipeline bubble is its plan's (:func:`cost_models.simulator.bubble_fraction`).
 
 Where a method's estimate and the replay differ by more than :data:`GAP_LIMIT`, the row
 says why (:func:`explain_gap`): it re-simulates without cross-stage transfers and without the
@@ -26,18 +25,19 @@ from cost_models.units import GIB
 from planner.api import METHODS, Prepared, plan_prepared
 from planner.costing.lowering import lower_plan, simulate_lowered
 from planner.errors import AutoplanError
+from planner.options import Method
 from planner.plan import Plan
 
 COMPARE_METHODS = (
-    "auto",
-    "megatron",
-    "uniform-pipeline",
-    "data-parallel",
-    "hash",
-    "critical-path",
-    "multi-objective",
-    "m-etf",
-    "rl",
+    Method.AUTO,
+    Method.MEGATRON,
+    Method.UNIFORM_PIPELINE,
+    Method.DATA_PARALLEL,
+    Method.HASH,
+    Method.CRITICAL_PATH,
+    Method.MULTI_OBJECTIVE,
+    Method.M_ETF,
+    Method.RL,
 )
 GAP_LIMIT = 0.10
 MEMORY_SLACK = 1e-6  # relative: rounding between the planner's sums and the simulator's
@@ -71,18 +71,22 @@ class ComparisonRow:
         }
 
 
-def parse_methods(text: str | None) -> tuple[str, ...]:
+def parse_methods(text: str | None) -> tuple[Method, ...]:
+    """``--methods A,B,...`` as methods (default :data:`COMPARE_METHODS`); AutoplanError naming an unknown one."""
     if not text:
         return COMPARE_METHODS
-    methods = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in methods if name not in METHODS]
-    if unknown or not methods:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in METHODS]
+    if unknown or not names:
         raise AutoplanError(f"--methods: unknown method {unknown[0] if unknown else text!r}: use {', '.join(METHODS)}")
-    return methods
+    return tuple(Method(name) for name in names)
 
 
 def compare(
-    prepared: Prepared, methods: Sequence[str] = COMPARE_METHODS, *, progress: Callable[[str], None] | None = None
+    prepared: Prepared,
+    methods: Sequence[Method | str] = COMPARE_METHODS,
+    *,
+    progress: Callable[[str], None] | None = None,
 ) -> list[ComparisonRow]:
     """One row per method, in the order given."""
     rows = []
@@ -98,7 +102,7 @@ def best_step_s(rows: Sequence[ComparisonRow]) -> float | None:
     return min(times) if times else None
 
 
-def _row(prepared: Prepared, method: str) -> ComparisonRow:
+def _row(prepared: Prepared, method: Method | str) -> ComparisonRow:
     started = time.perf_counter()
     try:
         plan = plan_prepared(prepared, method)

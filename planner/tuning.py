@@ -34,9 +34,10 @@ from planner.auto import AutoResult
 from planner.costing.lowering import lower_plan, simulate_lowered
 from planner.costing.setup import CostSetup
 from planner.ir.graph import OpGraph
+from planner.options import HANDWRITTEN_METHODS
 from planner.plan import Plan
 
-FAMILIES = ("data-parallel", "megatron", "uniform-pipeline")
+FAMILIES = HANDWRITTEN_METHODS
 DEFAULT_CANDIDATES = 4
 SLOPE = 0.05  # the relative change of a component's factor used to measure its seconds in an estimate
 

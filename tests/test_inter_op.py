@@ -16,7 +16,6 @@ from planner.inter.boundaries import boundary_table
 from planner.inter.pricing import price_stages
 from planner.inter.search import (
     LayerTables,
-    PipelineOptions,
     layering,
     microbatch_counts,
     option_arrays,
@@ -26,6 +25,7 @@ from planner.inter.stage_dp import solve_stages, submeshes
 from planner.ir.capture import capture
 from planner.ir.model_file import instantiate, load_model_file
 from planner.ir.rebatch import MicrobatchGraphs
+from planner.options import PlanOptions
 from tests.conftest import EXAMPLES, captured, setup_for
 
 
@@ -79,7 +79,7 @@ def test_stage_dp_equals_brute_force_on_gpt(cluster: str, nodes: int, per_node: 
     setup = cluster_setup(cluster, nodes, per_node, memory_gib)
     layers = layering(graph)
     assert len(layers.layers) == 6
-    tables = LayerTables(setup, PipelineOptions())
+    tables = LayerTables(setup, PlanOptions())
     spans = option_arrays(graph, layers, tables, m).arrays
     boundary = boundary_table(graph, layers.layers, setup)
     kwargs = {"num_layers": 6, "num_nodes": nodes, "devices_per_node": per_node, "num_microbatches": m}
@@ -132,7 +132,7 @@ def test_golden_too_big_for_one_device_is_split_and_keeps_tensor_groups_in_nodes
     setup = cluster_setup("p3.16xlarge", 2, 4, memory_gib=0.12)  # the model state alone needs 0.2 GiB
     state = graphs.at(16).num_params * 16
     assert state > setup.memory_budget_bytes
-    result = auto_plan(graphs, graphs.at(16), setup, options=PipelineOptions())
+    result = auto_plan(graphs, graphs.at(16), setup, options=PlanOptions())
     stages = result.best.stages
     sharded = any(part.startswith("S") for stage in stages for spec in stage.param_placements.values() for part in spec)
     assert len(stages) >= 2 or sharded
@@ -143,7 +143,7 @@ def test_golden_too_big_for_one_device_is_split_and_keeps_tensor_groups_in_nodes
 def test_golden_large_batch_stays_one_data_parallel_stage() -> None:
     graphs = graphs_for("mlp", 65536, hidden=256, layers=2)
     setup = cluster_setup("dgx-a100", 1, 8)
-    result = auto_plan(graphs, graphs.at(65536), setup, options=PipelineOptions())
+    result = auto_plan(graphs, graphs.at(65536), setup, options=PlanOptions())
     (stage,) = result.best.stages
     assert len(stage.devices) == 8
     assert all(set(spec) == {"R"} for spec in stage.param_placements.values())
@@ -155,7 +155,7 @@ def test_golden_large_batch_stays_one_data_parallel_stage() -> None:
 def test_auto_is_at_most_every_exactly_priced_megatron_point(cluster, nodes, per_node, memory_gib) -> None:
     graphs = graphs_for("gpt", 16, size="tiny", layers=4)
     setup = cluster_setup(cluster, nodes, per_node, memory_gib)
-    options = PipelineOptions()
+    options = PlanOptions()
     result = auto_plan(graphs, graphs.at(16), setup, options=options)
     tables = LayerTables(setup, options)
     settings = search_pipeline(graphs, setup, tables, options=options).choices
@@ -182,10 +182,10 @@ def test_auto_is_at_most_every_exactly_priced_megatron_point(cluster, nodes, per
 def test_schedule_and_remat_options_are_honoured() -> None:
     graphs = graphs_for("gpt", 16, size="tiny", layers=4)
     setup = cluster_setup("dgx-a100", 1, 4, memory_gib=0.03)
-    on = auto_plan(graphs, graphs.at(16), setup, options=PipelineOptions(remat="on", microbatches=4, schedule="gpipe"))
+    on = auto_plan(graphs, graphs.at(16), setup, options=PlanOptions(remat="on", microbatches=4, schedule="gpipe"))
     assert all(stage.remat for stage in on.best.stages)
     assert on.best.num_microbatches == 4 and on.best.schedule in ("gpipe", "none")
-    off = auto_plan(graphs, graphs.at(16), setup, options=PipelineOptions(remat="off", max_stages=1))
+    off = auto_plan(graphs, graphs.at(16), setup, options=PlanOptions(remat="off", max_stages=1))
     assert not any(stage.remat for stage in off.best.stages) and len(off.best.stages) == 1
 
 

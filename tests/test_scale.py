@@ -50,9 +50,9 @@ def test_a_method_run_alone_is_the_candidate_auto_prices(method: str) -> None:
     """Only its own tables, same plan: the estimate and every stage equal auto's candidate of that method."""
     prepared = _prepare(2, 4)
     alone = plan_prepared(prepared, method)
-    from planner.api import _auto
+    from planner.methods import search_auto
 
-    result, _ = _auto(prepared)
+    result = search_auto(prepared).result
     assert result.priced[method].estimate == alone.estimate
     assert result.priced[method].stages == alone.stages
 

@@ -5,20 +5,26 @@ from __future__ import annotations
 import pytest
 
 from cost_models.cluster import load_cluster
-from planner.api import plan_model_file, search_space
+from planner.api import plan_model_file
 from planner.errors import AutoplanError
+from planner.options import PlanOptions, RematChoice, ZeroChoice
 from planner.plan import Remat
 from tests.conftest import EXAMPLES
 
 
+def _space(space: str, **options: object) -> tuple[str, str]:
+    built = PlanOptions(space=space, **options)
+    return built.remat, built.zero
+
+
 def test_the_alpa_space_maps_auto_options_into_it_and_refuses_the_rest() -> None:
-    assert search_space("full", remat="auto", zero="auto", schedule="auto", allow_lossy=True) == ("auto", "auto")
-    assert search_space("alpa", remat="auto", zero="auto", schedule="1f1b", allow_lossy=False) == ("off-or-full", "0")
-    assert search_space("alpa", remat="on", zero="0", schedule="gpipe", allow_lossy=False) == ("on", "0")
+    assert _space("full", allow_lossy=True) == ("auto", "auto")
+    assert _space("alpa", schedule="1f1b") == ("off-or-full", "0")
+    assert _space("alpa", remat="on", zero="0", schedule="gpipe") == (RematChoice.ON, ZeroChoice.OFF)
     with pytest.raises(AutoplanError, match="--schedule zero-bubble, --zero 1, --allow-lossy is outside --space alpa"):
-        search_space("alpa", remat="auto", zero="1", schedule="zero-bubble", allow_lossy=True)
+        _space("alpa", zero="1", schedule="zero-bubble", allow_lossy=True)
     with pytest.raises(AutoplanError, match="--space must be one of full, alpa"):
-        search_space("mist", remat="auto", zero="auto", schedule="auto", allow_lossy=False)
+        _space("mist")
 
 
 def test_the_alpa_space_plan_uses_none_of_the_new_choices_and_the_full_space_beats_it() -> None:

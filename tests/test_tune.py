@@ -16,9 +16,10 @@ from cost_models.corrections import (
     fit_corrections,
     scale_component,
 )
-from planner.api import _auto, prepare_model_file, tune_prepared
+from planner.api import prepare_model_file, tune_prepared
 from planner.cli.main import main
 from planner.errors import AutoplanError
+from planner.methods import search_auto
 from planner.tuning import Measurement, candidate_names, component_seconds
 from tests.conftest import EXAMPLES
 
@@ -33,7 +34,7 @@ def _prepared():
 
 def test_candidates_start_with_autos_pick_then_the_families_and_are_distinct() -> None:
     prepared = _prepared()
-    result, _ = _auto(prepared)
+    result = search_auto(prepared).result
     names = candidate_names(result, count=10)
     assert names[0] == result.chosen_by
     families = [name for name in names if name in ("data-parallel", "megatron", "uniform-pipeline")]

@@ -194,8 +194,7 @@ def parallelize(
         precision=precision,
         build_fn=build_model,
         model_file=model_file,
+        loss_fn=loss_fn,
     )
-    if loss_fn is not None:
-        workload.loss_fn = loss_fn
     model, _ = workload.build()
     return ParallelModel(plan=plan, workload=workload, model=model)

@@ -9,8 +9,8 @@
   equal submeshes, each stage with its best option (any mesh, any slot);
 * ``data-parallel``: ``(1, 1, D)`` of the grid: DDP, or FSDP at ZeRO level 1, 2 or 3.
 
-``--degrees T,P,D`` (:func:`check_degrees`) makes ``megatron`` that one configuration, as users
-check their own, still choosing its microbatch count and recomputation.
+``--degrees T,P,D`` (:meth:`planner.options.PlanOptions.check_cluster`) makes ``megatron`` that one
+configuration, as users check their own, still choosing its microbatch count and recomputation.
 
 Each is scored per microbatch count on the span options of :mod:`planner.inter.search`
 (:func:`approximate_step_s`: ``Σ t_s + (m − 1)·max t_s``, 1F1B memory), and the best is then
@@ -26,9 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cost_models.cluster import Cluster
 from planner.costing.setup import CostSetup
-from planner.errors import AutoplanError
 from planner.inter.layer_costs import SLOTS
 from planner.inter.search import MAX_LAYERS, PipelineChoice, allowed_slots, mesh_choices
 from planner.inter.stage_pricing import StageSpec
@@ -113,23 +111,6 @@ def _slots(source: str, remat: str, zero: str | int = "auto", *, levels: tuple[i
     """The slots of ``source`` that ``--remat`` and ``--zero`` allow, at the ZeRO ``levels`` the method has."""
     allowed = allowed_slots(remat, zero)
     return [w for w, (name, _, level) in enumerate(SLOTS) if name == source and allowed[w] and level in levels]
-
-
-def check_degrees(degrees: tuple[int, int, int] | None, cluster: Cluster) -> None:
-    """A clear error unless ``(t, p, d)`` is a Megatron configuration of ``cluster``."""
-    if degrees is None:
-        return
-    t, p, d = degrees
-    if min(degrees) < 1 or t * p * d != cluster.num_devices:
-        raise AutoplanError(
-            f"--degrees {t},{p},{d} uses {t * p * d} devices, the cluster has {cluster.num_devices}: "
-            "tensor × pipeline × data must equal the device count"
-        )
-    if cluster.devices_per_node % t:
-        raise AutoplanError(
-            f"--degrees {t},{p},{d}: tensor degree {t} must divide the {cluster.devices_per_node} devices per node "
-            "(tensor parallel groups stay inside a node)"
-        )
 
 
 def grid_points(

@@ -45,7 +45,6 @@ from planner.inter.search import (
     LayerTables,
     MeshChoices,
     PipelineChoice,
-    PipelineOptions,
     Progress,
     layering,
     mesh_choices,
@@ -56,6 +55,7 @@ from planner.inter.stage_pricing import PricedPipeline
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs
+from planner.options import PlanOptions
 
 KEEP = 3  # candidates priced exactly, as auto prices them (best_handwritten's keep)
 
@@ -73,7 +73,7 @@ class HandwrittenResult:
     least_memory_bytes: float | None = None  # no plan fits: the least a plan of the method needs per device
 
 
-def mesh_choices_of(method: str, setup: CostSetup, options: PipelineOptions, num_layers: int) -> MeshChoices:
+def mesh_choices_of(method: str, setup: CostSetup, options: PlanOptions, num_layers: int) -> MeshChoices:
     """The submeshes and logical meshes ``method`` reads (see the module docstring)."""
     every = mesh_choices(setup)
     if method == "uniform-pipeline":
@@ -96,7 +96,7 @@ def handwritten_plan(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
     progress: Progress | None = None,
 ) -> HandwrittenResult:
     """The best exactly priced plan of ``method`` (``data-parallel``, ``megatron`` or ``uniform-pipeline``) over the
@@ -142,7 +142,7 @@ def handwritten_plan(
 
 
 def pure_data_parallel(
-    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions
+    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PlanOptions
 ) -> PricedPipeline | None:
     """The one-microbatch data-parallel plan (:func:`planner.baselines.data_parallel.data_parallel`: each replica
     runs every operator on its rows) under DDP, or FSDP at ``--zero N``, and the fastest gradient sync the options
@@ -161,7 +161,7 @@ def pure_data_parallel(
 
 
 def _pure_data_parallel(
-    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PipelineOptions
+    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PlanOptions
 ) -> PricedPipeline | None:
     """:func:`pure_data_parallel` before the fit check and the gradient sync; None when the options rule it out."""
     plain_options = options.remat in ("auto", "off", "off-or-full") and options.microbatches in (None, 1)
@@ -184,7 +184,7 @@ def data_parallel_plan(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
     progress: Progress | None = None,
 ) -> HandwrittenResult:
     """``--method data-parallel``: the best plan of the grid point ``(1, 1, D)`` (microbatches, recomputation, ZeRO
@@ -207,7 +207,7 @@ def megatron_at_scale(
     full_graph: OpGraph,
     setup: CostSetup,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
     progress: Progress | None = None,
 ) -> HandwrittenResult:
     """The Megatron grid as an expert would try it on a large cluster: every ``(t, p, d)`` whose model state
@@ -275,7 +275,7 @@ def _settings(
     graphs: MicrobatchGraphs,
     setup: CostSetup,
     tables: LayerTables,
-    options: PipelineOptions,
+    options: PlanOptions,
     *,
     ungrouped: bool,
     progress: Progress | None,

@@ -16,37 +16,38 @@ Every method plans with every option it is given or refuses it before any work (
 from __future__ import annotations
 
 from cost_models.units import GIB
-from planner.baselines.placement.methods import PLACEMENT_METHODS
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.inter.search import PipelineOptions
+from planner.options import PLACEMENT_METHODS, Method, PlanOptions, RematChoice, ScheduleChoice, ZeroChoice
 
-SHARDED_STATE_METHODS = ("megatron", "uniform-pipeline")
+SHARDED_STATE_METHODS = (Method.MEGATRON, Method.UNIFORM_PIPELINE)
+NO_RECOMPUTATION = (RematChoice.AUTO, RematChoice.OFF, RematChoice.OFF_OR_FULL)  # what a placement can honour
 
 
-def method_option_refusal(method: str, options: PipelineOptions) -> str | None:
+def method_option_refusal(method: Method | str, options: PlanOptions) -> str | None:
     """Why ``method`` cannot plan with ``options``, in one line; None when it honours them all."""
-    if options.degrees is not None and method not in ("megatron", "auto"):
+    if options.degrees is not None and method not in (Method.MEGATRON, Method.AUTO):
         return (
             f"--degrees sets Megatron's (tensor, pipeline, data) degrees: use it with --method megatron, not {method}"
         )
-    zero = str(options.zero)
-    if method in SHARDED_STATE_METHODS and zero in ("2", "3"):
+    zero = options.zero
+    if method in SHARDED_STATE_METHODS and zero in (ZeroChoice.GRADIENTS, ZeroChoice.PARAMETERS):
+        sharded = "gradients and parameters" if zero == ZeroChoice.PARAMETERS else "gradients"
         return (
-            f"--zero {zero} shards gradients{' and parameters' if zero == '3' else ''} under FSDP, which runs on "
+            f"--zero {zero} shards {sharded} under FSDP, which runs on "
             f"data-parallel plans only; {method} stages shard the optimizer state at most: use --zero 1, or "
             "--method data-parallel or auto"
         )
-    if method == "data-parallel" and options.schedule != "auto":
+    if method == Method.DATA_PARALLEL and options.schedule != ScheduleChoice.AUTO:
         return (
             f"--schedule {options.schedule} orders a pipeline's microbatches; a data-parallel plan has one stage (its "
             "microbatches accumulate gradients): drop --schedule"
         )
     if method in PLACEMENT_METHODS:
         asked = [
-            *([f"--remat {options.remat}"] if options.remat not in ("auto", "off", "off-or-full") else []),
-            *([f"--zero {zero}"] if zero not in ("auto", "0") else []),
-            *([f"--schedule {options.schedule}"] if options.schedule != "auto" else []),
+            *([f"--remat {options.remat}"] if options.remat not in NO_RECOMPUTATION else []),
+            *([f"--zero {zero}"] if zero not in (ZeroChoice.AUTO, ZeroChoice.OFF) else []),
+            *([f"--schedule {options.schedule}"] if options.schedule != ScheduleChoice.AUTO else []),
         ]
         if asked:
             return (
@@ -56,14 +57,14 @@ def method_option_refusal(method: str, options: PipelineOptions) -> str | None:
     return None
 
 
-def check_method_options(method: str, options: PipelineOptions) -> None:
+def check_method_options(method: Method | str, options: PlanOptions) -> None:
     """Raise the refusal of :func:`method_option_refusal`, if any."""
     refusal = method_option_refusal(method, options)
     if refusal is not None:
         raise AutoplanError(refusal)
 
 
-def does_not_fit_message(method: str, options: PipelineOptions, setup: CostSetup, needed_bytes: float | None) -> str:
+def does_not_fit_message(method: str, options: PlanOptions, setup: CostSetup, needed_bytes: float | None) -> str:
     """One line: what the smallest plan of ``method`` with the choices asked for needs, against the budget."""
     choices = options.asked_choices()
     plan_words = f"{method} plan" + (f" with {choices}" if choices else "")

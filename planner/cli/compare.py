@@ -16,6 +16,7 @@ from pathlib import Path
 from cost_models.units import GIB
 from planner.atomic_file import save_figure_atomic
 from planner.errors import AutoplanError
+from planner.options import Method
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,12 +48,13 @@ def _parser() -> argparse.ArgumentParser:
 def run_compare(argv: Sequence[str]) -> int:
     from planner.api import prepare_model_file
     from planner.cli.calibrate import cluster_of
-    from planner.cli.options import search_kwargs
+    from planner.cli.options import plan_options
     from planner.compare import best_step_s, compare, parse_methods
     from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan.shape import count_of
 
     options = _parser().parse_args(list(argv))
+    chosen = plan_options(options)
     methods = parse_methods(options.methods)
     figure = Path(options.figure) if options.figure else None
     if figure is not None and figure.suffix.lower() != ".png":
@@ -66,7 +68,7 @@ def run_compare(argv: Sequence[str]) -> int:
         cluster,
         batch_size=options.batch_size,
         model_args=parse_model_args(options.model_arg),
-        **search_kwargs(options),
+        options=chosen,
     )
     rows = compare(prepared, methods, progress=_progress_line)
     best = best_step_s(rows)
@@ -132,7 +134,7 @@ def draw_comparison(rows, path: Path, *, title: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(rows), 3) + 1.2))
     names = [row.method for row in shown]
     times = [row.step_time_s for row in shown]
-    colors = ["#2b6cb0" if row.method == "auto" else ("#718096" if row.fits else "#cbd5e0") for row in shown]
+    colors = ["#2b6cb0" if row.method == Method.AUTO else ("#718096" if row.fits else "#cbd5e0") for row in shown]
     bars = ax.barh(names, times, color=colors)
     for bar, row in zip(bars, shown, strict=True):
         if not row.fits:

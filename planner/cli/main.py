@@ -24,7 +24,7 @@ from planner.cli.options import (
     add_model_options,
     add_search_options,
     one_line_warnings,
-    search_kwargs,
+    plan_options,
 )
 from planner.errors import AutoplanError, InternalError
 from planner.plan import Plan
@@ -60,8 +60,8 @@ def _plan_parser() -> argparse.ArgumentParser:
     )
     add_model_options(parser)
     add_cluster_options(parser, required=True)
-    methods = "; ".join(f"{name}: {text}" for name, text in METHODS.items())
-    parser.add_argument("--method", default="auto", choices=tuple(METHODS), metavar="M", help=methods)
+    methods = "; ".join(f"{name}: {method.description}" for name, method in METHODS.items())
+    parser.add_argument("--method", default="auto", choices=[name.value for name in METHODS], metavar="M", help=methods)
     add_search_options(parser)
     parser.add_argument(
         "--explain",
@@ -123,56 +123,24 @@ def _run_subcommand(name: str, args: list[str]) -> int:
 
 
 def _run_plan(options: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TaskProgressColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from planner.api import plan_model_file
     from planner.cli.calibrate import cluster_of
     from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan import save_plan
     from planner.plan.report import plan_summary
 
+    chosen = plan_options(options, method=options.method)  # checked before any capture or calibration
     load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
     cluster = cluster_of(options)
-    model_args = parse_model_args(options.model_arg)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-    )
-    console = Console(stderr=True)
-    bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
-    phase = {
-        "task": bar.add_task(f"capturing {options.model_file} for {cluster.num_devices} devices", total=None),
-        "what": "capture",
-    }
-
-    def progress(what: str, done: int, total: int) -> None:
-        """One bar per phase (layer options per microbatch count, pricing, ...), so its ETA is that phase's."""
-        if what != phase["what"]:
-            bar.remove_task(phase["task"])
-            phase["task"], phase["what"] = bar.add_task(what, total=total), what
-        bar.update(phase["task"], completed=done, total=total)
-
+    bar, progress = _progress_bar(f"capturing {options.model_file} for {cluster.num_devices} devices")
     with bar:
         result = plan_model_file(
             options.model_file,
             cluster,
             batch_size=options.batch_size,
-            model_args=model_args,
-            method=options.method,
+            options=chosen,
+            model_args=parse_model_args(options.model_arg),
             progress=progress,
-            **search_kwargs(options),
         )
     out = Path(options.out)
     save_plan(result, out)
@@ -184,6 +152,41 @@ def _run_plan(options: argparse.Namespace) -> int:
     if options.explain:
         _print_explanation(result)
     return 0
+
+
+def _progress_bar(first: str):
+    """A transient bar on stderr (none off a terminal), one per phase of the search, and the ``progress``
+    callback that drives it (:data:`planner.inter.search.Progress`)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
+    console = Console(stderr=True)
+    bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+    phase = {"task": bar.add_task(first, total=None), "what": "capture"}
+
+    def progress(what: str, done: int, total: int) -> None:
+        """One bar per phase (layer options per microbatch count, pricing, ...), so its ETA is that phase's."""
+        if what != phase["what"]:
+            bar.remove_task(phase["task"])
+            phase["task"], phase["what"] = bar.add_task(what, total=total), what
+        bar.update(phase["task"], completed=done, total=total)
+
+    return bar, progress
 
 
 def _print_explanation(result: Plan) -> None:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from planner.options import PlanOptions
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3  # a bug of ours (InternalError)
@@ -57,7 +61,16 @@ def add_cluster_options(parser: argparse.ArgumentParser, *, required: bool) -> N
 
 
 def add_search_options(parser: argparse.ArgumentParser) -> None:
-    """Options every method reads: costs, memory, pipeline search, Megatron degrees, RL budget."""
+    """Options every method reads: costs, memory, pipeline search, Megatron degrees, RL budget
+    (:class:`planner.options.PlanOptions`, built by :func:`plan_options`)."""
+    _add_cost_options(parser)
+    _add_pipeline_options(parser)
+    _add_sync_options(parser)
+    _add_search_limits(parser)
+
+
+def _add_cost_options(parser: argparse.ArgumentParser) -> None:
+    """What a step costs: optimizer, compute times, memory budget, the runtime the estimate describes."""
     from planner.costing.runtime_profiles import OUR_RUNTIME, PROFILES
     from planner.costing.setup import COST_MODELS
 
@@ -79,6 +92,21 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         "NCCL buffers and allocator fragmentation (GPUs) or the interpreter (cpu); default 1",
     )
     parser.add_argument(
+        "--runtime",
+        choices=tuple(PROFILES),
+        default=OUR_RUNTIME,
+        help="the system the estimate describes: autoplan (default), our executors, what plan run executes; or a "
+        "published system's runtime, to estimate its runs as they ran: megatron-lm-2019, megatron-lm-2021 (local "
+        "DDP: gradients all-reduced in one buffer after the backward; its fp16 optimizer), megatron-lm-2021-torch-ddp "
+        "(torch DDP's overlapped buckets). A plan made under another runtime says so and plan run refuses it",
+    )
+
+
+def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+    """What the pipeline search may choose: stages, microbatches, schedule, recomputation, ZeRO, search space."""
+    from planner.options import RematChoice, ScheduleChoice, SearchSpace, ZeroChoice
+
+    parser.add_argument(
         "--max-stages", type=int, default=None, metavar="K", help="most pipeline stages (default: no limit)"
     )
     parser.add_argument(
@@ -90,7 +118,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--schedule",
-        choices=("auto", "1f1b", "gpipe", "interleaved", "zero-bubble"),
+        choices=_values(ScheduleChoice),
         default="auto",
         help="pipeline schedule: auto prices 1f1b (never more memory than gpipe) and, for each method's pipeline, "
         "interleaved 1F1B (v = 2 or 4 virtual stages per rank) and zero bubble (v = 1 or 2: each backward split "
@@ -100,7 +128,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--remat",
-        choices=("auto", "off", "attention", "full", "on", "off-or-full"),
+        choices=_values(RematChoice),
         default="auto",
         help="activation recomputation per stage: attention recomputes each attention core (selective, Korthikanti "
         "et al.), full each layer (on: full); auto (default) lets the search choose per stage; off-or-full lets it "
@@ -108,31 +136,25 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--space",
-        choices=("full", "alpa"),
+        choices=_values(SearchSpace),
         default="full",
         help="what auto searches: full (default) every choice; alpa only Alpa's search space, to measure what the "
         "rest adds: GPipe or 1F1B, each stage recomputing all its layers or none, no ZeRO, no sequence "
         "parallelism, exact gradient sync (the baselines keep their own features)",
     )
     parser.add_argument(
-        "--runtime",
-        choices=tuple(PROFILES),
-        default=OUR_RUNTIME,
-        help="the system the estimate describes: autoplan (default), our executors, what plan run executes; or a "
-        "published system's runtime, to estimate its runs as they ran: megatron-lm-2019, megatron-lm-2021 (local "
-        "DDP: gradients all-reduced in one buffer after the backward; its fp16 optimizer), megatron-lm-2021-torch-ddp "
-        "(torch DDP's overlapped buckets). A plan made under another runtime says so and plan run refuses it",
-    )
-    parser.add_argument(
         "--zero",
         nargs="?",
         const="2",
-        choices=("auto", "0", "1", "2", "3"),
+        choices=_values(ZeroChoice),
         default="auto",
         help="ZeRO over the data-parallel axes: 1 shards optimizer state, 2 gradients too, 3 parameters too (2 and 3 "
         "run under FSDP, on data-parallel plans; sharded and pipeline stages run 1 at most: Megatron's distributed "
         "optimizer); auto (default) lets the search choose per stage; --zero alone is 2",
     )
+
+
+def _add_sync_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-lossy",
         action="store_true",
@@ -149,6 +171,10 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
         "powerSGD_hook of rank R, post_localSGD_hook averaging the parameters every H steps); a lossy one needs "
         "--allow-lossy",
     )
+
+
+def _add_search_limits(parser: argparse.ArgumentParser) -> None:
+    """Solver time, Megatron's degrees, the RL budget and seed, processes."""
     parser.add_argument(
         "--ilp-time-limit", type=float, default=30.0, metavar="S", help="seconds per ILP solve (default 30)"
     )
@@ -185,29 +211,37 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def search_kwargs(options: argparse.Namespace) -> dict:
-    """The keyword options of :func:`planner.api.prepare` from parsed search options."""
-    return {
-        "tracer": options.tracer,
-        "optimizer": options.optimizer,
-        "cost_model": options.cost_model,
-        "memory_fraction": options.memory_fraction,
-        "max_stages": options.max_stages,
-        "microbatches": options.microbatches,
-        "schedule": options.schedule,
-        "remat": options.remat,
-        "zero": options.zero,
-        "allow_lossy": options.allow_lossy,
-        "grad_sync": options.grad_sync,
-        "space": options.space,
-        "runtime": options.runtime,
-        "ilp_time_limit_s": options.ilp_time_limit,
-        "degrees": options.degrees,
-        "rl_budget_s": options.rl_budget_s,
-        "rl_iterations": options.rl_iterations,
-        "seed": options.seed,
-        "jobs": options.jobs,
-    }
+def _values(choices: type[enum.StrEnum]) -> tuple[str, ...]:
+    """The command-line strings of an option's choices (plain strings: argparse's messages print them)."""
+    return tuple(choice.value for choice in choices)
+
+
+def plan_options(options: argparse.Namespace, *, method: str = "auto") -> PlanOptions:
+    """The one options value of the parsed search options (checked as it is built: AutoplanError, exit 2)."""
+    from planner.options import PlanOptions
+
+    return PlanOptions(
+        method=method,
+        tracer=options.tracer,
+        optimizer=options.optimizer,
+        cost_model=options.cost_model,
+        memory_fraction=options.memory_fraction,
+        max_stages=options.max_stages,
+        microbatches=options.microbatches,
+        schedule=options.schedule,
+        remat=options.remat,
+        zero=options.zero,
+        allow_lossy=options.allow_lossy,
+        grad_sync=options.grad_sync,
+        space=options.space,
+        runtime=options.runtime,
+        ilp_time_limit_s=options.ilp_time_limit,
+        degrees=options.degrees,
+        rl_budget_s=options.rl_budget_s,
+        rl_iterations=options.rl_iterations,
+        seed=options.seed,
+        jobs=options.jobs,
+    )
 
 
 def _degrees(text: str) -> tuple[int, int, int]:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from cost_models.units import GIB
@@ -148,56 +149,26 @@ def _stop(job: subprocess.Popen) -> None:
 def run_tune(argv: Sequence[str]) -> int:
     from planner.api import prepare_model_file, tune_prepared
     from planner.cli.calibrate import cluster_of
-    from planner.cli.options import search_kwargs
+    from planner.cli.options import plan_options
     from planner.cli.tune_report import learn_into_calibration, print_rows, write_table
     from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan import save_plan
-    from planner.plan.shape import plan_shape
-    from planner.tuning import Measurement
 
     options = _parser().parse_args(list(argv))
     _check(options)
+    chosen = plan_options(options)
     load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
     cluster = cluster_of(options)
     prepared = prepare_model_file(
         options.model_file,
         cluster,
         batch_size=options.batch_size,
+        options=chosen,
         model_args=parse_model_args(options.model_arg),
-        **search_kwargs(options),
     )
     done: list[str] = []
-
     with tempfile.TemporaryDirectory(prefix="autoplan-tune-") as directory:
-
-        def measure(name: str, plan) -> Measurement:
-            index = len(done) + 1
-            path = Path(directory) / f"{index}-{name}.json"
-            save_plan(plan, path)
-            say(
-                f"[{index}/{options.candidates}] {name}: {plan_shape(plan)}; estimate "
-                f"{plan.estimate.step_time_s * 1e3:.1f} ms, {plan.estimate.memory_per_device_bytes / GIB:.2f} GiB; "
-                f"running {options.warmup} + {options.steps} steps ..."
-            )
-            result, error = measure_locally(
-                path, steps=options.steps, warmup=options.warmup, backend=options.backend, timeout_s=options.timeout_s
-            )
-            done.append(name)
-            if result is None:
-                say(f"      {name} failed, skipped: {error}")
-                return Measurement(step_time_s=None, error=error)
-            peaks = tuple(float(p) for p in result["peak_bytes"])
-            say(
-                f"      measured {result['median_s'] * 1e3:.1f} ms a step "
-                f"({result['median_s'] / plan.estimate.step_time_s:.2f}× the estimate), peak "
-                f"{max(peaks) / GIB:.3f} GiB on the fullest rank"
-            )
-            return Measurement(
-                step_time_s=float(result["median_s"]),
-                peak_memory_bytes=peaks,
-                disturbance=float(result.get("steal", 0.0)) + float(result.get("foreign", 0.0)),
-            )
-
+        measure = partial(_measure_candidate, options=options, directory=Path(directory), done=done)
         try:
             result = tune_prepared(prepared, measure=measure, candidates=options.candidates)
         except KeyboardInterrupt:
@@ -211,6 +182,41 @@ def run_tune(argv: Sequence[str]) -> int:
     if not options.no_learn:
         print(learn_into_calibration(result, cluster))
     return 0
+
+
+def _measure_candidate(name: str, plan, *, options: argparse.Namespace, directory: Path, done: list[str]):
+    """Run candidate ``name`` here (:func:`measure_locally`), saying what it runs and what it measured; its
+    :class:`planner.tuning.Measurement` (with the error of a failed run). ``done`` lists the candidates run."""
+    from planner.plan import save_plan
+    from planner.plan.shape import plan_shape
+    from planner.tuning import Measurement
+
+    index = len(done) + 1
+    path = directory / f"{index}-{name}.json"
+    save_plan(plan, path)
+    say(
+        f"[{index}/{options.candidates}] {name}: {plan_shape(plan)}; estimate "
+        f"{plan.estimate.step_time_s * 1e3:.1f} ms, {plan.estimate.memory_per_device_bytes / GIB:.2f} GiB; "
+        f"running {options.warmup} + {options.steps} steps ..."
+    )
+    result, error = measure_locally(
+        path, steps=options.steps, warmup=options.warmup, backend=options.backend, timeout_s=options.timeout_s
+    )
+    done.append(name)
+    if result is None:
+        say(f"      {name} failed, skipped: {error}")
+        return Measurement(step_time_s=None, error=error)
+    peaks = tuple(float(p) for p in result["peak_bytes"])
+    say(
+        f"      measured {result['median_s'] * 1e3:.1f} ms a step "
+        f"({result['median_s'] / plan.estimate.step_time_s:.2f}× the estimate), peak "
+        f"{max(peaks) / GIB:.3f} GiB on the fullest rank"
+    )
+    return Measurement(
+        step_time_s=float(result["median_s"]),
+        peak_memory_bytes=peaks,
+        disturbance=float(result.get("steal", 0.0)) + float(result.get("foreign", 0.0)),
+    )
 
 
 def say(message: str) -> None:

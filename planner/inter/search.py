@@ -48,50 +48,13 @@ from planner.intra.stage_problem import IntraOpOptions
 from planner.ir.graph import OpGraph, subgraph
 from planner.ir.layers import collapse_identical_layers, graph_layers
 from planner.ir.rebatch import MicrobatchGraphs
-from planner.plan import ZERO_LEVELS, GradSync
+from planner.options import PlanOptions, RematChoice, ZeroChoice
+from planner.plan import ZERO_LEVELS
 from planner.sharding.specs import StageMesh
 
 MAX_AUTO_MICROBATCHES = 64
 MAX_LAYERS = 32
-REMAT_MODES = ("auto", "off", "attention", "full", "on", "off-or-full")  # on: full (what it meant before selective
-# recomputation); off-or-full: each stage all or nothing (Alpa's choice)
-ZERO_MODES = ("auto", "0", "1", "2", "3")
-SCHEDULE_MODES = ("auto", "1f1b", "gpipe", "interleaved", "zero-bubble")
-SEARCH_SPACES = ("full", "alpa")
 Progress = Callable[[str, int, int], None]  # (what, done, total)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PipelineOptions:
-    max_stages: int | None = None
-    microbatches: int | None = None  # None: search the counts of :func:`microbatch_counts`
-    schedule: str = "auto"
-    remat: str = "auto"
-    zero: str = "auto"  # ZERO_MODES: a ZeRO level for every stage with data-parallel axes, or auto (the search's)
-    ilp_time_limit_s: float = 30.0
-    degrees: tuple[int, int, int] | None = None  # megatron: evaluate this (tensor, pipeline, data) only
-    jobs: int = 1  # processes for the layer tables (planner.inter.forked)
-    allow_lossy: bool = False  # --allow-lossy: candidates may also run a lossy gradient sync (grad_sync_choice)
-    grad_sync: GradSync | None = None  # --grad-sync: every candidate runs this one (None: exact, or the choice)
-    space: str = "full"  # SEARCH_SPACES: "alpa" searches only what Alpa's does (planner.api.search_space)
-
-    def asked_choices(self) -> str:
-        """The choices the user fixed, in words (``--degrees 2,1,4, ZeRO-3, selective recomputation``); empty if none."""
-        remat = {
-            "off": "no recomputation",
-            "on": "full recomputation",
-            "full": "full recomputation",
-            "attention": "selective recomputation",
-        }.get(self.remat)
-        choices = [
-            *([f"--degrees {','.join(map(str, self.degrees))}"] if self.degrees else []),
-            *([f"ZeRO-{self.zero}" if str(self.zero) != "0" else "no ZeRO"] if str(self.zero) != "auto" else []),
-            *([remat] if remat else []),
-            *([f"{self.microbatches} microbatches"] if self.microbatches else []),
-            *([f"schedule {self.schedule}"] if self.schedule != "auto" else []),
-            *([f"at most {self.max_stages} stages"] if self.max_stages else []),
-        ]
-        return ", ".join(choices)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +122,7 @@ class LayerTables:
     ``sources``: the slots' sources to solve (:data:`planner.inter.layer_costs.SOURCES`; None: all).
     A hand-written method needs only its own (``megatron``), which skips the Lagrangian solves."""
 
-    def __init__(self, setup: CostSetup, options: PipelineOptions, *, sources: tuple[str, ...] | None = None) -> None:
+    def __init__(self, setup: CostSetup, options: PlanOptions, *, sources: tuple[str, ...] | None = None) -> None:
         self.setup, self.options, self.sources = setup, options, sources
         self._tables: dict[tuple, LayerTable] = {}
         self._meshes: dict[tuple, StageMesh] = {}
@@ -214,10 +177,10 @@ def mesh_choices(setup: CostSetup) -> MeshChoices:
 
 def allowed_slots(remat: str, zero: str | int = "auto") -> np.ndarray:
     """The slots ``--remat`` and ``--zero`` allow (a mask over :data:`SLOTS`)."""
-    if remat not in REMAT_MODES:
-        raise AutoplanError(f"--remat must be one of {', '.join(REMAT_MODES)}, got {remat!r}")
-    if str(zero) not in ZERO_MODES:
-        raise AutoplanError(f"--zero must be one of {', '.join(ZERO_MODES)}, got {zero!r}")
+    if remat not in tuple(RematChoice):
+        raise AutoplanError(f"--remat must be one of {', '.join(RematChoice)}, got {remat!r}")
+    if str(zero) not in tuple(ZeroChoice):
+        raise AutoplanError(f"--zero must be one of {', '.join(ZeroChoice)}, got {zero!r}")
     kinds = {
         "auto": ("none", "attention", "full"),
         "on": ("full",),
@@ -316,13 +279,11 @@ def search_pipeline(
     setup: CostSetup,
     tables: LayerTables,
     *,
-    options: PipelineOptions,
+    options: PlanOptions,
     progress: Progress | None = None,
 ) -> PipelineSearch:
     """Per microbatch count, the layer options and the DP's best plan (None where nothing fits). The
     counts' DPs are independent: with ``options.jobs > 1`` they run over forked processes."""
-    if options.schedule not in SCHEDULE_MODES:
-        raise AutoplanError(f"--schedule must be one of {', '.join(SCHEDULE_MODES)}, got {options.schedule!r}")
     schedule = "gpipe" if options.schedule == "gpipe" else "1f1b"  # same latency, 1F1B never needs more memory
     cluster, inputs = setup.cluster, []
     for m in microbatch_counts(graphs.batch_size, options.microbatches):

@@ -1,0 +1,134 @@
+"""A model made ready for every method: captured once, with its cost setup, under one :class:`PlanOptions`.
+
+:func:`prepare_model` captures the model at the batch and at the smallest microbatch the search may try
+(:func:`planner.ir.rebatch.capture_graphs`) and builds the cost setup (:class:`planner.costing.setup.CostSetup`:
+cluster, compute model, optimizer, memory budget, runtime); :func:`prepare_model_file` does the same from a model
+file, built on the meta device. The result, :class:`Prepared`, is frozen: every method of
+:mod:`planner.methods` plans on the same one (``plan compare`` runs them all on it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cost_models.cluster import Cluster
+from planner.costing.runtime_profiles import runtime_profile
+from planner.costing.setup import CostSetup, default_optimizer, loss_bytes_per_output_element, make_compute_model
+from planner.errors import AutoplanError
+from planner.inter.search import Progress, microbatch_counts
+from planner.inter.stage_dp import is_large
+from planner.ir.graph import OpGraph
+from planner.ir.model_file import instantiate, load_model_file
+from planner.ir.rebatch import MicrobatchGraphs, capture_graphs
+from planner.options import PlanOptions
+from planner.plan import ModelRef
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A captured model with its cost setup and the options every method run on it reads."""
+
+    graph: OpGraph
+    graphs: MicrobatchGraphs
+    setup: CostSetup
+    model: ModelRef
+    batch_size: int
+    options: PlanOptions
+    capture_s: float
+    captured_before_s: float  # graphs.capture_s when prepared (already in capture_s)
+    cost_s: float
+    notes: tuple[str, ...]
+    progress: Progress | None = None
+
+
+def prepare_model(
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    cluster: Cluster,
+    *,
+    batch_size: int,
+    options: PlanOptions,
+    model_ref: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> Prepared:
+    """Capture ``model`` and build its cost setup on ``cluster``; AutoplanError for options the model or the
+    cluster cannot take (a batch the microbatches do not divide, ``--degrees`` of another device count)."""
+    if batch_size <= 0:
+        raise AutoplanError(f"--batch-size must be a positive integer, got {batch_size}")
+    data_degree = None if options.degrees is None else options.degrees[2]
+    counts = microbatch_counts(batch_size, options.microbatches, data_degree=data_degree)
+    options.check_cluster(cluster)
+    started = time.perf_counter()
+    # at scale the Megatron grid reaches one row per replica (megatron_at_scale): capture down to one row
+    one_row = is_large(cluster) and options.degrees is None and options.microbatches is None
+    graphs = capture_graphs(
+        model,
+        example_inputs,
+        batch_size=batch_size,
+        smallest=1 if one_row else batch_size // counts[-1],
+        tracer=options.tracer,
+        jobs=options.jobs,
+    )
+    captured = time.perf_counter()
+    ref = dict(model_ref or {})
+    setup = _cost_setup(graphs.full, cluster, options=options, ref=ref, batch_size=batch_size)
+    model_json = ModelRef(
+        fingerprint=graphs.full.fingerprint(),
+        num_params=graphs.full.num_params,
+        file=ref.get("file"),
+        args=ref.get("args", {}),
+        tracer=options.tracer,
+    )
+    return Prepared(
+        graph=graphs.full,
+        graphs=graphs,
+        setup=setup,
+        model=model_json,
+        batch_size=batch_size,
+        options=options,
+        capture_s=captured - started,
+        captured_before_s=graphs.capture_s,
+        cost_s=time.perf_counter() - captured,
+        notes=(f"compute times: {options.cost_model}",),
+        progress=progress,
+    )
+
+
+def _cost_setup(
+    graph: OpGraph, cluster: Cluster, *, options: PlanOptions, ref: dict[str, Any], batch_size: int
+) -> CostSetup:
+    return CostSetup(
+        cluster=cluster,
+        compute=make_compute_model(graph, cluster, cost_model=options.cost_model),
+        optimizer=options.optimizer or default_optimizer(cluster),
+        memory_fraction=options.memory_fraction,
+        runtime=runtime_profile(options.runtime),
+        loss_bytes_per_output_element=loss_bytes_per_output_element(
+            ref.get("file"), ref.get("args", {}), graph, batch_size=batch_size
+        ),
+    )
+
+
+def prepare_model_file(
+    path: str | Path,
+    cluster: Cluster,
+    *,
+    batch_size: int,
+    options: PlanOptions,
+    model_args: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> Prepared:
+    """:func:`prepare_model` for a model file, built on the meta device."""
+    model_file = load_model_file(path)
+    args = dict(model_args or {})
+    model, inputs = instantiate(model_file, batch_size=batch_size, model_args=args)
+    ref = {"file": str(Path(path).resolve()), "args": args}  # absolute: the plan runs from any directory
+    return prepare_model(
+        model, inputs, cluster, batch_size=batch_size, options=options, model_ref=ref, progress=progress
+    )
