@@ -27,7 +27,6 @@ the same shape, mesh and strategies are priced once.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from planner.costing.records import record_of
 from planner.costing.setup import CostSetup
@@ -44,7 +43,7 @@ from planner.intra.stage_problem import (
 )
 from planner.ir.graph import OpGraph, subgraph
 from planner.ir.rebatch import MicrobatchGraphs
-from planner.plan import Plan, Stage
+from planner.plan import Plan, Saving, Stage
 from planner.sharding.sequence_parallel import is_sequence_parallel
 from planner.sharding.specs import StageMesh
 
@@ -76,9 +75,9 @@ def with_sequence_parallel_savings(plan: Plan, graphs: MicrobatchGraphs, setup: 
 
 def stage_saving(
     stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, in_flight: int, known: dict | None = None
-) -> dict[str, Any]:
-    """``{choice, next_best, saved_s, saved_bytes}`` of a sequence-parallel stage ({} if its strategies are not the
-    rules'); ``known``: per-microbatch figures of stages already priced, by shape."""
+) -> Saving | None:
+    """What a sequence-parallel stage saved (None if its strategies are not the rules'); ``known``: per-microbatch
+    figures of stages already priced, by shape."""
     part = subgraph(graph, list(stage.nodes))
     start = stage.devices[0] % setup.cluster.devices_per_node
     key = (
@@ -96,16 +95,16 @@ def stage_saving(
         known[key] = _figures(stage, part, setup, m=m)
     figures = known[key]
     if figures is None:
-        return {}
+        return None
     (chosen_s, chosen_state, chosen_kept), (other_s, other_state, other_kept) = figures
     chosen_bytes, other_bytes = chosen_state + chosen_kept * in_flight, other_state + other_kept * in_flight
     fits = other_bytes <= setup.memory_budget_bytes
-    return {
-        "choice": "sequence parallel",
-        "next_best": NEXT_BEST + ("" if fits else " (does not fit)"),
-        "saved_s": other_s - chosen_s,
-        "saved_bytes": other_bytes - chosen_bytes,
-    }
+    return Saving(
+        choice="sequence parallel",
+        next_best=NEXT_BEST + ("" if fits else " (does not fit)"),
+        saved_s=other_s - chosen_s,
+        saved_bytes=other_bytes - chosen_bytes,
+    )
 
 
 Figures = tuple[float, float, float]  # seconds per step, state bytes, kept bytes per microbatch

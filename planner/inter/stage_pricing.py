@@ -239,7 +239,7 @@ def price_stage(
         time_s, step_s = time_s + costs.per_microbatch_s, step_s + costs.step_s
 
     def explain(stage: Stage) -> tuple:
-        return tuple(row.to_json() for row in explain_stage(stage, graph, setup, zero=options.zero))
+        return explain_stage(stage, graph, setup, zero=options.zero)
 
     base = template.stage(choice, remat=remat, zero=zero, explain=explain)
     planned = relabel(base, template.part, part, devices=devices, index=index)
