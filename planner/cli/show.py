@@ -154,7 +154,9 @@ def stage_json(stage: Stage) -> dict[str, Any]:
         "remat": str(stage.remat),
         "zero": stage.zero,
         "memory_saving": None if stage.memory_saving is None else stage.memory_saving.to_json(),
-        "sequence_parallel_saving": None if stage.sequence_parallel_saving is None else stage.sequence_parallel_saving.to_json(),
+        "sequence_parallel_saving": None
+        if stage.sequence_parallel_saving is None
+        else stage.sequence_parallel_saving.to_json(),
     }
 
 

@@ -170,7 +170,9 @@ class Codec:
             return tuple(self.decode(args[0], item, where=f"{where}[{i}]") for i, item in enumerate(items))
         if len(items) != len(args):
             raise CodecError(f"{where or 'value'}: {len(items)} items where {len(args)} belong")
-        return tuple(self.decode(arm, item, where=f"{where}[{i}]") for i, (arm, item) in enumerate(zip(args, items)))
+        return tuple(
+            self.decode(arm, item, where=f"{where}[{i}]") for i, (arm, item) in enumerate(zip(args, items, strict=True))
+        )
 
     def schema(self, root: type, *, title: str) -> dict[str, Any]:
         """The JSON Schema of ``root`` (a dataclass) as :meth:`encode` writes it."""
