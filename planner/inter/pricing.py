@@ -111,7 +111,7 @@ def price_stages(
         drains.append(stage.backward_s + overhead / 2 + (after - link if s < count - 1 else 0.0))
     total, longest = math.fsum(times), _period(times, periods, m=m, schedule=schedule)
     stages = plan_stages(priced, full_graph)
-    runs_fsdp = count == 1 and data_parallel_layout(stages[0])
+    runs_fsdp = count == 1 and stages[0].is_pure_data_parallel
     if not runs_fsdp and any(stage.zero >= 2 for stage in stages):  # only FSDP runs levels 2 and 3: no candidate
         return None
     if runs_fsdp:  # DDP or FSDP: each ZeRO level priced as it runs
@@ -185,11 +185,6 @@ def price_stages(
         grad_sync=choice.grad_sync,
         notes=(choice.note(),) if choice.grad_sync.lossy else (),
     )
-
-
-def data_parallel_layout(stage: Stage) -> bool:
-    """Several devices, every parameter replicated: a one-stage plan the executor runs with DDP or FSDP."""
-    return len(stage.devices) > 1 and all(set(spec) == {"R"} for spec in stage.param_placements.values())
 
 
 def _at_best_level(

@@ -45,6 +45,8 @@ class External:
 
 @dataclass(frozen=True, kw_only=True)
 class FieldType:
+    """One init field of a dataclass: its name, resolved type hint, and default when it has one."""
+
     name: str
     hint: Any
     required: bool  # no default: the key must be there
@@ -96,6 +98,9 @@ def _is_mapping(origin: Any) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class Codec:
+    """Writes dataclasses as JSON data, reads them back and gives their JSON Schema (``external``: the classes that
+    bring their own format)."""
+
     external: Mapping[type, External] = field(default_factory=dict)
 
     def encode(self, value: Any) -> Any:
