@@ -4,7 +4,7 @@ JSON layout (``format_version`` 3): the fields of :class:`Plan`, each nested dat
 (:mod:`planner.plan.codec`; the schema, generated from these types, is ``docs/plan-schema.json``,
 :mod:`planner.plan.schema`)::
 
-    {method, model: {fingerprint, num_params, file, args, tracer}, cluster: {...Cluster.to_json()}, batch_size,
+    {format_version, method, model: {fingerprint, num_params, file, args, tracer}, cluster: {...Cluster.to_json()}, batch_size,
      num_microbatches, schedule, optimizer,
      stages: [{index, nodes, devices, mesh_shape,
                strategies: {node: {split, input_specs, output_spec, compute_shards,
@@ -18,7 +18,7 @@ JSON layout (``format_version`` 3): the fields of :class:`Plan`, each nested dat
                 savings: {schedule_saved_s, schedule_saved_bytes, grad_sync_saved_s}},
      search: {time_s, capture_s, ...}, notes, batch_stat_rows, memory_fraction,
      grad_sync: {kind, rank, period, warmup_steps} (planner.plan.grad_sync),
-     runtime (planner.costing.runtime_profiles), format_version}
+     runtime (planner.costing.runtime_profiles)}
 
 A field with a default may be left out (it takes the default); an unknown field is an error.
 
@@ -168,6 +168,7 @@ PLAN_CODEC = Codec(
 class Plan:
     """A parallel plan: the model and cluster it was made for, its stages, its estimate and how it was found."""
 
+    format_version: int = FORMAT_VERSION  # first in the file: what a reader checks before anything else
     method: str
     model: ModelRef
     cluster: Cluster
@@ -186,7 +187,6 @@ class Plan:
     grad_sync: GradSync = field(default_factory=GradSync)
     # the runtime the estimate describes (planner.costing.runtime_profiles): autoplan, our executors, unless --runtime
     runtime: str = "autoplan"
-    format_version: int = FORMAT_VERSION
 
     @property
     def num_devices(self) -> int:
