@@ -98,9 +98,9 @@ def tradeoff_problems(method: str, plan: Plan, prepared: Prepared) -> list[str]:
     problems = []
     for stage in plan.stages:
         saving = stage.memory_saving
-        if not saving or "next_best_remat" not in saving or "does not fit" in str(saving["next_best"]):
+        if saving is None or "does not fit" in saving.next_best:
             continue
-        kind, level = str(saving["next_best_remat"]), int(saving["next_best_zero"])
+        kind, level = str(saving.next_best_remat), saving.next_best_zero
         part = subgraph(graph, list(stage.nodes))
         layers = [tuple(name for name in layer if name in set(stage.nodes)) for layer in graph_layers(graph)]
         runs = remat_runs(kind, part, list(stage.nodes), layers=[layer for layer in layers if layer])
@@ -149,7 +149,7 @@ def check_case(prepared: Prepared, methods: Sequence[str] = METHODS) -> list[str
             problems.append(f"{family}: auto holds a candidate but the method alone fails: {alone}")
         if held is None or not isinstance(alone, Plan):
             continue
-        without_sp = [replace(stage, sequence_parallel_saving={}) for stage in alone.stages]  # added to the plan
+        without_sp = [replace(stage, sequence_parallel_saving=None) for stage in alone.stages]  # added to the plan
         if held.estimate != alone.estimate or list(held.stages) != without_sp:
             problems.append(
                 f"{family}: auto's candidate ({held.estimate.step_time_s!r} s) is not the method's plan "

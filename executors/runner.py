@@ -46,17 +46,12 @@ def check_grad_sync(plan: Plan) -> None:
     from planner.costing.zero import runs_as_fsdp
 
     fsdp = runs_as_fsdp(plan.stages)  # ZeRO-1 on sharded stages keeps their buckets: only FSDP refuses a hook
-    ddp = is_pure_data_parallel(plan) and len(plan.stages[0].devices) > 1 and not plan.zero
+    ddp = plan.is_pure_data_parallel and not plan.zero
     reason = refusal(plan.grad_sync, plan.stages, zero=fsdp, cluster=plan.cluster, ddp=ddp)
     if plan.grad_sync.lossy and plan.schedule == "dataflow":
         reason = "op placements run no gradient sync to compress"
     if reason:
         raise AutoplanError(f"grad_sync {plan.grad_sync.label}: {reason}")
-
-
-def is_pure_data_parallel(plan: Plan) -> bool:
-    stage = plan.stages[0]
-    return len(plan.stages) == 1 and all(set(spec) == {"R"} for spec in stage.param_placements.values())
 
 
 def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
@@ -73,7 +68,7 @@ def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
 
             return UnevenPipelineRunner(plan=plan, workload=workload, model=model)
         return PipelineRunner(plan=plan, workload=workload, model=model)
-    if is_pure_data_parallel(plan) and len(plan.stages[0].devices) > 1:
+    if plan.is_pure_data_parallel:
         from executors.parallel.data_parallel import DataParallelRunner
 
         return DataParallelRunner(plan=plan, workload=workload, model=model)

@@ -21,7 +21,7 @@ from planner.intra.ilp import solve_strategy_ilp, solve_unconstrained
 from planner.intra.incumbents import megatron_choice
 from planner.intra.problem import evaluate
 from planner.intra.stage_problem import IntraOpOptions, build_stage_problem
-from planner.plan import Plan
+from planner.plan import MemorySaving, Plan, Remat
 from planner.plan.choices import EXACT_SYNC, memory_saving_of, plan_choices
 from planner.plan.report import plan_summary
 from planner.sharding.sequence_parallel import is_sequence_parallel
@@ -77,14 +77,14 @@ def test_a_sequence_parallel_stage_says_what_it_saved_as_an_independent_re_prici
     chosen_s, other_s = evaluate(with_sp.problem, chosen)[0], evaluate(plain.problem, other)[0]
     saving = stage.sequence_parallel_saving
     # the planner's next best (exact elimination) is the ILP's optimum, up to the solver's relative MIP gap (1e-4)
-    assert chosen_s + saving["saved_s"] == pytest.approx(other_s, rel=1e-4)
-    assert chosen_s + saving["saved_s"] <= other_s * (1 + 1e-12)  # (several next bests may tie: bytes not compared)
-    assert saving["saved_s"] > 0 and saving["saved_bytes"] > 0  # faster and smaller, as Korthikanti et al. find
+    assert chosen_s + saving.saved_s == pytest.approx(other_s, rel=1e-4)
+    assert chosen_s + saving.saved_s <= other_s * (1 + 1e-12)  # (several next bests may tie: bytes not compared)
+    assert saving.saved_s > 0 and saving.saved_bytes > 0  # faster and smaller, as Korthikanti et al. find
     best_plain = solve_unconstrained(plain.problem).objective  # no stage without sequence parallelism is faster
     keep_rest = tuple(
         c if v not in sequence else megatron_choice(plain, sequence_parallel=False)[v] for v, c in enumerate(chosen)
     )
-    assert best_plain - chosen_s <= saving["saved_s"] <= evaluate(plain.problem, keep_rest)[0] - chosen_s
+    assert best_plain - chosen_s <= saving.saved_s <= evaluate(plain.problem, keep_rest)[0] - chosen_s
     row = plan_choices(plan).stages[0]
     assert row.sequence_parallel and [s.kind for s in row.savings][-1] == "sequence parallel"
     assert "saved: sequence parallel: " in choices_text(plan_choices(plan))
@@ -109,11 +109,11 @@ def test_forced_recomputation_and_zero_show_what_they_saved() -> None:
     assert (row.recomputation, row.zero, row.grad_sync) == ("selective (attention)", "ZeRO-1", EXACT_SYNC)
     memory = next(s for s in row.savings if s.kind == "recomputation and ZeRO")
     stored = stage.memory_saving
-    assert memory.choice == "selective recomputation (attention), ZeRO-1" == stored["choice"]
+    assert memory.choice == "selective recomputation (attention), ZeRO-1" == stored.choice
     assert (memory.saved_s, memory.saved_bytes, memory.next_best) == (
-        stored["saved_s"],
-        stored["saved_bytes"],
-        stored["next_best"],
+        stored.saved_s,
+        stored.saved_bytes,
+        stored.next_best,
     )
     assert memory.next_best != memory.choice and (memory.saved_s, memory.saved_bytes) != (0, 0)
     assert "saved: recomputation and ZeRO (selective recomputation (attention), ZeRO-1)" in choices_text(
@@ -122,7 +122,8 @@ def test_forced_recomputation_and_zero_show_what_they_saved() -> None:
 
 
 def test_one_device_stages_compare_no_zero_levels() -> None:
-    """ZeRO on one device shards nothing: it is no alternative, and an older plan's comparison with it is dropped."""
+    """ZeRO on one device shards nothing: it is no alternative, and a hand-edited plan's comparison with it is
+    dropped."""
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     plan = plan_model_file(
         EXAMPLES / "gpt.py",
@@ -136,13 +137,15 @@ def test_one_device_stages_compare_no_zero_levels() -> None:
     )
     assert all(len(stage.devices) == 1 for stage in plan.stages)
     for stage in plan.stages:
-        assert "ZeRO-" not in stage.memory_saving.get("next_best", "")
-    bogus = {
-        "choice": "no recomputation, no ZeRO",
-        "next_best": "no recomputation, ZeRO-1",
-        "saved_s": 0.0,
-        "saved_bytes": 0.0,
-    }
+        assert stage.memory_saving is None or "ZeRO-" not in stage.memory_saving.next_best
+    bogus = MemorySaving(
+        choice="no recomputation, no ZeRO",
+        next_best="no recomputation, ZeRO-1",
+        saved_s=0.0,
+        saved_bytes=0.0,
+        next_best_remat=Remat.NONE,
+        next_best_zero=1,
+    )
     old = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, memory_saving=bogus) for s in plan.stages))
     assert memory_saving_of(old.stages[0]) is None
     assert "memory:" not in plan_summary(old) and "ZeRO-1" not in choices_text(plan_choices(old))
@@ -181,7 +184,7 @@ def test_a_lossy_gradient_sync_says_what_it_saved_against_exact() -> None:
     )
     (sync,) = plan_choices(plan).plan_savings
     assert (sync.choice, sync.next_best, sync.saved_bytes) == ("bf16", "exact", None)
-    assert sync.saved_s == plan.estimate.savings["grad_sync_saved_s"]
+    assert sync.saved_s == plan.estimate.savings.grad_sync_saved_s
     assert all(row.grad_sync == "bf16" for row in plan_choices(plan).stages)
 
 
@@ -198,12 +201,12 @@ def test_plan_explain_and_plan_show_print_the_table(tmp_path, capsys) -> None:
     assert choices["stages"][0]["sequence_parallel"] and choices["stages"][0]["savings"][-1]["saved_s"] > 0
 
 
-def test_a_plan_stored_before_the_savings_loads_and_explains() -> None:
+def test_a_plan_without_the_savings_loads_and_explains() -> None:
     data = megatron_plan().to_json()
     for stage in data["stages"]:
         del stage["sequence_parallel_saving"]
     old = Plan.from_json(data)
-    assert old.stages[0].sequence_parallel_saving == {} and old.stages[0].uses_sequence_parallelism
+    assert old.stages[0].sequence_parallel_saving is None and old.stages[0].uses_sequence_parallelism
     row = plan_choices(old).stages[0]
     assert row.sequence_parallel and all(s.kind != "sequence parallel" for s in row.savings)
     assert Plan.from_json(megatron_plan().to_json()) == megatron_plan()

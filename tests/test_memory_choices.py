@@ -24,27 +24,17 @@ from tests.conftest import EXAMPLES, captured
 UNFUSED = {"attention": "unfused", "dropout": 0.1}
 
 
-def test_older_plans_load_with_their_meaning() -> None:
-    """``remat: true`` recomputes the whole stage; ``zero: true`` is level 2 on a data-parallel plan."""
-    stage = {
-        "index": 0,
-        "nodes": ["a", "b"],
-        "devices": [0, 1],
-        "mesh_shape": [2],
-        "strategies": {},
-        "param_placements": {"w": ["R"]},
-        "remat": True,
-    }
-    old = Stage.from_json(stage)
-    assert old.remat == Remat.FULL and old.recomputed_runs() == (("a", "b"),) and old.zero == 0
-    assert not Stage.from_json({**stage, "remat": False}).remat
-    again = Stage.from_json(old.to_json())
-    assert again == old and old.to_json()["remat"] == "full"
-    plan = dataclasses.replace(_data_parallel_plan(), stages=(old,))
-    data = {**plan.to_json(), "zero": True}
-    for entry in data["stages"]:
-        del entry["zero"]
-    assert [s.zero for s in Plan.from_json(data).stages] == [2]
+def test_remat_given_as_a_bool_is_the_whole_stage_or_nothing_and_is_stored_by_name() -> None:
+    """``remat=True`` recomputes the whole stage, ``False`` nothing; the plan stores the name (``full``, ``none``)."""
+    stage = Stage(
+        index=0, nodes=("a", "b"), devices=(0, 1), mesh_shape=(2,), param_placements={"w": ("R",)}, remat=True
+    )
+    assert stage.remat == Remat.FULL and stage.recomputed_runs() == (("a", "b"),) and stage.zero == 0
+    assert not Stage(index=0, nodes=("a",), devices=(0,), mesh_shape=(1,), remat=False).remat
+    again = Stage.from_json(stage.to_json())
+    assert again == stage and stage.to_json()["remat"] == "full"
+    with pytest.raises(ValueError, match=r"remat: True is not one of 'none', 'attention', 'full'"):
+        Stage.from_json({**stage.to_json(), "remat": True})
 
 
 def test_attention_cores_are_the_s_squared_runs_of_an_unfused_attention() -> None:
@@ -218,9 +208,9 @@ def test_golden_a_model_that_barely_fits_trades_full_recomputation_for_selective
     assert chosen.estimate.memory_per_device_bytes <= prepared.setup.memory_budget_bytes
     # what the choice saves against the next-best pair, said per stage
     saving = next(s.memory_saving for s in chosen.stages if s.remat == Remat.ATTENTION or s.zero)
-    assert saving["choice"] != "no recomputation, no ZeRO" and saving["next_best"]
-    assert math.isfinite(saving["saved_s"])
-    assert f"memory: {saving['choice']}" in plan_summary(chosen)
+    assert saving.choice != "no recomputation, no ZeRO" and saving.next_best
+    assert math.isfinite(saving.saved_s)
+    assert f"memory: {saving.choice}" in plan_summary(chosen)
 
 
 @pytest.mark.parametrize(

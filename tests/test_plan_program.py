@@ -70,7 +70,7 @@ def _megatron(degrees: tuple[int, int, int], model: str = "mlp") -> tuple[Plan, 
 def test_a_plans_json_has_every_nodes_input_specs_and_collectives() -> None:
     plan, graph = _megatron((2, 1, 2), "gpt")
     data = json.loads(plan.dumps())
-    assert data["format_version"] == FORMAT_VERSION == 2
+    assert data["format_version"] == FORMAT_VERSION == 3
     phases = set()
     for stage in data["stages"]:
         assert set(stage["strategies"]) == set(stage["nodes"])
@@ -112,7 +112,7 @@ def test_the_explanation_is_the_priced_records() -> None:
     plan, graph = _megatron((2, 1, 1))
     work = stage_node_work(plan.stages[0], graph, plan_setup(plan))
     for row in plan.stages[0].explanation:
-        assert row["compute_s"] == work[row["node"]].compute_s and row["reshard_s"] == work[row["node"]].reshard_s
+        assert row.compute_s == work[row.node].compute_s and row.reshard_s == work[row.node].reshard_s
 
 
 def test_a_strategy_no_rule_produces_is_refused_at_show_run_and_compile(
@@ -139,17 +139,21 @@ def test_a_strategy_no_rule_produces_is_refused_at_show_run_and_compile(
     assert not (tmp_path / "out" / "train.py").exists()
 
 
-def test_a_version_1_plan_is_refused_with_one_line_that_says_to_replan(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_plan_is_refused_with_one_line_that_says_to_replan(
+    version: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plan, _ = _megatron((2, 1, 1))
     data = plan.to_json()
-    data["format_version"] = 1
+    data["format_version"] = version
     for stage in data["stages"]:
-        stage["node_shardings"] = {name: record["output_spec"] for name, record in stage.pop("strategies").items()}
+        if version == 1:  # output specs only
+            stage["node_shardings"] = {name: record["output_spec"] for name, record in stage.pop("strategies").items()}
+        else:  # savings as free-form objects, {} for none
+            stage["memory_saving"] = stage["sequence_parallel_saving"] = {}
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
     for command in (["show", str(path)], ["run", str(path)], ["compile", str(path), "--out", str(tmp_path / "o")]):
         assert main(command) == 2, command
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "format_version 1" in err[0] and "re-plan" in err[0], err
+        assert len(err) == 1 and f"format_version {version}" in err[0] and "re-plan" in err[0], err

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executors.runner import is_pure_data_parallel
 from executors.session import Workload
 from planner.errors import AutoplanError
 from planner.ir.model_file import ModelFile, instantiate_inputs, instantiate_targets
@@ -58,7 +57,7 @@ def data_feeders(plan: Plan) -> tuple[tuple[int, ...], bool]:
     if plan.schedule == "dataflow":
         return tuple(range(plan.cluster.num_devices)), False
     first = tuple(plan.stages[0].devices)
-    return first, len(plan.stages) == 1 and len(first) > 1 and is_pure_data_parallel(plan)
+    return first, plan.is_pure_data_parallel
 
 
 def rank_info(plan: Plan, workload: Workload, *, rank: int, start_step: int = 0) -> RankInfo:

@@ -195,7 +195,6 @@ def _print_explanation(result: Plan) -> None:
     from planner.cli.choices_table import choices_table
     from planner.cli.explain_table import explain_table
     from planner.plan.choices import plan_choices
-    from planner.plan.explain import ExplainRow
 
     console = Console(width=200, stderr=False)
     console.print(choices_table(plan_choices(result)))
@@ -203,7 +202,7 @@ def _print_explanation(result: Plan) -> None:
         if not stage.explanation:
             console.print(f"stage {stage.index}: {result.method} has no per-node explanation")
             continue
-        rows = [ExplainRow(**row) for row in stage.explanation]
+        rows = list(stage.explanation)
         mesh = "×".join(str(size) for size in stage.mesh_shape)
         console.print(explain_table(rows, title=f"stage {stage.index} on mesh {mesh}: split per mesh axis"))
 

@@ -153,8 +153,10 @@ def stage_json(stage: Stage) -> dict[str, Any]:
         "num_params_sharded": sharded,
         "remat": str(stage.remat),
         "zero": stage.zero,
-        "memory_saving": dict(stage.memory_saving),
-        "sequence_parallel_saving": dict(stage.sequence_parallel_saving),
+        "memory_saving": None if stage.memory_saving is None else stage.memory_saving.to_json(),
+        "sequence_parallel_saving": None
+        if stage.sequence_parallel_saving is None
+        else stage.sequence_parallel_saving.to_json(),
     }
 
 

@@ -29,7 +29,7 @@ from planner.costing.setup import CostSetup
 from planner.costing.stage_work import stage_node_work
 from planner.costing.zero import fsdp_price
 from planner.ir.graph import OpGraph
-from planner.plan import Estimate, GradSync, Stage
+from planner.plan import Estimate, GradSync, PlanSavings, Stage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +98,7 @@ def fsdp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int) -> DdpS
 
 
 def ddp_estimate(
-    graph: OpGraph, setup: CostSetup, step: DdpStep, *, memory_bytes: float, savings: Mapping[str, float] | None = None
+    graph: OpGraph, setup: CostSetup, step: DdpStep, *, memory_bytes: float, savings: PlanSavings | None = None
 ) -> Estimate:
     """The estimate of a one-stage data-parallel plan priced by :func:`ddp_step` or :func:`fsdp_step`
     (``graph``: the whole batch's, for the model FLOPs), holding ``memory_bytes`` per device."""
@@ -112,5 +112,5 @@ def ddp_estimate(
         mfu=mfu(graph, setup, step_time_s=step.step_s, num_devices=devices),
         breakdown_s=step.breakdown_s,
         hidden_s=step.hidden_s,
-        savings=dict(savings or {}),
+        savings=savings or PlanSavings(),
     )

@@ -77,12 +77,7 @@ def runs_as_ddp(stages: list[Stage] | tuple[Stage, ...]) -> bool:
     """Pure data parallelism, which the executor runs with DDP on plain tensors: one stage on several
     devices, every parameter replicated, at ZeRO level 0 (each stage has its own level; a level above runs
     FSDP: :func:`planner.costing.zero.runs_as_fsdp`)."""
-    return (
-        len(stages) == 1
-        and len(stages[0].devices) > 1
-        and stages[0].zero == 0
-        and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
-    )
+    return len(stages) == 1 and stages[0].is_pure_data_parallel and stages[0].zero == 0
 
 
 def stage_context(stage: Stage, graph: OpGraph, setup: CostSetup) -> StrategyContext:

@@ -86,12 +86,7 @@ def param_terms(
 
 def runs_as_fsdp(stages: Sequence[Stage]) -> bool:
     """A data-parallel plan (one stage on several devices, every parameter replicated) at ZeRO level ≥ 1."""
-    return (
-        len(stages) == 1
-        and len(stages[0].devices) > 1
-        and stages[0].zero >= 1
-        and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
-    )
+    return len(stages) == 1 and stages[0].is_pure_data_parallel and stages[0].zero >= 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

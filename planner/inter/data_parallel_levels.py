@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from planner.costing.setup import CostSetup
 from planner.ir.graph import OpGraph
 from planner.plan import ZERO_LEVELS, Stage
-from planner.plan.stage import memory_choice_label
+from planner.plan.stage import MemorySaving, memory_choice_label
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +43,7 @@ def best_level(
     zero: str | int,
     step_at: Callable[[int], float],
     memory_at: Callable[[int], float],
-) -> tuple[LevelPrice, dict[str, object]]:
+) -> tuple[LevelPrice, MemorySaving | None]:
     """The fastest level (``step_at(level)``: the exact step there; ``memory_at(level)``: what a device holds
     there) whose memory fits, else the smallest; and the stage's line comparing it with the next best level
     (module docstring); of equally fast levels the one holding less."""
@@ -54,16 +54,15 @@ def best_level(
     chosen = min(prices, key=lambda price: (price.memory_bytes > budget, price.step_s, price.memory_bytes))
     others = [price for price in prices if price.level != chosen.level]
     if not others:
-        return chosen, {}
+        return chosen, None
     other = min(others, key=lambda price: (price.memory_bytes > budget, price.step_s))
-    remat = str(stage.remat)
-    line = {
-        "choice": memory_choice_label(remat, chosen.level),
-        "next_best": memory_choice_label(remat, other.level)
+    line = MemorySaving(
+        choice=memory_choice_label(stage.remat, chosen.level),
+        next_best=memory_choice_label(stage.remat, other.level)
         + (" (does not fit)" if other.memory_bytes > budget else ""),
-        "saved_s": other.step_s - chosen.step_s,
-        "saved_bytes": other.memory_bytes - chosen.memory_bytes,
-        "next_best_remat": remat,
-        "next_best_zero": other.level,
-    }
+        saved_s=other.step_s - chosen.step_s,
+        saved_bytes=other.memory_bytes - chosen.memory_bytes,
+        next_best_remat=stage.remat,
+        next_best_zero=other.level,
+    )
     return chosen, line

@@ -59,7 +59,7 @@ def reprice_data_parallel(
         setup,
         priced[choice.grad_sync],
         memory_bytes=candidate.estimate.memory_per_device_bytes + choice.state_bytes,
-        savings={**candidate.estimate.savings, "grad_sync_saved_s": choice.saved_s},
+        savings=replace(candidate.estimate.savings, grad_sync_saved_s=choice.saved_s),
     )
     notes = tuple(note for note in candidate.notes if not note.startswith("gradient sync "))
     return replace(

@@ -45,9 +45,9 @@ def _pipeline_breakdown(
     if len(times) == 1 and m == 1:
         rows = priced[0].stage.explanation
         work = {
-            "compute_s": math.fsum(r["compute_s"] for r in rows),
-            "comm_s": math.fsum(r["comm_s"] for r in rows),
-            "reshard_s": math.fsum(r["reshard_s"] for r in rows),
+            "compute_s": math.fsum(r.compute_s for r in rows),
+            "comm_s": math.fsum(r.comm_s for r in rows),
+            "reshard_s": math.fsum(r.reshard_s for r in rows),
         }
         recompute = _nonnegative(times[0] - math.fsum(work.values()), scale=step, what="recomputation")
         parts = {**work, "recompute_s": recompute}

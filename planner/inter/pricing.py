@@ -92,7 +92,7 @@ def price_stages(
     count, priced, times = len(specs), line.priced, line.times
     total, longest = math.fsum(times), _period(times, line.periods, m=m, schedule=schedule)
     stages = plan_stages(priced, full_graph)
-    runs_fsdp = count == 1 and data_parallel_layout(stages[0])
+    runs_fsdp = count == 1 and stages[0].is_pure_data_parallel
     if not runs_fsdp and any(stage.zero >= 2 for stage in stages):  # only FSDP runs levels 2 and 3: no candidate
         return None
     if runs_fsdp:  # DDP or FSDP: each ZeRO level priced as it runs
@@ -256,7 +256,7 @@ def _pipeline(
         estimate = replace(
             estimate,
             memory_per_device_bytes=int(estimate.memory_per_device_bytes + choice.state_bytes),
-            savings={**estimate.savings, "grad_sync_saved_s": choice.saved_s},
+            savings=replace(estimate.savings, grad_sync_saved_s=choice.saved_s),
         )
     return PricedPipeline(
         stages=stages,
@@ -267,11 +267,6 @@ def _pipeline(
         notes=(choice.note(),) if choice.grad_sync.lossy else (),
         stage_choices=tuple(stage.picked for stage in step.priced),
     )
-
-
-def data_parallel_layout(stage: Stage) -> bool:
-    """Several devices, every parameter replicated: a one-stage plan the executor runs with DDP or FSDP."""
-    return len(stage.devices) > 1 and all(set(spec) == {"R"} for spec in stage.param_placements.values())
 
 
 def _at_best_level(

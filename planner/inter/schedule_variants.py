@@ -273,13 +273,14 @@ def best_rescheduled(
 
 def _with_saving(chosen: PricedPipeline, other: PricedPipeline) -> Estimate:
     """The variant's estimate with what it saved against its candidate, per step and per device
-    (``savings``: ``schedule_saved_s``, ``schedule_saved_bytes``; read by :mod:`planner.plan.choices`)."""
+    (``savings.schedule_saved_s``, ``.schedule_saved_bytes``; read by :mod:`planner.plan.choices`)."""
     a, b = chosen.estimate, other.estimate
-    saved = {
-        "schedule_saved_s": b.step_time_s - a.step_time_s,
-        "schedule_saved_bytes": float(b.memory_per_device_bytes - a.memory_per_device_bytes),
-    }
-    return replace(a, savings={**a.savings, **saved})
+    saved = replace(
+        a.savings,
+        schedule_saved_s=b.step_time_s - a.step_time_s,
+        schedule_saved_bytes=float(b.memory_per_device_bytes - a.memory_per_device_bytes),
+    )
+    return replace(a, savings=saved)
 
 
 def with_variant(

@@ -38,7 +38,7 @@ from planner.inter.stage_shapes import StageChoice
 from planner.intra.ilp import solve_unconstrained
 from planner.intra.problem import evaluate
 from planner.intra.stage_problem import StageProblem, kept_bytes, recompute_s, zero_costs
-from planner.plan import Plan, Stage
+from planner.plan import Plan, Saving, Stage
 from planner.sharding.sequence_parallel import is_sequence_parallel
 
 PINNED_S = 1e6  # the objective of a strategy a kept node may not take: never chosen
@@ -67,7 +67,7 @@ def with_sequence_parallel_savings(plan: Plan, picked: Sequence[StageChoice], se
     return replace(plan, stages=tuple(stages))
 
 
-def stage_saving(stage: Stage, picked: StageChoice, setup: CostSetup, *, in_flight: int) -> dict[str, Any]:
+def stage_saving(stage: Stage, picked: StageChoice, setup: CostSetup, *, in_flight: int) -> Saving:
     """``{choice, next_best, saved_s, saved_bytes}`` of a sequence-parallel stage, from what the search picked."""
     runs = tuple(tuple(picked.names[name] for name in run) for run in stage.recomputed_runs())
     memo, key = picked.template.memo, ("sequence parallel", picked.choice, runs, stage.zero)
@@ -78,12 +78,12 @@ def stage_saving(stage: Stage, picked: StageChoice, setup: CostSetup, *, in_flig
     (chosen_s, chosen_state, chosen_kept), (other_s, other_state, other_kept) = figures
     chosen_bytes, other_bytes = chosen_state + chosen_kept * in_flight, other_state + other_kept * in_flight
     fits = other_bytes <= setup.memory_budget_bytes
-    return {
-        "choice": "sequence parallel",
-        "next_best": NEXT_BEST + ("" if fits else " (does not fit)"),
-        "saved_s": other_s - chosen_s,
-        "saved_bytes": other_bytes - chosen_bytes,
-    }
+    return Saving(
+        choice="sequence parallel",
+        next_best=NEXT_BEST + ("" if fits else " (does not fit)"),
+        saved_s=other_s - chosen_s,
+        saved_bytes=other_bytes - chosen_bytes,
+    )
 
 
 def _figures(

@@ -181,7 +181,7 @@ class _Where:
 
 def _explained(stage: Stage, *, graph: OpGraph, setup: CostSetup, zero: str | int) -> tuple:
     """The explanation rows of a plan stage (:func:`planner.costing.stage_work.explain_stage`), as stored."""
-    return tuple(row.to_json() for row in explain_stage(stage, graph, setup, zero=zero))
+    return tuple(explain_stage(stage, graph, setup, zero=zero))
 
 
 def _priced_memory(

@@ -36,7 +36,7 @@ from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import structural_hash
 from planner.ir.recompute import REMAT_KINDS, remat_runs
 from planner.plan import Stage
-from planner.plan.stage import memory_choice_label
+from planner.plan.stage import MemorySaving, as_remat, memory_choice_label
 
 
 def shape_key(part: OpGraph) -> tuple[str, tuple[int, ...]]:
@@ -119,9 +119,9 @@ class StageTemplate:
         m: int,
         in_flight: int,
         setup: CostSetup,
-    ) -> dict[str, object]:
+    ) -> MemorySaving | None:
         """What the stage's recomputation and ZeRO level save, per step and per device, against the next-best pair:
-        the fastest other pair that fits, or the fastest other one (said not to fit). Priced on the stage's problem:
+        the fastest other pair that fits, or the fastest other one (said not to fit); None: no other pair. Priced on the stage's problem:
         the recomputed forward and FSDP's per-microbatch collectives ``m`` times, ZeRO's per-step terms once, memory
         with ``in_flight`` microbatches (kept activations, state at the level)."""
 
@@ -146,17 +146,17 @@ class StageTemplate:
         # an identical alternative (ZeRO where nothing syncs over data-parallel axes, as on one device) is no option
         others = [other for other in others if not _same(other[2:], (chosen_s, chosen_bytes))]
         if not others:
-            return {}
+            return None
         budget = setup.memory_budget_bytes
         kind, level, seconds, memory = min(others, key=lambda other: (other[3] > budget, other[2]))
-        return {
-            "choice": memory_choice_label(remat, zero),
-            "next_best": memory_choice_label(kind, level) + (" (does not fit)" if memory > budget else ""),
-            "saved_s": seconds - chosen_s,
-            "saved_bytes": memory - chosen_bytes,
-            "next_best_remat": kind,
-            "next_best_zero": level,
-        }
+        return MemorySaving(
+            choice=memory_choice_label(remat, zero),
+            next_best=memory_choice_label(kind, level) + (" (does not fit)" if memory > budget else ""),
+            saved_s=seconds - chosen_s,
+            saved_bytes=memory - chosen_bytes,
+            next_best_remat=as_remat(kind),
+            next_best_zero=level,
+        )
 
     def stage(self, choice: tuple[int, ...], *, remat: str, explain: Callable[[Stage], tuple], zero: int = 0) -> Stage:
         """The plan stage of ``choice`` on the template's names and canonical ranks, explained by ``explain``."""
@@ -249,6 +249,6 @@ def relabel(template: Stage, template_graph: OpGraph, part: OpGraph, *, devices:
         devices=devices,
         strategies={names[name]: record for name, record in template.strategies.items()},
         param_placements=placements,
-        explanation=tuple({**row, "node": names[row["node"]]} for row in template.explanation),
+        explanation=tuple(replace(row, node=names[row.node]) for row in template.explanation),
         remat_regions=tuple((names[first], names[last]) for first, last in template.remat_regions),
     )

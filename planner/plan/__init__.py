@@ -1,8 +1,12 @@
 """The plan: a frozen value with a JSON round-trip that holds everything the executors need.
 
-* :mod:`~planner.plan.value` — ``Plan``, ``ModelRef``, ``Estimate``, ``SearchStats``, saving and loading;
+* :mod:`~planner.plan.value` — ``Plan``, ``ModelRef``, ``Estimate`` (its ``PlanSavings``), ``SearchStats``, saving
+  and loading;
+* :mod:`~planner.plan.codec` — the generic dataclass ⇄ JSON codec and JSON Schema every class of the plan is written by;
+* :mod:`~planner.plan.schema` — the plan's JSON Schema (``python -m planner.plan.schema``: ``docs/plan-schema.json``);
 * :mod:`~planner.plan.grad_sync` — ``GradSync``: exact, or the lossy gradient sync the user allowed;
-* :mod:`~planner.plan.stage` — ``Stage`` and every node's chosen strategy (``NodeSharding``, ``Collective``);
+* :mod:`~planner.plan.stage` — ``Stage``, every node's chosen strategy (``NodeSharding``, ``Collective``) and what
+  the stage's choices saved (``Saving``, ``MemorySaving``);
 * :mod:`~planner.plan.validate` — ``validate_plan``: a plan checked against its graph;
 * :mod:`~planner.plan.explain` — ``ExplainRow``, the per-node explanation a stage stores;
 * :mod:`~planner.plan.report` — the plain-text summary ``plan`` prints;
@@ -14,7 +18,18 @@ May import: :mod:`planner.ir`, :mod:`planner.errors`, :mod:`cost_models` (the cl
 
 from planner.plan.explain import ExplainRow
 from planner.plan.grad_sync import GRAD_SYNC_KINDS, GradSync, GradSyncError
-from planner.plan.stage import COLLECTIVE_KINDS, GATHERED, PHASES, ZERO_LEVELS, Collective, NodeSharding, Remat, Stage
+from planner.plan.stage import (
+    COLLECTIVE_KINDS,
+    GATHERED,
+    PHASES,
+    ZERO_LEVELS,
+    Collective,
+    MemorySaving,
+    NodeSharding,
+    Remat,
+    Saving,
+    Stage,
+)
 from planner.plan.validate import parse_placement, validate_plan
 from planner.plan.value import (
     FORMAT_VERSION,
@@ -23,6 +38,7 @@ from planner.plan.value import (
     ModelRef,
     Plan,
     PlanError,
+    PlanSavings,
     SearchStats,
     load_plan,
     save_plan,
@@ -41,11 +57,14 @@ __all__ = [
     "ExplainRow",
     "GradSync",
     "GradSyncError",
+    "MemorySaving",
     "ModelRef",
     "NodeSharding",
     "Plan",
     "PlanError",
+    "PlanSavings",
     "Remat",
+    "Saving",
     "SearchStats",
     "Stage",
     "load_plan",

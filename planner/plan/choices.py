@@ -8,9 +8,9 @@ the choice is the cheaper):
 * recomputation and ZeRO — ``Stage.memory_saving`` (:meth:`planner.inter.stage_shapes.StageTemplate.memory_saving`);
   a comparison with an identical alternative (ZeRO on a one-device stage, no saving either way) is left out;
 * sequence parallelism — ``Stage.sequence_parallel_saving`` (:mod:`planner.inter.sp_saving`);
-* the schedule, for the whole plan — ``estimate.savings["schedule_saved_s"]`` and ``["schedule_saved_bytes"]``
+* the schedule, for the whole plan — ``estimate.savings.schedule_saved_s`` and ``.schedule_saved_bytes``
   against the GPipe or 1F1B pipeline the variant was cut from (:mod:`planner.inter.schedule_variants`);
-* a lossy gradient sync, for the whole plan — ``estimate.savings["grad_sync_saved_s"]`` against exact sync
+* a lossy gradient sync, for the whole plan — ``estimate.savings.grad_sync_saved_s`` against exact sync
   (bytes not recorded). Exact sync is bucketed and overlapped with each stage's last backward.
 
 :func:`plan_choices` reads them off a plan; ``plan --explain`` and ``plan show`` print them
@@ -20,11 +20,10 @@ the choice is the cheaper):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from planner.plan.stage import Remat, Stage
+from planner.plan.codec import JsonCoded
+from planner.plan.stage import Remat, Saving, Stage
 from planner.plan.value import Plan
 
 EXACT_SYNC = "exact (bucketed, overlapped with the last backward)"
@@ -32,7 +31,7 @@ REMAT_WORDS = {Remat.NONE: "none", Remat.ATTENTION: "selective (attention)", Rem
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChoiceSaving:
+class ChoiceSaving(JsonCoded):
     """What ``choice`` (of ``kind``) saved against ``next_best``: seconds per step, bytes per device (None: not known)."""
 
     kind: str
@@ -42,30 +41,21 @@ class ChoiceSaving:
     saved_bytes: float | None
 
     @classmethod
-    def from_stored(cls, kind: str, saving: Mapping[str, Any]) -> ChoiceSaving | None:
-        """A stage's stored ``{choice, next_best, saved_s, saved_bytes}``; None when empty."""
-        if not saving:
+    def from_stored(cls, kind: str, saving: Saving | None) -> ChoiceSaving | None:
+        """A stage's stored saving, said as ``kind``; None when there is none."""
+        if saving is None:
             return None
         return cls(
             kind=kind,
-            choice=str(saving["choice"]),
-            next_best=str(saving["next_best"]),
-            saved_s=float(saving["saved_s"]),
-            saved_bytes=float(saving["saved_bytes"]),
+            choice=saving.choice,
+            next_best=saving.next_best,
+            saved_s=saving.saved_s,
+            saved_bytes=saving.saved_bytes,
         )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "choice": self.choice,
-            "next_best": self.next_best,
-            "saved_s": self.saved_s,
-            "saved_bytes": self.saved_bytes,
-        }
 
 
 @dataclass(frozen=True, kw_only=True)
-class StageChoices:
+class StageChoices(JsonCoded):
     stage: int
     devices: tuple[int, ...]
     mesh_shape: tuple[int, ...]
@@ -76,35 +66,16 @@ class StageChoices:
     grad_sync: str
     savings: tuple[ChoiceSaving, ...] = ()  # this stage's: recomputation and ZeRO, sequence parallelism
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "devices": list(self.devices),
-            "mesh_shape": list(self.mesh_shape),
-            "schedule": self.schedule,
-            "recomputation": self.recomputation,
-            "zero": self.zero,
-            "sequence_parallel": self.sequence_parallel,
-            "grad_sync": self.grad_sync,
-            "savings": [saving.to_json() for saving in self.savings],
-        }
-
 
 @dataclass(frozen=True, kw_only=True)
-class PlanChoices:
+class PlanChoices(JsonCoded):
     stages: tuple[StageChoices, ...]
     plan_savings: tuple[ChoiceSaving, ...] = ()  # the whole plan's: schedule, lossy gradient sync
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stages": [row.to_json() for row in self.stages],
-            "plan_savings": [saving.to_json() for saving in self.plan_savings],
-        }
 
 
 def memory_saving_of(stage: Stage) -> ChoiceSaving | None:
     """The stage's recomputation-and-ZeRO saving, or None: none stored, or a comparison with an identical
-    alternative (plans made before it was left out: no saving either way, or another ZeRO level on one device)."""
+    alternative (no saving either way, or another ZeRO level on one device: a hand-edited plan's)."""
     saving = ChoiceSaving.from_stored("recomputation and ZeRO", stage.memory_saving)
     if saving is None:
         return None
@@ -122,8 +93,8 @@ def schedule_label(plan: Plan) -> str:
 
 
 def _schedule_saving(plan: Plan) -> ChoiceSaving | None:
-    breakdown = plan.estimate.savings
-    if "schedule_saved_s" not in breakdown:
+    savings = plan.estimate.savings
+    if savings.schedule_saved_s is None:
         return None
     ranks = len({stage.devices for stage in plan.stages})
     source = "gpipe" if plan.num_microbatches < ranks else "1f1b"  # what the variant's candidate was priced under
@@ -131,19 +102,20 @@ def _schedule_saving(plan: Plan) -> ChoiceSaving | None:
         kind="schedule",
         choice=schedule_label(plan),
         next_best=f"{source} on the same {ranks} device groups, one stage each",
-        saved_s=float(breakdown["schedule_saved_s"]),
-        saved_bytes=breakdown.get("schedule_saved_bytes"),
+        saved_s=savings.schedule_saved_s,
+        saved_bytes=savings.schedule_saved_bytes,
     )
 
 
 def _grad_sync_saving(plan: Plan) -> ChoiceSaving | None:
-    if not plan.grad_sync.lossy or "grad_sync_saved_s" not in plan.estimate.savings:
+    saved_s = plan.estimate.savings.grad_sync_saved_s
+    if not plan.grad_sync.lossy or saved_s is None:
         return None
     return ChoiceSaving(
         kind="gradient sync",
         choice=plan.grad_sync.label,
         next_best="exact",
-        saved_s=float(plan.estimate.savings["grad_sync_saved_s"]),
+        saved_s=saved_s,
         saved_bytes=None,
     )
 

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.plan.codec import JsonCoded
+
 
 @dataclass(frozen=True, kw_only=True)
-class ExplainRow:
+class ExplainRow(JsonCoded):
+    """Why one node is sharded as it is: its split and output spec, and what it costs at them (seconds per
+    microbatch, ``step_s`` per step; bytes per device)."""
+
     node: str
     target: str
     strategy: str
@@ -22,6 +27,3 @@ class ExplainRow:
     step_s: float
     reshard_s: float
     memory_bytes: float
-
-    def to_json(self) -> dict[str, object]:
-        return dict(self.__dict__)

@@ -20,13 +20,14 @@ syncs exactly). The kinds, each run with torch's own DDP communication hooks
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, get_args
 
 from planner.errors import AutoplanError
+from planner.plan.codec import JsonCoded
 
-GRAD_SYNC_KINDS = ("exact", "bf16", "powersgd", "local-sgd")
+GradSyncKind = Literal["exact", "bf16", "powersgd", "local-sgd"]
+GRAD_SYNC_KINDS: tuple[str, ...] = get_args(GradSyncKind)
 DEFAULT_WARMUP_STEPS = 10  # exact steps before PowerSGD or local SGD start (torch needs at least 2 for PowerSGD)
 
 
@@ -35,8 +36,10 @@ class GradSyncError(AutoplanError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GradSync:
-    kind: str = "exact"
+class GradSync(JsonCoded):
+    """How the plan synchronises gradients: exactly, or the lossy way the user allowed (the module docstring)."""
+
+    kind: GradSyncKind = "exact"
     rank: int = 0  # powersgd: the matrix approximation rank r
     period: int = 0  # local-sgd: steps between two parameter averages H
     warmup_steps: int = 0  # powersgd, local-sgd: exact steps first (start_powerSGD_iter, start_localSGD_iter)
@@ -94,17 +97,3 @@ class GradSync:
                 f"parameters over every replica once every {self.period} steps (post-local SGD)"
             )
         return "gradients are synchronised exactly"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "rank": self.rank, "period": self.period, "warmup_steps": self.warmup_steps}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> GradSync:
-        if not data:
-            return cls()
-        return cls(
-            kind=str(data.get("kind", "exact")),
-            rank=int(data.get("rank", 0)),
-            period=int(data.get("period", 0)),
-            warmup_steps=int(data.get("warmup_steps", 0)),
-        )

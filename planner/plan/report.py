@@ -17,7 +17,7 @@ from cost_models.units import GIB
 from planner.plan.choices import memory_saving_of
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 from planner.plan.shape import count_of, plan_shape, stage_degrees
-from planner.plan.stage import Stage
+from planner.plan.stage import Saving, Stage
 from planner.plan.value import Estimate, Plan
 
 COMPARED_NOTE = "compared under the same cost model: "  # planner.api's note on the auto-family candidates
@@ -76,7 +76,7 @@ def _stage_line(stage: Stage) -> str:
     sharded = sum(any(p.startswith("S") for p in spec) for spec in stage.param_placements.values())
     params = f"{sharded} of {len(stage.param_placements)} parameters sharded" if sharded else "parameters replicated"
     mesh = "×".join(str(s) for s in stage.mesh_shape)
-    return (
+    line = (
         f"  stage {stage.index}: devices {device_range(stage.devices)}, {stage_degrees(stage).text()} (mesh {mesh}), "
         f"{count_of(len(stage.nodes), 'operator')}, {params}"
         + (
@@ -84,16 +84,17 @@ def _stage_line(stage: Stage) -> str:
             if stage.uses_sequence_parallelism
             else ""
         )
-        + (f"\n    memory: {memory_saving_text(stage.memory_saving)}" if memory_saving_of(stage) else "")
     )
+    saving = stage.memory_saving if memory_saving_of(stage) else None  # None: nothing to compare it with
+    return line + (f"\n    memory: {memory_saving_text(saving)}" if saving else "")
 
 
-def memory_saving_text(saving: Mapping[str, Any]) -> str:
+def memory_saving_text(saving: Saving) -> str:
     """``selective recomputation (attention), ZeRO-1: 0.012 s and 1.2 GiB less than full recomputation, no ZeRO``."""
-    seconds, size = float(saving["saved_s"]), float(saving["saved_bytes"])
+    seconds, size = saving.saved_s, saving.saved_bytes
     time_text = f"{abs(seconds):.3g} s {'less' if seconds >= 0 else 'more'}"
     bytes_text = f"{abs(size) / GIB:.3g} GiB {'less' if size >= 0 else 'more'}"
-    return f"{saving['choice']}: {time_text} per step and {bytes_text} per device than {saving['next_best']}"
+    return f"{saving.choice}: {time_text} per step and {bytes_text} per device than {saving.next_best}"
 
 
 def _estimate_lines(plan: Plan) -> list[str]:

@@ -1,8 +1,11 @@
-"""A plan stage: its nodes, devices and mesh, every parameter's placement, and every node's strategy.
+"""A plan stage: its nodes, devices and mesh, every parameter's placement, every node's strategy, and what its
+choices saved.
 
 The strategy a stage stores for a node (:class:`NodeSharding`) is the program the executors run and
 the simulator prices: the spec each operand is consumed in, the output spec, the compute split and
-the collectives (:class:`Collective`) it issues, each naming the operand it moves.
+the collectives (:class:`Collective`) it issues, each naming the operand it moves. A stage explains itself
+with a row per node (:class:`~planner.plan.explain.ExplainRow`) and what its recomputation and ZeRO level
+(:class:`MemorySaving`) and its sequence parallelism (:class:`Saving`) saved against the next-best option.
 """
 
 from __future__ import annotations
@@ -10,10 +13,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal, get_args
 
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-PHASES = ("forward", "backward", "sync")  # per microbatch, per microbatch, once per step
+from planner.plan.codec import JsonCoded
+from planner.plan.explain import ExplainRow
+
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+Phase = Literal["forward", "backward", "sync"]  # per microbatch, per microbatch, once per step
+COLLECTIVE_KINDS: tuple[str, ...] = get_args(CollectiveKind)
+PHASES: tuple[str, ...] = get_args(Phase)
 GATHERED = "R*"  # a placement: replicated, its gradient handed back as partial sums (sequence parallelism's g)
 ZERO_LEVELS = (0, 1, 2, 3)  # cost_models.memory: what each level shards over the data-parallel axes
 
@@ -25,7 +33,7 @@ class Remat(enum.StrEnum):
     * ``attention`` — each attention core (``Q·Kᵀ``, mask, softmax, dropout, ``·V``; Korthikanti et al. 2022 §5);
     * ``full`` — each layer, keeping only its inputs (Megatron's full recomputation, one layer per checkpoint).
 
-    ``bool(remat)`` says whether the stage recomputes anything (plans stored ``remat: true/false``)."""
+    ``bool(remat)`` says whether the stage recomputes anything."""
 
     NONE = "none"
     ATTENTION = "attention"
@@ -46,24 +54,25 @@ def memory_choice_label(remat: Remat | str, zero: int) -> str:
 
 
 def as_remat(value: Remat | str | bool) -> Remat:
-    """``true`` (older plans: the whole stage) is ``full``, ``false`` is ``none``."""
+    """A name, or a bool: ``True`` (the whole stage) is ``full``, ``False`` is ``none``."""
     if isinstance(value, bool):
         return Remat.FULL if value else Remat.NONE
     return Remat(value)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Collective:
+class Collective(JsonCoded):
     """A collective a node issues: ``kind`` over mesh ``axis`` in ``phase`` on ``operand`` (the position
-    of one of the node's inputs; None: its output). ``forward``: the all-reduce of a partial sum;
-    ``backward``: the all-reduce of a replicated input's gradient; ``sync``: a parameter's gradient
-    all-reduce, once per step. Under sequence parallelism a partial sum is reduce-scattered forward and
-    its gradient all-gathered backward, or an output computed on sequence shards is all-gathered
-    forward (``R*``) and its gradient reduce-scattered backward (:attr:`is_sequence_parallel`)."""
+    of one of the node's inputs; None: its output).
 
-    kind: str
+    ``forward``: the all-reduce of a partial sum; ``backward``: the all-reduce of a replicated input's gradient;
+    ``sync``: a parameter's gradient all-reduce, once per step. Under sequence parallelism a partial sum is
+    reduce-scattered forward and its gradient all-gathered backward, or an output computed on sequence shards is
+    all-gathered forward (``R*``) and its gradient reduce-scattered backward (:attr:`is_sequence_parallel`)."""
+
+    kind: CollectiveKind
     axis: int
-    phase: str
+    phase: Phase
     operand: int | None = None
 
     @property
@@ -72,22 +81,9 @@ class Collective:
         along the sequence (``ḡ``), or an output computed on sequence shards gathered for its readers (``g``)."""
         return self.phase == "forward" and self.operand is None and self.kind in ("reduce_scatter", "all_gather")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "axis": self.axis, "phase": self.phase, "operand": self.operand}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Collective:
-        operand = data.get("operand")
-        return cls(
-            kind=str(data["kind"]),
-            axis=int(data["axis"]),
-            phase=str(data["phase"]),
-            operand=None if operand is None else int(operand),
-        )
-
 
 @dataclass(frozen=True, kw_only=True)
-class NodeSharding:
+class NodeSharding(JsonCoded):
     """The strategy the search chose for one node, as the executors run it and the simulator prices it.
 
     ``input_specs`` has one entry per node input: the spec an activation is redistributed to before
@@ -100,28 +96,33 @@ class NodeSharding:
     compute_shards: int = 1
     collectives: tuple[Collective, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "split": self.split,
-            "input_specs": [None if spec is None else list(spec) for spec in self.input_specs],
-            "output_spec": list(self.output_spec),
-            "compute_shards": self.compute_shards,
-            "collectives": [collective.to_json() for collective in self.collectives],
-        }
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> NodeSharding:
-        return cls(
-            split=str(data["split"]),
-            input_specs=tuple(None if spec is None else tuple(spec) for spec in data["input_specs"]),
-            output_spec=tuple(data["output_spec"]),
-            compute_shards=int(data.get("compute_shards", 1)),
-            collectives=tuple(Collective.from_json(c) for c in data.get("collectives", ())),
-        )
+@dataclass(frozen=True, kw_only=True)
+class Saving(JsonCoded):
+    """What a stage's choice saved against the next-best option: seconds per step and bytes per device, positive
+    when the choice is the cheaper (:mod:`planner.plan.choices` reads them)."""
+
+    choice: str
+    next_best: str  # ends " (does not fit)" when the next best is over the memory budget
+    saved_s: float
+    saved_bytes: float
 
 
 @dataclass(frozen=True, kw_only=True)
-class Stage:
+class MemorySaving(Saving):
+    """What a stage's recomputation and ZeRO level saved against the next-best pair (``next_best_remat`` and
+    ``next_best_zero``): :meth:`planner.inter.stage_shapes.StageTemplate.memory_saving`,
+    :func:`planner.inter.data_parallel_levels.best_level`."""
+
+    next_best_remat: Remat
+    next_best_zero: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage(JsonCoded):
+    """One pipeline stage: its nodes on its devices' mesh (a later virtual stage on the devices of stage
+    ``index mod P``), every parameter's placement and every node's strategy, and what its choices saved."""
+
     index: int
     nodes: tuple[str, ...]
     devices: tuple[int, ...]
@@ -132,14 +133,14 @@ class Stage:
     # checkpointed runs of consecutive stage nodes, (first, last) each, in stage order; empty with remat: the whole stage
     remat_regions: tuple[tuple[str, str], ...] = ()
     zero: int = 0  # ZeRO level over the stage's data-parallel axes (ZERO_LEVELS; cost_models.memory)
-    # what the recomputation and ZeRO level save against the next-best pair: {choice, next_best, saved_s, saved_bytes}
-    memory_saving: Mapping[str, Any] = field(default_factory=dict)
-    # what Megatron sequence parallelism saves against the stage without it, the same keys (planner.inter.sp_saving)
-    sequence_parallel_saving: Mapping[str, Any] = field(default_factory=dict)
-    explanation: tuple[Mapping[str, Any], ...] = ()  # per node: split, spec and seconds (planner.intra.to_stage)
+    # what the recomputation and ZeRO level save against the next-best pair (None: no other pair to compare)
+    memory_saving: MemorySaving | None = None
+    # what Megatron sequence parallelism saves against the stage without it (planner.inter.sp_saving; None: unused)
+    sequence_parallel_saving: Saving | None = None
+    explanation: tuple[ExplainRow, ...] = ()  # per node: split, spec and seconds (planner.costing.stage_work)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "remat", as_remat(self.remat))  # a bool or a name, as older callers pass it
+        object.__setattr__(self, "remat", as_remat(self.remat))  # a bool or a name, as callers pass it
         object.__setattr__(self, "remat_regions", tuple((str(a), str(b)) for a, b in self.remat_regions))
 
     def recomputed_runs(self) -> tuple[tuple[str, ...], ...]:
@@ -152,6 +153,12 @@ class Stage:
         return tuple(self.nodes[position[first] : position[last] + 1] for first, last in self.remat_regions)
 
     @property
+    def is_pure_data_parallel(self) -> bool:
+        """Several devices, every parameter replicated: each device runs the whole stage on its share of the batch
+        (a one-stage plan of such a stage runs as DDP, or FSDP at a ZeRO level: :attr:`Plan.is_pure_data_parallel`)."""
+        return len(self.devices) > 1 and all(set(spec) == {"R"} for spec in self.param_placements.values())
+
+    @property
     def uses_sequence_parallelism(self) -> bool:
         """Some node of the stage scatters or gathers along the sequence (:attr:`Collective.is_sequence_parallel`)."""
         return any(c.is_sequence_parallel for record in self.strategies.values() for c in record.collectives)
@@ -160,36 +167,3 @@ class Stage:
     def output_specs(self) -> dict[str, tuple[str, ...]]:
         """Node name -> its output spec (from its strategy)."""
         return {name: record.output_spec for name, record in self.strategies.items()}
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "nodes": list(self.nodes),
-            "devices": list(self.devices),
-            "mesh_shape": list(self.mesh_shape),
-            "strategies": {name: record.to_json() for name, record in self.strategies.items()},
-            "param_placements": {name: list(spec) for name, spec in self.param_placements.items()},
-            "remat": str(self.remat),
-            "remat_regions": [list(region) for region in self.remat_regions],
-            "zero": self.zero,
-            "memory_saving": dict(self.memory_saving),
-            "sequence_parallel_saving": dict(self.sequence_parallel_saving),
-            "explanation": [dict(row) for row in self.explanation],
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Stage:
-        return cls(
-            index=int(data["index"]),
-            nodes=tuple(data["nodes"]),
-            devices=tuple(int(d) for d in data["devices"]),
-            mesh_shape=tuple(int(s) for s in data["mesh_shape"]),
-            strategies={name: NodeSharding.from_json(record) for name, record in data["strategies"].items()},
-            param_placements={k: tuple(v) for k, v in data.get("param_placements", {}).items()},
-            remat=as_remat(data.get("remat", False)),
-            remat_regions=tuple(tuple(region) for region in data.get("remat_regions", ())),
-            zero=int(data.get("zero", 0)),
-            memory_saving=dict(data.get("memory_saving", {})),
-            sequence_parallel_saving=dict(data.get("sequence_parallel_saving", {})),
-            explanation=tuple(dict(row) for row in data.get("explanation", ())),
-        )

@@ -1,30 +1,40 @@
-"""A plan is a value: frozen, keyword-only dataclasses with a JSON round-trip and validation.
+"""A plan is a value: frozen, keyword-only dataclasses, written as JSON by the generic codec, and validated.
 
-JSON layout (``format_version`` 2)::
+JSON layout (``format_version`` 3): the fields of :class:`Plan`, each nested dataclass an object of its fields
+(:mod:`planner.plan.codec`; the schema, generated from these types, is ``docs/plan-schema.json``,
+:mod:`planner.plan.schema`)::
 
-    {format_version, method, model: {file, args, fingerprint, tracer, num_params},
-     cluster: {...Cluster.to_json()}, batch_size, num_microbatches, schedule, optimizer, zero,
-     memory_fraction, grad_sync: {kind, rank, period, warmup_steps} (planner.plan.grad_sync; absent: exact),
-     runtime (planner.costing.runtime_profiles; absent: autoplan),
-     stages: [{index, nodes, devices, mesh_shape, param_placements, remat, remat_regions, zero, explanation,
-               memory_saving, sequence_parallel_saving (planner.plan.choices; absent: {}),
+    {format_version, method, model: {fingerprint, num_params, file, args, tracer}, cluster: {...Cluster.to_json()}, batch_size,
+     num_microbatches, schedule, optimizer,
+     stages: [{index, nodes, devices, mesh_shape,
                strategies: {node: {split, input_specs, output_spec, compute_shards,
-                                   collectives: [{kind, axis, phase, operand}]}}}],
-     estimate: {step_time_s, per_stage_time_s, memory_per_device_bytes, bubble_fraction,
-                tflops_per_device, mfu, breakdown_s (parts adding up to the step), hidden_s, savings}, search: {time_s, capture_s, ...}, notes}
+                                   collectives: [{kind, axis, phase, operand}]}},
+               param_placements, remat, remat_regions, zero,
+               memory_saving: {choice, next_best, saved_s, saved_bytes, next_best_remat, next_best_zero} | null,
+               sequence_parallel_saving: {choice, next_best, saved_s, saved_bytes} | null,
+               explanation: [{node, target, strategy, spec, compute_s, comm_s, step_s, reshard_s, memory_bytes}]}],
+     estimate: {step_time_s, per_stage_time_s, memory_per_device_bytes, bubble_fraction, tflops_per_device, mfu,
+                breakdown_s (parts adding up to the step), hidden_s,
+                savings: {schedule_saved_s, schedule_saved_bytes, grad_sync_saved_s}},
+     search: {time_s, capture_s, ...}, notes, batch_stat_rows, memory_fraction,
+     grad_sync: {kind, rank, period, warmup_steps} (planner.plan.grad_sync),
+     runtime (planner.costing.runtime_profiles)}
+
+A field with a default may be left out (it takes the default); an unknown field is an error.
 
 The plan is the program: every node's :class:`NodeSharding` is the strategy the search chose, and
 the simulator, ``plan show``, ``plan run`` and the executors read it as it is — the spec each
 tensor operand is consumed in (an activation is redistributed to it, a parameter is held in it),
-the output spec, the factor its compute is split by, and the collectives it issues. Version 1
-plans stored only output specs and cannot be read (re-plan).
+the output spec, the factor its compute is split by, and the collectives it issues. Plans of an older
+``format_version`` (1: output specs only; 2: savings and explanations as free-form objects) are refused
+with one line that says to re-plan.
 
 A placement is one of ``"S(d)"`` (shard tensor dim d), ``"R"`` (replicate), ``"R*"`` (replicate, the
 gradient handed back as partial sums: sequence parallelism's gathered tensors) or ``"P"`` (partial sum),
 one per mesh axis. :func:`validate_plan` checks the plan against its graph.
 
 ``model.file`` is absolute in plans made by ``plan`` (:func:`planner.api.prepare_model_file`);
-:func:`load_plan` finds a relative one (older plans) beside the plan file, then in the current
+:func:`load_plan` finds a relative one (a hand-written plan) beside the plan file, then in the current
 directory, and returns the plan with that path made absolute.
 """
 
@@ -40,10 +50,11 @@ from typing import Any
 from cost_models.cluster import Cluster, memory_budget_bytes
 from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
+from planner.plan.codec import Codec, CodecError, External, JsonCoded
 from planner.plan.grad_sync import GradSync
 from planner.plan.stage import Stage
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # dataflow: op placements, each op runs when its inputs arrive; interleaved and zero-bubble may hold several stages
 # per pipeline rank (stage k on the devices of stage k mod P: planner.plan.schedules)
 SCHEDULES = ("none", "gpipe", "1f1b", "interleaved", "zero-bubble", "dataflow")
@@ -57,13 +68,23 @@ BREAKDOWN_TOLERANCE = 1e-9  # relative: float rounding between a step and the su
 
 
 @dataclass(frozen=True, kw_only=True)
-class Estimate:
+class PlanSavings(JsonCoded):
+    """What the whole plan's choices saved against the option each replaced, per step and per device (None: that
+    choice was not made): the schedule against the GPipe or 1F1B pipeline it was cut from
+    (:mod:`planner.inter.schedule_variants`), a lossy gradient sync against exact (:mod:`planner.plan.choices`)."""
+
+    schedule_saved_s: float | None = None
+    schedule_saved_bytes: float | None = None
+    grad_sync_saved_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate(JsonCoded):
     """What a plan is expected to cost per step.
 
     ``breakdown_s``: the parts of the step, each non-negative, adding up to ``step_time_s`` (:meth:`breakdown_error`
     says where they do not). ``hidden_s``: work that runs behind the step's parts and is not added to them (the
-    gradient all-reduce the backward pass hides). ``savings``: what a choice saved against the option it replaced
-    (``schedule_saved_s``, ``schedule_saved_bytes``, ``grad_sync_saved_s``; read by :mod:`planner.plan.choices`).
+    gradient all-reduce the backward pass hides). ``savings``: what the plan's choices saved (:class:`PlanSavings`).
     """
 
     step_time_s: float
@@ -74,7 +95,7 @@ class Estimate:
     mfu: float = 0.0
     breakdown_s: Mapping[str, float] = field(default_factory=dict)
     hidden_s: Mapping[str, float] = field(default_factory=dict)
-    savings: Mapping[str, float] = field(default_factory=dict)
+    savings: PlanSavings = field(default_factory=PlanSavings)
 
     def breakdown_error(self) -> str | None:
         """Why the breakdown is not the step cut into non-negative parts; None when it is."""
@@ -86,36 +107,11 @@ class Estimate:
             return f"parts add up to {total!r} s, the step is {self.step_time_s!r} s"
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "step_time_s": self.step_time_s,
-            "per_stage_time_s": list(self.per_stage_time_s),
-            "memory_per_device_bytes": self.memory_per_device_bytes,
-            "bubble_fraction": self.bubble_fraction,
-            "tflops_per_device": self.tflops_per_device,
-            "mfu": self.mfu,
-            "breakdown_s": dict(self.breakdown_s),
-            "hidden_s": dict(self.hidden_s),
-            "savings": dict(self.savings),
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Estimate:
-        return cls(
-            step_time_s=float(data["step_time_s"]),
-            per_stage_time_s=tuple(float(t) for t in data.get("per_stage_time_s", ())),
-            memory_per_device_bytes=int(data["memory_per_device_bytes"]),
-            bubble_fraction=float(data["bubble_fraction"]),
-            tflops_per_device=float(data["tflops_per_device"]),
-            mfu=float(data.get("mfu", 0.0)),
-            breakdown_s=dict(data.get("breakdown_s", {})),
-            hidden_s=dict(data.get("hidden_s", {})),
-            savings=dict(data.get("savings", {})),
-        )
-
 
 @dataclass(frozen=True, kw_only=True)
-class SearchStats:
+class SearchStats(JsonCoded):
+    """Where the search spent its time (seconds) and how many layer problems it solved."""
+
     time_s: float
     capture_s: float = 0.0
     cost_s: float = 0.0
@@ -124,32 +120,9 @@ class SearchStats:
     dp_s: float = 0.0  # the stage DP and the hand-written grid
     price_s: float = 0.0  # re-pricing candidates on whole stages
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "time_s": self.time_s,
-            "capture_s": self.capture_s,
-            "cost_s": self.cost_s,
-            "ilp_solves": self.ilp_solves,
-            "ilp_s": self.ilp_s,
-            "dp_s": self.dp_s,
-            "price_s": self.price_s,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SearchStats:
-        return cls(
-            time_s=float(data["time_s"]),
-            capture_s=float(data.get("capture_s", 0.0)),
-            cost_s=float(data.get("cost_s", 0.0)),
-            ilp_solves=int(data.get("ilp_solves", 0)),
-            ilp_s=float(data.get("ilp_s", 0.0)),
-            dp_s=float(data.get("dp_s", 0.0)),
-            price_s=float(data.get("price_s", 0.0)),
-        )
-
 
 @dataclass(frozen=True, kw_only=True)
-class ModelRef:
+class ModelRef(JsonCoded):
     """Where the model came from, so executors can rebuild and check it."""
 
     fingerprint: str
@@ -158,28 +131,44 @@ class ModelRef:
     args: Mapping[str, Any] = field(default_factory=dict)
     tracer: str = "export"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "args": dict(self.args),
-            "fingerprint": self.fingerprint,
-            "tracer": self.tracer,
-            "num_params": self.num_params,
-        }
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ModelRef:
-        return cls(
-            file=data.get("file"),
-            args=dict(data.get("args", {})),
-            fingerprint=str(data["fingerprint"]),
-            tracer=str(data.get("tracer", "export")),
-            num_params=int(data.get("num_params", 0)),
+LINK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"bandwidth": {"type": "number"}, "latency_s": {"type": "number"}},
+    "required": ["bandwidth", "latency_s"],
+    "additionalProperties": False,
+}
+CLUSTER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "The cluster the plan was made for, as a cluster file holds it (cost_models.cluster).",
+    "properties": {
+        "name": {"type": "string"},
+        "num_nodes": {"type": "integer"},
+        "devices_per_node": {"type": "integer"},
+        "device": {"type": "object"},
+        "intra_node": LINK_SCHEMA,
+        "inter_node": LINK_SCHEMA,
+        "nics_per_node": {"type": "integer"},
+        "calibration": {"type": "object"},
+    },
+    "required": ["name", "num_nodes", "devices_per_node", "device", "intra_node", "inter_node"],
+    "additionalProperties": False,
+}
+# The plan's codec: every class of the plan by introspection, the cluster as its own file format writes it.
+PLAN_CODEC = Codec(
+    external={
+        Cluster: External(
+            encode=Cluster.to_json, decode=lambda data: Cluster.from_json(data, source="plan"), schema=CLUSTER_SCHEMA
         )
+    }
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
+    """A parallel plan: the model and cluster it was made for, its stages, its estimate and how it was found."""
+
+    format_version: int = FORMAT_VERSION  # first in the file: what a reader checks before anything else
     method: str
     model: ModelRef
     cluster: Cluster
@@ -198,7 +187,6 @@ class Plan:
     grad_sync: GradSync = field(default_factory=GradSync)
     # the runtime the estimate describes (planner.costing.runtime_profiles): autoplan, our executors, unless --runtime
     runtime: str = "autoplan"
-    format_version: int = FORMAT_VERSION
 
     @property
     def num_devices(self) -> int:
@@ -208,6 +196,12 @@ class Plan:
     def zero(self) -> int:
         """The highest ZeRO level of the stages (each stage has its own: ``Stage.zero``)."""
         return max((stage.zero for stage in self.stages), default=0)
+
+    @property
+    def is_pure_data_parallel(self) -> bool:
+        """One stage on several devices, every parameter replicated (:attr:`Stage.is_pure_data_parallel`): the
+        executors run it with DDP, or with FSDP at a ZeRO level above 0."""
+        return len(self.stages) == 1 and self.stages[0].is_pure_data_parallel
 
     @property
     def num_pipeline_ranks(self) -> int:
@@ -225,67 +219,25 @@ class Plan:
         return memory_budget_bytes(self.cluster, memory_fraction=self.memory_fraction)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version,
-            "method": self.method,
-            "model": self.model.to_json(),
-            "cluster": self.cluster.to_json(),
-            "batch_size": self.batch_size,
-            "num_microbatches": self.num_microbatches,
-            "schedule": self.schedule,
-            "optimizer": self.optimizer,
-            "zero": self.zero,
-            "memory_fraction": self.memory_fraction,
-            "batch_stat_rows": self.batch_stat_rows,
-            "grad_sync": self.grad_sync.to_json(),
-            "runtime": self.runtime,
-            "stages": [stage.to_json() for stage in self.stages],
-            "estimate": self.estimate.to_json(),
-            "search": self.search.to_json(),
-            "notes": list(self.notes),
-        }
+        """The plan as JSON data (:data:`PLAN_CODEC`)."""
+        return PLAN_CODEC.encode(self)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Plan:
-        version = data.get("format_version")
+        """The plan ``data`` holds; :class:`PlanError` in one line for another format version or malformed data."""
+        version = data.get("format_version") if isinstance(data, Mapping) else None
         if version != FORMAT_VERSION:
             raise PlanError(
                 f"plan format_version {version!r} is not one this autoplan reads ({FORMAT_VERSION}): "
                 "re-plan the model with `plan MODEL_FILE ...` to get a plan it can run"
             )
         try:
-            return cls(
-                method=str(data["method"]),
-                model=ModelRef.from_json(data["model"]),
-                cluster=Cluster.from_json(data["cluster"], source="plan"),
-                batch_size=int(data["batch_size"]),
-                num_microbatches=int(data["num_microbatches"]),
-                schedule=str(data["schedule"]),
-                optimizer=str(data.get("optimizer", "adam-mixed")),
-                memory_fraction=float(data.get("memory_fraction", 1.0)),
-                batch_stat_rows=int(data.get("batch_stat_rows", 0)),
-                grad_sync=GradSync.from_json(data.get("grad_sync")),
-                runtime=str(data.get("runtime", "autoplan")),
-                stages=_stages_from_json(data),
-                estimate=Estimate.from_json(data["estimate"]),
-                search=SearchStats.from_json(data["search"]),
-                notes=tuple(data.get("notes", ())),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise PlanError(f"plan JSON is malformed: {type(error).__name__} {error}") from None
-
-
-def _stages_from_json(data: Mapping[str, Any]) -> tuple[Stage, ...]:
-    """The stages; a plan stored before stages had ZeRO levels says ``zero: true`` for the whole plan (optimizer
-    state and gradients sharded): level 2 on a data-parallel plan (FSDP), 1 on the stages of any other."""
-    stages = tuple(Stage.from_json(stage) for stage in data["stages"])
-    if data.get("zero") is not True or any("zero" in stage for stage in data["stages"]):
-        return stages
-    data_parallel = len(stages) == 1 and all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
-    return tuple(replace(stage, zero=(2 if data_parallel else 1) if len(stage.devices) > 1 else 0) for stage in stages)
+            return PLAN_CODEC.decode(cls, data)
+        except (CodecError, TypeError, ValueError) as error:
+            raise PlanError(f"plan JSON is malformed: {error}") from None
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -59,7 +59,7 @@ def single_stage_plan(
     result, _ = solve_best_mesh(graph, setup, devices=devices, options=options)
     stage = replace(stage_from_result(result), zero=int(options.zero))
     rows = explain_stage(stage, graph, setup)
-    stage = replace(stage, explanation=tuple(row.to_json() for row in rows))
+    stage = replace(stage, explanation=tuple(rows))
     step = result.objective_s * options.num_microbatches + setup.cluster.device.step_overhead_s
     estimate = Estimate(
         step_time_s=step,

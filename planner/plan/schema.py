@@ -1,0 +1,32 @@
+"""The plan's JSON Schema, generated from the plan's types by the codec that writes plans.
+
+``python -m planner.plan.schema > docs/plan-schema.json`` writes the published copy; ``tests/test_plan_schema.py``
+checks that copy is up to date and that plans made by every method validate against it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from planner.plan.value import FORMAT_VERSION, PLAN_CODEC, Plan
+
+TITLE = "autoplan plan"
+
+
+def plan_schema() -> dict[str, Any]:
+    """The JSON Schema of a plan file of this :data:`FORMAT_VERSION` (draft 2020-12)."""
+    schema = PLAN_CODEC.schema(Plan, title=TITLE)
+    plan = schema["$defs"]["Plan"]
+    plan["properties"]["format_version"] = {"const": FORMAT_VERSION}
+    plan["required"] = [*plan["required"], "format_version"]
+    return schema
+
+
+def schema_text() -> str:
+    """The schema as ``docs/plan-schema.json`` holds it."""
+    return json.dumps(plan_schema(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    print(schema_text(), end="")
