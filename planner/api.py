@@ -36,7 +36,7 @@ from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError, InternalError
 from planner.inter.search import SEARCH_SPACES, PipelineOptions, Progress, allowed_slots, microbatch_counts
 from planner.inter.sp_saving import with_sequence_parallel_savings
-from planner.inter.stage_dp import is_large
+from planner.inter.stage_dp.solver import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file

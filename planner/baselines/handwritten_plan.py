@@ -36,7 +36,6 @@ from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_po
 from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
-from planner.inter.boundaries import boundary_table
 from planner.inter.data_parallel_step import reprice_data_parallel
 from planner.inter.pricing import price_stages
 from planner.inter.schedule_variants import Candidate, best_rescheduled, method_schedules, with_variant
@@ -52,6 +51,7 @@ from planner.inter.search import (
     microbatch_counts,
     option_arrays,
 )
+from planner.inter.stage_dp.boundaries import boundary_table
 from planner.inter.stage_pricing import PricedPipeline
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
