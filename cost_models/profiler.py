@@ -48,8 +48,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from cost_models.cluster import DeviceSpec
-from cost_models.compute import NodeTime, ProfiledCompute, RooflineCompute
+from cost_models.compute import NodeTime
 from cost_models.units import GIB
 from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
@@ -222,24 +221,6 @@ def profile_graph(
         if cache is not None:
             cache.save()
     return ProfileResult(times=times, skipped=skipped, cached_hits=cached_hits, measured=measured)
-
-
-def profiled_compute(
-    graph: OpGraph,
-    *,
-    device_spec: DeviceSpec,
-    device: str = "cpu",
-    warmup: int = 2,
-    repeats: int = 5,
-    cache: ProfileCache | None = None,
-    progress: ProgressCallback | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-) -> ProfiledCompute:
-    """Profile ``graph`` and wrap the table, with the roofline on ``device_spec`` for the rest."""
-    result = profile_graph(
-        graph, device=device, warmup=warmup, repeats=repeats, cache=cache, progress=progress, max_bytes=max_bytes
-    )
-    return ProfiledCompute(table=result.times, fallback=RooflineCompute(device=device_spec))
 
 
 @dataclass(frozen=True, kw_only=True)

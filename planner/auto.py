@@ -6,7 +6,7 @@
    best data-parallel, Megatron ``(t, p, d)`` and uniform-pipeline plans by the span options
    (:func:`planner.baselines.handwritten.best_handwritten`, with ``--allow-lossy`` also every Megatron grid point
    whose data-parallel groups cross nodes), priced as written (no refinement). On a large cluster
-   (:func:`planner.inter.stage_dp.is_large`) the Megatron candidate is the grid as an expert tries it
+   (:func:`planner.inter.stage_dp.solver.is_large`) the Megatron candidate is the grid as an expert tries it
    there — deep pipelines on whole layers, hundreds of microbatches
    (:func:`planner.baselines.handwritten_plan.megatron_at_scale`).
 3. Each candidate is priced exactly on whole stages (:func:`planner.inter.pricing.price_stages`), under the
@@ -36,7 +36,7 @@ from planner.errors import AutoplanError
 from planner.inter.pricing import price_stages, specs_from_dp
 from planner.inter.schedule_variants import Candidate, Pipelines, best_rescheduled, method_schedules, with_variant
 from planner.inter.search import LayerTables, PipelineChoice, Progress, search_pipeline
-from planner.inter.stage_dp import is_large
+from planner.inter.stage_dp.solver import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs

@@ -28,7 +28,7 @@ from planner.baselines.method_options import does_not_fit_message
 from planner.baselines.placement.methods import PLACEMENT_METHODS as PLACEMENT_DESCRIPTIONS
 from planner.baselines.placement.methods import run_placement
 from planner.errors import AutoplanError
-from planner.inter.stage_dp import is_large
+from planner.inter.stage_dp.solver import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.options import PLACEMENT_METHODS, Method
 from planner.plan import SearchStats

@@ -22,7 +22,7 @@ from planner.costing.runtime_profiles import runtime_profile
 from planner.costing.setup import CostSetup, default_optimizer, loss_bytes_per_output_element, make_compute_model
 from planner.errors import AutoplanError
 from planner.inter.search import Progress, microbatch_counts
-from planner.inter.stage_dp import is_large
+from planner.inter.stage_dp.solver import is_large
 from planner.ir.graph import OpGraph
 from planner.ir.model_file import instantiate, load_model_file
 from planner.ir.rebatch import MicrobatchGraphs, capture_graphs

@@ -12,7 +12,6 @@ from cost_models.cluster import load_cluster
 from cost_models.communication import axis_groups
 from planner.auto import auto_plan
 from planner.baselines.handwritten import megatron_grid
-from planner.inter.boundaries import boundary_table
 from planner.inter.pricing import price_stages
 from planner.inter.search import (
     LayerTables,
@@ -21,7 +20,8 @@ from planner.inter.search import (
     option_arrays,
     search_pipeline,
 )
-from planner.inter.stage_dp import solve_stages, submeshes
+from planner.inter.stage_dp.boundaries import boundary_table
+from planner.inter.stage_dp.solver import solve_stages, submeshes
 from planner.ir.capture import capture
 from planner.ir.model_file import instantiate, load_model_file
 from planner.ir.rebatch import MicrobatchGraphs

@@ -17,7 +17,6 @@ from cost_models.profiler import (
     default_cache_path,
     node_memory_bytes,
     profile_graph,
-    profiled_compute,
 )
 from planner.errors import AutoplanError
 from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind
@@ -149,7 +148,9 @@ def test_failing_node_is_skipped_with_its_reason() -> None:
 
 def test_profiled_compute_covers_the_graph_and_falls_back(gpt_graph: OpGraph) -> None:
     device_spec = preset("local-cpu").device
-    compute = profiled_compute(gpt_graph, device_spec=device_spec, **FAST)
+    compute = ProfiledCompute(
+        table=profile_graph(gpt_graph, **FAST).times, fallback=RooflineCompute(device=device_spec)
+    )
     nodes = list(gpt_graph)
     assert compute.coverage(nodes) == 1.0
     roofline = RooflineCompute(device=device_spec)

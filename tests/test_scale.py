@@ -16,8 +16,8 @@ from cost_models.cluster import load_cluster
 from planner.api import plan_prepared, prepare_model_file
 from planner.baselines.handwritten import equal_spans
 from planner.baselines.handwritten_plan import state_can_fit
-from planner.inter.device_blocks import Submesh
 from planner.inter.search import canonical_mesh, microbatch_counts
+from planner.inter.stage_dp.device_blocks import Submesh
 from planner.inter.stage_shapes import StageShapes
 from planner.intra.ilp import solve_unconstrained
 from planner.intra.incumbents import megatron_choice

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from planner.errors import AutoplanError
-from planner.inter.device_blocks import Submesh, assign_devices
-from planner.inter.stage_dp import StageOption, StagePlan, solve_stages, submeshes
+from planner.inter.stage_dp.device_blocks import Submesh, assign_devices
+from planner.inter.stage_dp.solver import StageOption, StagePlan, solve_stages, submeshes
 
 CLUSTERS = [(1, 8), (2, 4), (1, 4), (2, 2), (3, 2), (1, 6), (1, 1), (2, 1)]
 

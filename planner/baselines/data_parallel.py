@@ -26,8 +26,7 @@ The step is priced as DDP runs it (:func:`planner.costing.ddp.ddp_step`); the me
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from planner.costing.ddp import ddp_estimate, ddp_step, fsdp_step
 from planner.costing.estimate import batched_values, check_fits, data_parallel_memory_bytes
@@ -73,23 +72,33 @@ def check_batch(batch_size: int, num_devices: int) -> None:
 def batch_strategies(graph: OpGraph, setup: CostSetup, mesh: StageMesh) -> dict[str, NodeStrategy]:
     """Node name -> its strategy when the batch is split over every axis of ``mesh``."""
     context = strategy_context(graph, setup, mesh)
-    batched = batched_values(graph)
-    specs = {value.name: _input_spec(value.meta.shape, mesh) for value in graph.inputs}
-    lost: dict[str, ShardingSpec] = {}  # replicated values that lost their batch split -> that split
+    flow = _BatchFlow(
+        specs={value.name: _input_spec(value.meta.shape, mesh) for value in graph.inputs},
+        batched=batched_values(graph),
+    )
     chosen: dict[str, NodeStrategy] = {}
     for node in graph.nodes:
-        strategy = _batch_strategy(node, context, specs, batched, lost) if node.name in batched else None
+        strategy = _batch_strategy(node, context, flow) if node.name in flow.batched else None
         fallback = strategy is None
         if strategy is None:
             strategy = replicated_strategy(node, context)
-        specs[node.name] = strategy.output
+        flow.specs[node.name] = strategy.output
         chosen[node.name] = strategy
-        whole = node.name in batched and _unsplit(strategy.output) and strategy.compute_shards == 1
-        if whole and (fallback or lost.keys() & set(node.inputs)):
-            split = _lost_split(node, specs, batched, lost, mesh)
+        whole = node.name in flow.batched and _unsplit(strategy.output) and strategy.compute_shards == 1
+        if whole and (fallback or flow.lost.keys() & set(node.inputs)):
+            split = _lost_split(node, flow, mesh)
             if split is not None:
-                lost[node.name] = split
+                flow.lost[node.name] = split
     return chosen
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchFlow:
+    """What :func:`batch_strategies`' walk knows so far, node by node."""
+
+    specs: dict[str, ShardingSpec]  # each value's spec
+    batched: set[str]  # the values that carry the batch
+    lost: dict[str, ShardingSpec] = field(default_factory=dict)  # replicated values that lost their split -> it
 
 
 def _input_spec(shape: tuple[int, ...], mesh: StageMesh) -> ShardingSpec:
@@ -98,19 +107,13 @@ def _input_spec(shape: tuple[int, ...], mesh: StageMesh) -> ShardingSpec:
     return spec if shape and spec.fits(shape, mesh.mesh_shape) else ShardingSpec.replicated(mesh.num_axes)
 
 
-def _lost_split(
-    node: OpNode,
-    specs: Mapping[str, ShardingSpec],
-    batched: set[str],
-    lost: Mapping[str, ShardingSpec],
-    mesh: StageMesh,
-) -> ShardingSpec | None:
+def _lost_split(node: OpNode, flow: _BatchFlow, mesh: StageMesh) -> ShardingSpec | None:
     """The split a replicated node's output would have: that of its first split batch-carrying
     input of the same rank and the same size on the split dims, if any."""
     shape = node.output.shape
     for value, meta in zip(node.inputs, node.input_metas, strict=True):
-        spec = lost.get(value, specs.get(value))
-        if value not in batched or spec is None or _unsplit(spec) or len(meta.shape) != len(shape):
+        spec = flow.lost.get(value, flow.specs.get(value))
+        if value not in flow.batched or spec is None or _unsplit(spec) or len(meta.shape) != len(shape):
             continue
         dims = spec.shards_per_dim(mesh.mesh_shape)
         if all(meta.shape[dim] == shape[dim] for dim in dims) and spec.fits(shape, mesh.mesh_shape):
@@ -118,40 +121,28 @@ def _lost_split(
     return None
 
 
-def _batch_strategy(
-    node: OpNode,
-    context: StrategyContext,
-    specs: Mapping[str, ShardingSpec],
-    batched: set[str],
-    lost: Mapping[str, ShardingSpec],
-) -> NodeStrategy | None:
+def _batch_strategy(node: OpNode, context: StrategyContext, flow: _BatchFlow) -> NodeStrategy | None:
     """The best strategy that keeps the parameters replicated and the batch where it arrives, if any."""
     replicated = ShardingSpec.replicated(context.mesh.num_axes)
     ranked = []
     for strategy in enumerate_strategies(node, context)[0]:
         if all(spec == replicated for _, spec in strategy.params):
-            rank = _rank(node, strategy, specs, batched, lost)
+            rank = _rank(node, strategy, flow)
             if rank is not None:
                 ranked.append((rank, strategy))
     return min(ranked, key=lambda row: row[0])[1] if ranked else None
 
 
-def _rank(
-    node: OpNode,
-    strategy: NodeStrategy,
-    specs: Mapping[str, ShardingSpec],
-    batched: set[str],
-    lost: Mapping[str, ShardingSpec],
-) -> tuple[bool, int, int, int, float] | None:
+def _rank(node: OpNode, strategy: NodeStrategy, flow: _BatchFlow) -> tuple[bool, int, int, int, float] | None:
     """Sort key of ``strategy`` (smaller is better); None if it reshards a batch-carrying input
     other than by splitting a lost one as it would have been."""
     resplit = other = 0
     for value, need in zip(node.inputs, strategy.inputs, strict=True):
-        if need is None or value not in specs or need == specs[value]:
+        if need is None or value not in flow.specs or need == flow.specs[value]:
             continue
-        if lost.get(value) == need:
+        if flow.lost.get(value) == need:
             resplit += 1
-        elif value in batched:
+        elif value in flow.batched:
             return None
         else:
             other += 1

@@ -36,7 +36,6 @@ from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_po
 from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
-from planner.inter.boundaries import boundary_table
 from planner.inter.data_parallel_step import reprice_data_parallel
 from planner.inter.pricing import price_stages
 from planner.inter.schedule_variants import Candidate, best_rescheduled, method_schedules, with_variant
@@ -51,6 +50,7 @@ from planner.inter.search import (
     microbatch_counts,
     option_arrays,
 )
+from planner.inter.stage_dp.boundaries import boundary_table
 from planner.inter.stage_pricing import PricedPipeline
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
@@ -107,17 +107,7 @@ def handwritten_plan(
     depth = options.degrees[1] if options.degrees is not None else 0
     settings = _settings(method, graphs, setup, tables, options, ungrouped=depth > MAX_LAYERS, progress=progress)
     tabled = time.perf_counter()
-    found = best_handwritten(
-        settings,
-        setup,
-        remat=options.remat,
-        degrees=options.degrees,
-        keep=KEEP,
-        methods=(method,),
-        zero=options.zero,
-        max_stages=options.max_stages,
-        allow_lossy=options.allow_lossy,
-    ).get(method, [])
+    found = _kept(method, settings, setup, options)
     result = _priced(
         found,
         full_graph,
@@ -228,17 +218,7 @@ def megatron_at_scale(
             "megatron", graphs, setup, tables, single, ungrouped=True, progress=progress, counts=counts
         )
         scored = time.perf_counter()
-        mine = best_handwritten(
-            settings,
-            setup,
-            remat=options.remat,
-            degrees=point,
-            keep=KEEP,
-            methods=("megatron",),
-            zero=options.zero,
-            max_stages=options.max_stages,
-            allow_lossy=options.allow_lossy,
-        ).get("megatron", [])
+        mine = _kept("megatron", settings, setup, single)
         found = sorted(found + mine, key=lambda candidate: candidate.step_time_s)[:KEEP]
         leaders += mine  # each point's kept candidates are priced too, as run alone: the scores only approximate
         scoring_s += time.perf_counter() - scored
@@ -253,6 +233,21 @@ def megatron_at_scale(
         method="megatron",
         schedule=options.schedule,
     )
+
+
+def _kept(method: str, settings: list[PipelineChoice], setup: CostSetup, options: PlanOptions) -> list:
+    """The :data:`KEEP` best-scored candidates of ``method`` over ``settings``, to be priced exactly."""
+    return best_handwritten(
+        settings,
+        setup,
+        remat=options.remat,
+        degrees=options.degrees,
+        keep=KEEP,
+        methods=(method,),
+        zero=options.zero,
+        max_stages=options.max_stages,
+        allow_lossy=options.allow_lossy,
+    ).get(method, [])
 
 
 def state_can_fit(setup: CostSetup, num_params: int, point: tuple[int, int, int], *, zero: int) -> bool:

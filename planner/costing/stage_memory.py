@@ -266,18 +266,7 @@ def _with_recomputed_runs(
             saved_here.update(value for value in entry.saves if value in members)
         again += sum(node_bytes[name].output for name in saved_here if name in node_bytes)
         last = index[run[-1]]
-        op = ops[last]
-        ops[last] = TapeOp(
-            name=op.name,
-            output_bytes=op.output_bytes,
-            grad_bytes=op.grad_bytes,
-            reads=op.reads,
-            saves=op.saves,
-            kept_bytes=op.kept_bytes,
-            transient_bytes=op.transient_bytes,
-            param_grad_bytes=op.param_grad_bytes,
-            backward_bytes=op.backward_bytes + again,
-        )
+        ops[last] = replace(ops[last], backward_bytes=ops[last].backward_bytes + again)
     return ops
 
 

@@ -105,15 +105,7 @@ def fsdp_groups(
 ) -> list[FsdpGroup]:
     """The stage's FSDP groups in forward order (``graph`` at the microbatch size): the root first (parameters
     read by several groups), then one per layer group; ``forward_s``/``backward_s``: each node's seconds."""
-    chosen = set(stage.nodes)
-    runs = [[node.name for node in nodes if node.name in chosen] for _, nodes in segments(graph)]
-    runs = [run for run in runs if run]
-    readers: dict[str, set[int]] = {}
-    for index, run in enumerate(runs):
-        for name in run:
-            for value in graph.node(name).inputs:
-                if graph.value_kind(value) == ValueKind.PARAM:
-                    readers.setdefault(value, set()).add(index)
+    runs, readers = _param_readers(stage, graph)
     numel = {param.name: param.meta.numel for param in graph.params}
     owned: list[float] = [0.0] * (len(runs) + 1)  # index 0: the root
     for name, groups in readers.items():
@@ -293,6 +285,12 @@ def fsdp_node_bytes(stage: Stage, graph: OpGraph, setup: CostSetup) -> dict[str,
 
 def _group_runs(stage: Stage, graph: OpGraph) -> tuple[list[list[str]], set[str]]:
     """The layer groups' node runs (:func:`fsdp_groups`' order, the root aside) and the parameters several read."""
+    runs, readers = _param_readers(stage, graph)
+    return runs, {name for name, found in readers.items() if len(found) > 1}
+
+
+def _param_readers(stage: Stage, graph: OpGraph) -> tuple[list[list[str]], dict[str, set[int]]]:
+    """The layer groups' node runs in forward order and, per parameter, the runs that read it."""
     chosen = set(stage.nodes)
     runs = [[node.name for node in nodes if node.name in chosen] for _, nodes in segments(graph)]
     runs = [run for run in runs if run]
@@ -302,7 +300,7 @@ def _group_runs(stage: Stage, graph: OpGraph) -> tuple[list[list[str]], set[str]
             for value in graph.node(name).inputs:
                 if graph.value_kind(value) == ValueKind.PARAM:
                     readers.setdefault(value, set()).add(index)
-    return runs, {name for name, found in readers.items() if len(found) > 1}
+    return runs, readers
 
 
 def gathered_param_bytes(stage: Stage, graph: OpGraph, setup: CostSetup) -> float:

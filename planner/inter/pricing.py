@@ -20,7 +20,7 @@ microbatches it may keep in flight, is longer (``o`` the device's calibrated
 :func:`planner.costing.estimate.shared_param_sync_s`). The pipeline bubble is
 :func:`cost_models.simulator.bubble_fraction` of the pipeline phase ``span = Σ t_s + (m − 1)·P``
 (the end-of-step sync and overhead are outside it): ``1 − m·Σ t_s / (S·span)``, as the stage DP's
-(:class:`planner.inter.stage_dp.StagePlan`) and the simulator's.
+(:class:`planner.inter.stage_dp.solver.StagePlan`) and the simulator's.
 A one-stage plan whose parameters are all replicated runs as DDP (:func:`planner.costing.stage_work.runs_as_ddp`)
 and is priced as it runs (:func:`planner.costing.ddp.ddp_step`): no collectives, DDP's buckets
 overlapped with the last backward; at a ZeRO level it runs FSDP, priced so too
@@ -43,13 +43,13 @@ from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import fsdp_memory, runs_as_fsdp
-from planner.inter.boundaries import BoundaryTable
 from planner.inter.data_parallel_levels import best_level
-from planner.inter.device_blocks import assign_devices
 from planner.inter.grad_sync_choice import SyncChoice, after_s, choose_grad_sync, offered
 from planner.inter.pipeline_estimate import pipeline_estimate
 from planner.inter.search import Layering, LayerTables, SpanOptions
-from planner.inter.stage_dp import StagePlan
+from planner.inter.stage_dp.boundaries import BoundaryTable
+from planner.inter.stage_dp.device_blocks import assign_devices
+from planner.inter.stage_dp.solver import StagePlan
 from planner.inter.stage_pricing import PricedPipeline, PricedStage, StageSpec, plan_stages, price_stage
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph

@@ -35,10 +35,10 @@ from planner.costing.lowered_tasks import Lowered
 from planner.costing.lowering import lower_stages, simulate_lowered
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.inter.boundaries import BoundaryTable
-from planner.inter.device_blocks import assign_devices
 from planner.inter.layer_costs import SLOTS
 from planner.inter.search import Layering, LayerTables
+from planner.inter.stage_dp.boundaries import BoundaryTable
+from planner.inter.stage_dp.device_blocks import assign_devices
 from planner.inter.stage_pricing import PricedPipeline, StageSpec, plan_stages, price_stage
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph

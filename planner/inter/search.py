@@ -5,7 +5,7 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
 
 1. Layers ``0..L−1`` (:func:`layering`): repeated blocks from module paths, or Alpa's
    clustering; identical layers share a *kind* and are solved once.
-2. Submeshes ``j`` (:func:`planner.inter.stage_dp.submeshes`) and their logical meshes ``q``
+2. Submeshes ``j`` (:func:`planner.inter.stage_dp.solver.submeshes`) and their logical meshes ``q``
    (:func:`planner.intra.logical_meshes.logical_meshes`); per (kind, j, q) a
    :class:`~planner.inter.layer_costs.LayerTable` of slots ``w`` (:class:`LayerTables`).
 3. Span options by prefix sums over layers (:func:`option_arrays`)::
@@ -16,9 +16,9 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
    of ZeRO level ``z`` (level 1 on the sharded stages when ``z`` is 2 or 3: those run under FSDP only, so the
    FSDP slots stand only for one stage of every layer on every device, a data-parallel plan).
 4. Boundary between consecutive stages ``b(i, j, j')``: the activation crossing after layer ``i`` and its
-   gradient between submeshes ``j`` and ``j'`` (:func:`planner.inter.boundaries.boundary_table`), built once per
+   gradient between submeshes ``j`` and ``j'`` (:func:`planner.inter.stage_dp.boundaries.boundary_table`), built once per
    count and carried with it (:attr:`PipelineChoice.boundary_s`) to every candidate priced at that count.
-5. :func:`planner.inter.stage_dp.solve_stages` picks stages, submeshes and options for the least
+5. :func:`planner.inter.stage_dp.solver.solve_stages` picks stages, submeshes and options for the least
    ``Σ t_s + (m − 1)·max t_s`` under 1F1B (or GPipe) memory.
 
 With ``--jobs N`` the layer tables of each count (:meth:`LayerTables.prefetch`) and the counts' DPs
@@ -38,11 +38,11 @@ import numpy as np
 
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.inter.boundaries import BoundaryTable, boundary_table
-from planner.inter.device_blocks import Submesh
 from planner.inter.forked import fork_map
 from planner.inter.layer_costs import FSDP_LEVELS, SLOTS, LayerTable, layer_table, loss_and_output_bytes, with_loss
-from planner.inter.stage_dp import OptionArrays, StagePlan, solve_stages, submeshes
+from planner.inter.stage_dp.boundaries import BoundaryTable, boundary_table
+from planner.inter.stage_dp.device_blocks import Submesh
+from planner.inter.stage_dp.solver import OptionArrays, StagePlan, solve_stages, submeshes
 from planner.intra.logical_meshes import logical_meshes
 from planner.intra.stage_problem import IntraOpOptions
 from planner.ir.graph import OpGraph, subgraph

@@ -38,10 +38,10 @@ from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import explain_stage, runs_as_ddp
 from planner.costing.zero import fsdp_memory, gathered_param_bytes, runs_as_fsdp
-from planner.inter.device_blocks import Submesh
 from planner.inter.grad_sync_choice import StageBackward, stage_backward
 from planner.inter.layer_costs import SLOTS
 from planner.inter.search import Layering, LayerTables, canonical_mesh
+from planner.inter.stage_dp.device_blocks import Submesh
 from planner.inter.stage_shapes import StageChoice, StageShapes, StageTemplate, relabel, shape_key
 from planner.intra.ilp import solve_strategy_ilp
 from planner.intra.problem import MemoryBudgetError

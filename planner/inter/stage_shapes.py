@@ -7,7 +7,7 @@ GPT-1T at pipeline 64 has 64 stages, and the candidates repeat them. Two stages 
 * their subgraphs are the same up to names: the same operators on the same shapes, wired the same
   way, the same values leaving the stage (:func:`shape_key`, :func:`planner.ir.layers.structural_hash`);
 * they run the same layer slot on the same submesh and logical mesh at the same microbatch count;
-* their devices are laid out the same way: :func:`planner.inter.device_blocks.assign_devices` puts
+* their devices are laid out the same way: :func:`planner.inter.stage_dp.device_blocks.assign_devices` puts
   a whole-node submesh on whole nodes and a ``(1, m)`` block aligned inside one node, so every
   mesh axis sees the same links wherever the stage sits. The template is built on ranks
   ``0..|j|−1`` (:func:`planner.inter.search.canonical_mesh`).

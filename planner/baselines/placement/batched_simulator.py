@@ -92,12 +92,12 @@ def _simulate_batch(rows: np.ndarray, arrays: tuple, step: np.ndarray, peak: np.
     """:func:`_simulate_rows` over the rows in slices, one per core (the kernels release the GIL)."""
     workers = min(os.cpu_count() or 1, MAX_THREADS, max(1, rows.shape[0] // MIN_ROWS_PER_THREAD))
     if workers == 1:
-        _simulate_rows(rows, *arrays, step, peak)
+        _simulate_rows(rows, arrays, step, peak)
         return
     bounds = np.linspace(0, rows.shape[0], workers + 1).astype(int)
     with ThreadPoolExecutor(workers) as pool:
         done = [
-            pool.submit(_simulate_rows, rows[a:b], *arrays, step[a:b], peak[a:b]) for a, b in itertools.pairwise(bounds)
+            pool.submit(_simulate_rows, rows[a:b], arrays, step[a:b], peak[a:b]) for a, b in itertools.pairwise(bounds)
         ]
         for future in done:
             future.result()
@@ -107,42 +107,10 @@ _JIT = {"cache": True, "nogil": True}
 
 
 @numba.njit(**_JIT)
-def _simulate_rows(
-    rows,
-    fwd,
-    bwd,
-    step,
-    state,
-    act,
-    edge_u,
-    edge_v,
-    edge_bytes,
-    speed,
-    latency,
-    bandwidth,
-    overhead,
-    m,
-    out_step,
-    out_peak,
-):
+def _simulate_rows(rows, arrays, out_step, out_peak):
+    """:func:`_simulate_one` for each row; ``arrays`` is :func:`problem_arrays`' tuple."""
     for b in range(rows.shape[0]):
-        out_step[b] = _simulate_one(
-            rows[b],
-            fwd,
-            bwd,
-            step,
-            state,
-            act,
-            edge_u,
-            edge_v,
-            edge_bytes,
-            speed,
-            latency,
-            bandwidth,
-            overhead,
-            m,
-            out_peak[b],
-        )
+        out_step[b] = _simulate_one(rows[b], *arrays, out_peak[b])
 
 
 @numba.njit(**_JIT)

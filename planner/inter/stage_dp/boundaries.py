@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from cost_models.communication import stage_transfer_s
 from planner.costing.setup import CostSetup
-from planner.inter.device_blocks import Submesh
+from planner.inter.stage_dp.device_blocks import Submesh
 from planner.ir.graph import OpGraph
 from planner.ir.layers import boundary_bytes
 

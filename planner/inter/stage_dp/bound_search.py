@@ -1,6 +1,6 @@
 """The stage DP's runs: one DP at a bound on stage times, and the best-first search over bounds (Alpa §5, exact).
 
-The problem, the classes ``c`` and the tables ``τ_c(k, i, j)``, ``b(i, j, j')``: :mod:`planner.inter.stage_dp`.
+The problem, the classes ``c`` and the tables ``τ_c(k, i, j)``, ``b(i, j, j')``: :mod:`planner.inter.stage_dp.solver`.
 
 For one bound ``t_max`` (:func:`_dp`), ``F(c, k, d, j)`` is the least ``Σ t`` of stages covering layers
 ``k..L−1`` on ``d`` devices in class ``c``, the first on submesh ``j`` (its boundary needs the next one)::

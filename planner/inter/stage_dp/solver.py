@@ -16,8 +16,8 @@ option ``τ_f(k, i, j)`` beats the others of its span, submesh and ``f``: lower 
 of exactly ``c + 1`` stages, class ``C − 1`` those of ``≥ C`` (followed by class ``C − 2`` or itself). With
 ample memory ``C = 1``; a ``max_stages`` below ``min(L, D)`` makes every class exact instead.
 
-The DP at one bound ``t_max``, its exactness and the search over bounds: :mod:`planner.inter.stage_dp_runs`
-(:func:`~planner.inter.stage_dp_runs.search_bounds`); :func:`solve_stages` builds its tables and reads the plan back
+The DP at one bound ``t_max``, its exactness and the search over bounds: :mod:`planner.inter.stage_dp.bound_search`
+(:func:`~planner.inter.stage_dp.bound_search.search_bounds`); :func:`solve_stages` builds its tables and reads the plan back
 (:func:`_plan`).
 """
 
@@ -34,8 +34,8 @@ import numpy as np
 from cost_models.cluster import Cluster
 from cost_models.units import GIB
 from planner.errors import AutoplanError
-from planner.inter.device_blocks import Submesh
-from planner.inter.stage_dp_runs import DpRun, DpTables, search_bounds
+from planner.inter.stage_dp.bound_search import DpRun, DpTables, search_bounds
+from planner.inter.stage_dp.device_blocks import Submesh
 
 WHOLE_NODE_LIMIT = 32  # nodes; past it submeshes are whole nodes dividing the cluster (:func:`submeshes`)
 
