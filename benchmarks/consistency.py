@@ -20,7 +20,7 @@ level, the microbatch count and schedule are the ones asked for — or that the 
 :class:`planner.errors.AutoplanError`.
 
 ``tests/test_consistency.py`` runs both on a CI slice; this script runs them over every quality case
-(``benchmarks/quality.py``'s) and saves a page::
+(``benchmarks/quality_cases.py``'s) and saves a page::
 
     python -m benchmarks.consistency [--cases mlp@a100x8,...] [--save]
 """
@@ -218,7 +218,7 @@ def with_options(prepared: Prepared, forced: Mapping[str, object]) -> Prepared:
 
 
 def _quality_case(name: str, **options: object) -> Prepared:
-    from benchmarks.quality import CLUSTERS, DEVICES_PER_NODE, MODELS
+    from benchmarks.quality_cases import CLUSTERS, DEVICES_PER_NODE, MODELS
     from cost_models.cluster import load_cluster
     from planner.api import prepare_model_file
 
@@ -232,7 +232,7 @@ def _quality_case(name: str, **options: object) -> Prepared:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from benchmarks.quality import CASES
+    from benchmarks.quality_cases import CASES
     from benchmarks.results_page import save_table
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.consistency", description=__doc__.split("\n\n")[0])

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.quality import CASES, parse_case
+from benchmarks.quality_cases import CASES, parse_case
 from benchmarks.results_page import RESULTS, save_table
 
 ROOT = Path(__file__).resolve().parent.parent

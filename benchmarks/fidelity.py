@@ -211,7 +211,7 @@ def measure_memory(world: int, rows: dict, *, directory: Path) -> None:
         row["measured_bytes"] = [float(b or 0) for b in peaks[row["path"]]]
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__.splitlines()[0])
     parser.add_argument("--save", action="store_true", help="write the page and figure to benchmarks/results/")
     parser.add_argument("--worlds", nargs="+", type=int, default=[2, 4], choices=[2, 4])
@@ -222,7 +222,11 @@ def main() -> None:
     parser.add_argument("--cost-model", choices=("profiled", "roofline"), default="profiled")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--draw-from", type=Path, metavar="FILE.json", help="only redraw the figure of saved rows")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.draw_from:
         draw(json.loads(args.draw_from.read_text()), args.draw_from.with_suffix(".png"))
         return

@@ -32,9 +32,8 @@ def run_case(size: str, overrides: dict, num_nodes: int, batch_size: int) -> lis
     from cost_models.cluster import load_cluster
     from cost_models.compute import RooflineCompute
     from planner.costing.setup import CostSetup
-    from planner.intra.incumbents import data_parallel_choice, megatron_choice
     from planner.intra.logical_meshes import logical_meshes
-    from planner.intra.problem import MemoryBudgetError, evaluate
+    from planner.intra.problem import MemoryBudgetError
     from planner.intra.solve import solve_intra_op
     from planner.ir.capture import capture
     from planner.ir.model_file import instantiate, load_model_file
@@ -65,31 +64,41 @@ def run_case(size: str, overrides: dict, num_nodes: int, batch_size: int) -> lis
             )
             continue
         total = time.perf_counter() - started
-        problem = result.stage.problem
-
-        def incumbent(choice: tuple[int, ...], problem=problem) -> str:
-            objective, memory = evaluate(problem, choice)
-            return f"{objective:.3f}" if memory <= setup.memory_budget_bytes else "-"
-
+        case = f"{size}, {overrides.get('layers', model.cfg.layers)} layers, {len(graph)} nodes"
         rows.append(
-            {
-                "case": f"{size}, {overrides.get('layers', model.cfg.layers)} layers, {len(graph)} nodes",
-                "devices": cluster.num_devices,
-                "mesh": shape,
-                "fits": True,
-                "ilp_vars": result.solution.num_variables,
-                "constraints": result.solution.num_constraints,
-                "problem_s": result.build_s,
-                "ilp_build_s": result.solution.build_s,
-                "solve_s": result.solution.solve_s,
-                "total_s": total,
-                "objective_s": result.objective_s,
-                "data_parallel_s": incumbent(data_parallel_choice(result.stage)),
-                "megatron_s": incumbent(megatron_choice(result.stage)),
-                "optimal": result.solution.optimal,
-            }
+            _solved_row(result, case=case, devices=cluster.num_devices, shape=shape, total_s=total, setup=setup)
         )
     return rows
+
+
+def _solved_row(result, *, case: str, devices: int, shape: tuple[int, ...], total_s: float, setup) -> dict:
+    """One mesh's row: the ILP's size and times, its objective, and the data-parallel and Megatron incumbents'
+    objectives on the same problem ("-" where they do not fit the memory budget)."""
+    from planner.intra.incumbents import data_parallel_choice, megatron_choice
+    from planner.intra.problem import evaluate
+
+    problem = result.stage.problem
+
+    def incumbent(choice: tuple[int, ...]) -> str:
+        objective, memory = evaluate(problem, choice)
+        return f"{objective:.3f}" if memory <= setup.memory_budget_bytes else "-"
+
+    return {
+        "case": case,
+        "devices": devices,
+        "mesh": shape,
+        "fits": True,
+        "ilp_vars": result.solution.num_variables,
+        "constraints": result.solution.num_constraints,
+        "problem_s": result.build_s,
+        "ilp_build_s": result.solution.build_s,
+        "solve_s": result.solution.solve_s,
+        "total_s": total_s,
+        "objective_s": result.objective_s,
+        "data_parallel_s": incumbent(data_parallel_choice(result.stage)),
+        "megatron_s": incumbent(megatron_choice(result.stage)),
+        "optimal": result.solution.optimal,
+    }
 
 
 def table(rows: list[dict]) -> str:

@@ -54,174 +54,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.published_cases import AUTO_VARIANT, V100_BATCH_1GPU, VARIANTS, Row, rows
+from benchmarks.published_report import Compared, auto_table, draw, summary, table
 from benchmarks.results_page import RESULTS, save_table
-from benchmarks.scale_cases import MEGATRON_ROWS, Case, run_case
+from benchmarks.scale_cases import run_case
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# TFLOP/s per GPU of each SC'21 row, by parameters (B): published-measurements.md, Table 1 of the paper
-A100_TFLOPS = {
-    1.7: 137,
-    3.6: 138,
-    7.5: 142,
-    18.4: 135,
-    39.1: 138,
-    76.1: 140,
-    145.6: 148,
-    310.1: 155,
-    529.6: 163,
-    1008.0: 163,
-}
-# Per SC'21 row, by parameters (B): (microbatch size, --DDP-impl, layers per virtual pipeline stage or None), from
-# Megatron-LM v2.5 examples/sc21/run_table_1.sh (MBS, DDP, --num-layers-per-virtual-pipeline-stage)
-SC21_SCRIPT = {
-    1.7: (16, "torch", None),
-    3.6: (16, "torch", None),
-    7.5: (16, "torch", None),
-    18.4: (8, "torch", None),
-    39.1: (4, "local", None),
-    76.1: (2, "local", 5),
-    145.6: (2, "local", 5),
-    310.1: (1, "local", 3),
-    529.6: (1, "local", 1),
-    1008.0: (1, "local", None),
-}
-RUNTIME_OF_DDP = {"torch": "megatron-lm-2021-torch-ddp", "local": "megatron-lm-2021"}
-A100_SEQ, V100_SEQ, VOCAB = 2048, 1024, 51200
-V100_BATCH_1GPU = 8  # unstated in the paper for this row: the per-GPU batch of its scaling runs (8 × 64 = 512)
-BAND, MOONSHOT = 0.15, 0.10
-# examples/gpt.py model arguments of each version of the model (see the module docstring)
-VARIANTS = {"published": {"attention": "unfused", "dropout": 0.1}, "fused": {}}
-AUTO_VARIANT = "fused"  # auto plans examples/gpt.py as it is, under our own runtime
-
-
-@dataclass(frozen=True, kw_only=True)
-class Row:
-    name: str
-    params_b: float
-    heads: int
-    hidden: int
-    layers: int
-    degrees: tuple[int, int, int]  # (t, p, d)
-    gpus: int
-    batch: int
-    seq: int
-    cluster: str
-    tflops_per_gpu: float  # published
-    source: str
-    micro_batch: int  # per data-parallel replica and microbatch (SC'21's script; the 2019 rows: their batch per GPU)
-    runtime: str  # planner.costing.runtime_profiles
-    virtual_stages: int = 1  # the interleaved schedule's stages per rank it ran (the estimate runs 1F1B)
-    note: str = ""
-
-    @property
-    def flops_per_iteration(self) -> float:
-        """Megatron-LM 2021 Eq. 3 (counts the recomputation's extra forward)."""
-        b, s, l, h = self.batch, self.seq, self.layers, self.hidden  # noqa: E741
-        return 96 * b * s * l * h * h * (1 + s / (6 * h) + VOCAB / (16 * l * h))
-
-    @property
-    def measured_samples_s(self) -> float:
-        return self.tflops_per_gpu * 1e12 * self.gpus / (self.flops_per_iteration / self.batch)
-
-    def case(self, method: str, *, variant: str) -> Case:
-        per_node = 16 if self.cluster == "dgx-2h" else 8
-        nodes, devices_per_node = (1, self.gpus) if self.gpus < per_node else (self.gpus // per_node, None)
-        args = {
-            "size": "39b",
-            "layers": self.layers,
-            "hidden": self.hidden,
-            "heads": self.heads,
-            "seq": self.seq,
-            "vocab": VOCAB,
-            **VARIANTS[variant],
-        }
-        fixed = method == "megatron"
-        return Case(
-            name=f"{self.name}-{variant}",
-            model="examples/gpt.py",
-            args=args,
-            cluster=self.cluster,
-            nodes=nodes,
-            batch=self.batch,
-            method=method,
-            degrees=self.degrees if fixed else None,
-            remat="on" if fixed else "auto",
-            devices_per_node=devices_per_node,
-            space="alpa" if fixed else "full",
-            microbatches=self.microbatches if fixed else None,
-            runtime=self.runtime if fixed else "autoplan",
-        )
-
-    @property
-    def microbatches(self) -> int:
-        return self.batch // (self.micro_batch * self.degrees[2])
-
-
-def rows() -> list[Row]:
-    found = []
-    for params, heads, hidden, layers, t, p, gpus, batch in MEGATRON_ROWS:
-        micro_batch, ddp, per_virtual = SC21_SCRIPT[params]
-        found.append(
-            Row(
-                name=f"gpt-{params:g}b",
-                params_b=params,
-                heads=heads,
-                hidden=hidden,
-                layers=layers,
-                degrees=(t, p, gpus // (t * p)),
-                gpus=gpus,
-                batch=batch,
-                seq=A100_SEQ,
-                cluster="dgx-a100",
-                tflops_per_gpu=A100_TFLOPS[params],
-                source="Megatron-LM SC'21, Table 1",
-                micro_batch=micro_batch,
-                runtime=RUNTIME_OF_DDP[ddp],
-                virtual_stages=layers // p // per_virtual if per_virtual else 1,
-            )
-        )
-    found.append(
-        Row(
-            name="gpt-1.2b-v100",
-            params_b=1.2,
-            heads=16,
-            hidden=1536,
-            layers=40,
-            degrees=(1, 1, 1),
-            gpus=1,
-            batch=V100_BATCH_1GPU,
-            seq=V100_SEQ,
-            cluster="dgx-2h",
-            tflops_per_gpu=39.0,
-            source="Megatron-LM 2019, single-GPU baseline",
-            micro_batch=V100_BATCH_1GPU,
-            runtime="megatron-lm-2019",
-            note=f"batch {V100_BATCH_1GPU} assumed (unstated)",
-        )
-    )
-    found.append(
-        Row(
-            name="gpt-8.3b-v100",
-            params_b=8.3,
-            heads=32,
-            hidden=3072,
-            layers=72,
-            degrees=(8, 1, 64),
-            gpus=512,
-            batch=512,
-            seq=V100_SEQ,
-            cluster="dgx-2h",
-            tflops_per_gpu=15.1e3 / 512,
-            source="Megatron-LM 2019, 15.1 PFLOP/s on 512 GPUs",
-            micro_batch=8,
-            runtime="megatron-lm-2019",
-        )
-    )
-    return found
 
 
 def plan_summary(plan_json: dict) -> dict:
@@ -276,166 +116,12 @@ def load_runs(path: Path) -> dict[str, dict]:
     return found
 
 
-def _ratio(run: dict | None, measured: float) -> float | None:
-    if not run or "samples_s" not in run:
-        return None
-    return run["samples_s"] / measured
-
-
-def _cell(value: float | None, digits: str = ".2f") -> str:
-    return "" if value is None else format(value, digits)
-
-
-def _marked(ratio: float | None) -> str:
-    """The ratio, bold when outside ±15%."""
-    if ratio is None:
-        return "—"
-    text = f"{ratio:.2f}"
-    return text if abs(ratio - 1) <= BAND else f"**{text}**"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Compared:
-    """Runs of earlier code to show beside: label -> row name -> variant -> run."""
-
-    columns: dict[str, dict[str, dict]]
-
-    def ratio(self, label: str, row: Row, variant: str, measured: float) -> float | None:
-        return _ratio(self.columns[label].get(row.name, {}).get(variant), measured)
-
-
-def table(selected: list[Row], results: list[dict], compared: Compared, *, variant: str) -> str:
-    """One row per published run: measured, our estimate of ``variant`` now and under the compared code."""
-    labels = list(compared.columns)
-    head = (
-        "| row | GPUs | cluster | (t, p, d) | batch | runtime | measured TFLOP/s/GPU | measured samples/s | "
-        "estimated samples/s "
-    )
-    head += "| **est ÷ measured** | " + "".join(f"{label} | " for label in labels) + "plan |"
-    lines = [head, "|---|---:|---|---|---:|---|---:|---:|---:|---:|" + "---:|" * len(labels) + "---|"]
-    for row, entry in zip(selected, results, strict=True):
-        if variant not in entry["runs"]:
-            continue
-        measured, run = entry["measured_samples_s"], entry["runs"][variant]
-        estimated = _cell(run.get("samples_s"), ".1f")
-        earlier = "".join(f"{_marked(compared.ratio(label, row, variant, measured))} | " for label in labels)
-        name = f"{row.name} ({row.note})" if row.note else row.name
-        lines.append(
-            f"| {name} | {row.gpus} | {row.cluster} | {','.join(map(str, row.degrees))} | {row.batch} | "
-            f"{run.get('runtime', row.runtime)} | {row.tflops_per_gpu:.1f} | {measured:.1f} | {estimated} | "
-            f"{_marked(_ratio(run, measured))} | {earlier}{_shape(run, row)} |"
-        )
-    return "\n".join(lines)
-
-
-def _shape(run: dict, row: Row) -> str:
-    """The plan's shape, and the interleaving the row ran where the estimate runs 1F1B."""
-    shape = run.get("shape", run.get("error", ""))
-    return shape + (
-        f" (ran interleaved, {row.virtual_stages} virtual stages per rank)" if row.virtual_stages > 1 else ""
-    )
-
-
-def auto_table(selected: list[Row], results: list[dict], *, variant: str) -> str:
-    """``auto``'s plan (our runtime) beside the published configuration (``variant`` under its runtime), same
-    model, cluster and batch; auto's MFU beside the best published for its GPU and model size."""
-    from cost_models.mfu_bounds import published_bound
-
-    lines = [
-        "| row | published configuration: estimated samples/s | auto's plan | auto's estimate, samples/s | "
-        "auto ÷ measured | auto ÷ published configuration (estimates) | auto's MFU | best published MFU "
-        "(cost_models.mfu_bounds) | noted as above it |",
-        "|---|---:|---|---:|---:|---:|---:|---|---|",
-    ]
-    for row, entry in zip(selected, results, strict=True):
-        fixed, auto = entry["runs"].get(variant, {}), entry.get("auto") or {"error": "not run"}
-        rate = auto.get("samples_s")
-        gain = rate / fixed["samples_s"] if rate and fixed.get("samples_s") else None
-        bound = published_bound("A100" if row.cluster == "dgx-a100" else "V100", row.params_b * 1e9)
-        best = f"{bound.mfu:.1%} ({bound.source})" if bound else ""
-        mfu = _cell(auto.get("mfu"), ".1%")
-        noted = "" if "mfu_note" not in auto else ("yes" if auto["mfu_note"] else "no")
-        lines.append(
-            f"| {row.name} | {_cell(fixed.get('samples_s'), '.1f')} | {auto.get('shape', auto.get('error', ''))} | "
-            f"{_cell(rate, '.1f')} | {_cell(_ratio(auto, entry['measured_samples_s']))} | {_cell(gain)} | {mfu} | "
-            f"{best} | {noted} |"
-        )
-    return "\n".join(lines)
-
-
-def counts(ratios: list[float | None]) -> str:
-    found = [r for r in ratios if r is not None]
-    inside = sum(abs(r - 1) <= BAND for r in found)
-    moon = sum(abs(r - 1) <= MOONSHOT for r in found)
-    worst = max(found, key=lambda r: abs(r - 1)) if found else None
-    return f"{inside} of {len(found)} rows within ±15%, {moon} within ±10%, worst {_cell(worst)}"
-
-
-def summary(selected: list[Row], results: list[dict], compared: Compared, *, variants: list[str]) -> str:
-    lines = []
-    for variant in variants:
-        shown = [(r, e) for r, e in zip(selected, results, strict=True) if variant in e["runs"]]
-        now = [_ratio(e["runs"][variant], e["measured_samples_s"]) for _, e in shown]
-        text = f"`{variant}`: estimated ÷ measured now: {counts(now)}"
-        for label in compared.columns:
-            old = [compared.ratio(label, r, variant, e["measured_samples_s"]) for r, e in shown]
-            text += f"; {label}: {counts(old)}"
-        lines.append(text + ".")
-    return "\n".join(f"- {line}" for line in lines)
-
-
-def draw(selected: list[Row], results: list[dict], compared: Compared, *, variants: list[str], path: Path) -> None:
-    """Estimated ÷ measured per row (each variant now, the compared code, auto's estimate) with the ±15% band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from planner.atomic_file import save_figure_atomic
-
-    figure, axis = plt.subplots(figsize=(11, 4.6))
-    xs = list(range(len(selected)))
-    axis.axhspan(1 - BAND, 1 + BAND, color="tab:green", alpha=0.12, label="±15% (target)")
-    axis.axhline(1.0, color="grey", linewidth=0.8)
-    measured = [e["measured_samples_s"] for e in results]
-    series = []
-    for variant, marker, hollow in zip(variants, "oD", "x+", strict=False):
-        now = [_ratio(e["runs"].get(variant), m) for e, m in zip(results, measured, strict=True)]
-        series.append((f"{variant}, now", now, marker, None))
-        for label in compared.columns:
-            ratios = [
-                compared.ratio(label, r, variant, m) if y is not None else None
-                for r, m, y in zip(selected, measured, now, strict=True)
-            ]
-            series.append((f"{variant}, {label}", ratios, hollow, None))
-    auto = [_ratio(e.get("auto"), m) for e, m in zip(results, measured, strict=True)]
-    series.append((f"auto's own plan ({AUTO_VARIANT}, our runtime)", auto, "s", "none"))
-    for label, ratios, marker, face in series:
-        points = [(x, y) for x, y in zip(xs, ratios, strict=True) if y is not None]
-        if points:
-            axis.scatter(
-                *zip(*points, strict=True),
-                marker=marker,
-                label=label,
-                facecolors=face,
-                edgecolors="tab:purple" if face else None,
-            )
-    axis.set_xticks(xs, [row.name for row in selected], rotation=35, ha="right", fontsize=8)
-    axis.set(ylabel="estimated ÷ measured throughput", title="Published Megatron-LM runs against our estimate")
-    axis.legend(fontsize=6, ncol=2)
-    figure.tight_layout()
-    try:
-        save_figure_atomic(figure, path)
-    finally:
-        plt.close(figure)
-
-
 def _commit() -> str:
     found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     return found.stdout.strip() or "unknown"
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.published", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="", help="only these rows, by name (gpt-1.7b, gpt-8.3b-v100, ...)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="model versions to estimate (see VARIANTS)")
@@ -451,7 +137,11 @@ def main() -> None:
     parser.add_argument(
         "--from-json", type=Path, help="redraw the page from raw results (--json-out) instead of running"
     )
-    options = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    options = _parser().parse_args()
     selected = [row for row in rows() if not options.rows or row.name in options.rows.split(",")]
     variants = options.variants.split(",")
     load_before = os.getloadavg()[0]

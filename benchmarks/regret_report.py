@@ -25,11 +25,8 @@ def _figure(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def page(result: dict) -> tuple[str, str, str]:
-    """(title, description, tables) of the results page."""
-    from benchmarks.regret import __doc__ as method
-
-    title = "Regret, held out: auto's pick and plan tune's pick against the fastest candidate measured"
+def _world_lines(result: dict) -> list[str]:
+    """The per-world table: regrets of auto's and tune's picks, rank correlation and error of the estimates."""
     summary = [
         "| world | cases | auto regret: max | median | cases > 1.10 | tune regret: max | cases > 1.02 | "
         "Spearman (estimate vs measured) | MAPE | candidates | memory: mean abs error | within ±15% | "
@@ -47,6 +44,11 @@ def page(result: dict) -> tuple[str, str, str]:
             f"{_figure(scores['memory_error_mean'], '.0%')} | {scores['memory_within_15']}/{scores['rows']} | "
             f"{scores['memory_under_10']} |"
         )
+    return summary
+
+
+def _case_and_candidate_lines(result: dict) -> tuple[list[str], list[str]]:
+    """The per-case table (each pick's regret) and the table of every candidate's estimate and both runs."""
     cases_table = [
         "| world | case | auto's pick | its regret | tune's pick (run A) | its regret | fastest (run B) |",
         "|---|---|---|---|---|---|---|",
@@ -72,6 +74,16 @@ def page(result: dict) -> tuple[str, str, str]:
                     f"{_ratio(row['estimate_s'] / measured_b) if measured_b else '-'} | "
                     f"{row['memory_bytes'] / 2**20:.1f} | {'-' if peak is None else f'{peak:.1f}'} |"
                 )
+    return cases_table, runs
+
+
+def page(result: dict) -> tuple[str, str, str]:
+    """(title, description, tables) of the results page."""
+    from benchmarks.regret import __doc__ as method
+
+    title = "Regret, held out: auto's pick and plan tune's pick against the fastest candidate measured"
+    summary = _world_lines(result)
+    cases_table, runs = _case_and_candidate_lines(result)
     failed = [
         f"- world {world['world']}, {row['case']}: not planned ({row['error']})"
         for world in result["worlds"]

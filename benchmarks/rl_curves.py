@@ -188,25 +188,28 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if options.save:
-        today = datetime.date.today().isoformat()
-        figure(results, RESULTS / f"rl_curves-{today}.png")
-        (RESULTS / f"rl_curves-{today}.json").write_text(json.dumps(results))
-        load = os.getloadavg()
-        description = (
-            f"RL placement (`planner/baselines/placement/rl.py`) for {options.budget_s:g} s per case (wall clock, one "
-            "process per case, numba's compile or cache load included), seed "
-            f"{options.seed}, on the `benchmarks/compare.py` cases; cells *÷ method* are RL's simulated step over that "
-            "heuristic's (✗: its placement does not fit); *rl ÷ best* against the fastest heuristic that fits; target "
-            "≤ 0.9 on at least 6 of 8 and ≤ 1 against hash everywhere. No warm start from a heuristic: restarts begin "
-            "from the search's own best placement. *same placement again*: a second run stopped at the first run's "
-            f"update count (`--rl-iterations`). Load average while measuring: {load[0]:.2f}, {load[1]:.2f}, "
-            f"{load[2]:.2f}. Figure: [rl_curves-{today}.png](rl_curves-{today}.png); curves at about {CURVE_POINTS} evenly and {CURVE_POINTS // 2} geometrically spaced updates per case: "
-            f"[json](rl_curves-{today}.json)."
-        )
-        command = "python -m benchmarks.rl_curves " + " ".join(sys.argv[1:])
-        save_table(
-            "rl_curves", title="RL placement learning curves", command=command, description=description, table=text
-        )
+        _save_page(results, text, budget_s=options.budget_s, seed=options.seed)
+
+
+def _save_page(results: list[dict], text: str, *, budget_s: float, seed: int) -> None:
+    """Write the table, the figure and the curves to benchmarks/results/."""
+    today = datetime.date.today().isoformat()
+    figure(results, RESULTS / f"rl_curves-{today}.png")
+    (RESULTS / f"rl_curves-{today}.json").write_text(json.dumps(results))
+    load = os.getloadavg()
+    description = (
+        f"RL placement (`planner/baselines/placement/rl.py`) for {budget_s:g} s per case (wall clock, one "
+        "process per case, numba's compile or cache load included), seed "
+        f"{seed}, on the `benchmarks/compare.py` cases; cells *÷ method* are RL's simulated step over that "
+        "heuristic's (✗: its placement does not fit); *rl ÷ best* against the fastest heuristic that fits; target "
+        "≤ 0.9 on at least 6 of 8 and ≤ 1 against hash everywhere. No warm start from a heuristic: restarts begin "
+        "from the search's own best placement. *same placement again*: a second run stopped at the first run's "
+        f"update count (`--rl-iterations`). Load average while measuring: {load[0]:.2f}, {load[1]:.2f}, "
+        f"{load[2]:.2f}. Figure: [rl_curves-{today}.png](rl_curves-{today}.png); curves at about {CURVE_POINTS} evenly and {CURVE_POINTS // 2} geometrically spaced updates per case: "
+        f"[json](rl_curves-{today}.json)."
+    )
+    command = "python -m benchmarks.rl_curves " + " ".join(sys.argv[1:])
+    save_table("rl_curves", title="RL placement learning curves", command=command, description=description, table=text)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,6 @@ def fit_runtime_overheads(
     """Plan, run and fit the probes on ``world`` local processes (``cluster`` sized to them), under
     ``cost_model`` (``profiled``: the compute probes and the compute constant too); the probes are
     timed ``attempts`` times and each keeps its least disturbed timing (:func:`_least_disturbed`)."""
-    from executors.measure.step_timing import run_timing
     from planner.api import plan_prepared
     from planner.plan import save_plan
 
@@ -99,41 +98,64 @@ def fit_runtime_overheads(
             paths[name] = str(Path(directory) / f"{name}.json")
             save_plan(plan_prepared(prepared[name], method), paths[name])
         report(f"runtime probes: {len(probes)} plans on {world} processes, {steps} timed steps each, {attempts} run(s)")
-        measured = _least_disturbed(
-            [
-                run_timing(
-                    list(paths.values()),
-                    world=world,
-                    steps=steps,
-                    out=Path(directory) / f"measured-{i}.json",
-                    timeout_s=timeout_s,
-                )
-                for i in range(attempts)
-            ],
-            [json.loads(Path(directory, f"measured-{i}.json.machine.json").read_text()) for i in range(attempts)],
+        measured = _time_probe_plans(
+            list(paths.values()),
+            directory=Path(directory),
+            world=world,
+            steps=steps,
+            timeout_s=timeout_s,
+            attempts=attempts,
         )
     rows = []
     for name, (*_, method, _) in probes.items():
-
-        def scaled(changed: Cluster, scale: float, name: str = name, method: str = method) -> float:
-            base = prepared[name]
-            return plan_prepared(replace(base, setup=_setup(base.setup, changed, scale)), method).estimate.step_time_s
-
-        def estimate(changed: Cluster, name: str = name, method: str = method) -> float:
-            return scaled(changed, 1.0, name, method)
-
-        base_s, features = probe_features(
-            estimate,
-            cluster,
-            scaled=scaled if profiled else None,
-            constants=PROFILED_CONSTANTS if profiled else CONSTANTS,
+        rows.append(
+            _probe_row(
+                name, prepared[name], method, cluster=cluster, measured_s=measured[paths[name]], profiled=profiled
+            )
         )
-        rows.append(ProbeRow(name=name, measured_s=measured[paths[name]], base_s=base_s, features=features))
         report(f"probe {name}: measured {rows[-1].measured_s * 1e3:.2f} ms")
     fit = fit_runtime(rows)
     for row in fit.rows:
         report(f"probe {row.name}: measured {row.measured_s * 1e3:.2f} ms, fitted {fit.predicted_s(row) * 1e3:.2f} ms")
     return fit
+
+
+def _time_probe_plans(
+    paths: list[str], *, directory: Path, world: int, steps: int, timeout_s: float, attempts: int
+) -> dict[str, float]:
+    """Time the saved probe plans ``attempts`` times on ``world`` local processes; per plan, the least
+    disturbed of those timings (:func:`_least_disturbed`)."""
+    from executors.measure.step_timing import run_timing
+
+    return _least_disturbed(
+        [
+            run_timing(paths, world=world, steps=steps, out=directory / f"measured-{i}.json", timeout_s=timeout_s)
+            for i in range(attempts)
+        ],
+        [json.loads((directory / f"measured-{i}.json.machine.json").read_text()) for i in range(attempts)],
+    )
+
+
+def _probe_row(
+    name: str, base: Prepared, method: str, *, cluster: Cluster, measured_s: float, profiled: bool
+) -> ProbeRow:
+    """One probe's fit row: its measured step time and the estimate's slopes in the runtime constants,
+    re-planning the prepared probe by ``method`` under changed constants (and compute scale, if ``profiled``)."""
+    from planner.api import plan_prepared
+
+    def scaled(changed: Cluster, scale: float) -> float:
+        return plan_prepared(replace(base, setup=_setup(base.setup, changed, scale)), method).estimate.step_time_s
+
+    def estimate(changed: Cluster) -> float:
+        return scaled(changed, 1.0)
+
+    base_s, features = probe_features(
+        estimate,
+        cluster,
+        scaled=scaled if profiled else None,
+        constants=PROFILED_CONSTANTS if profiled else CONSTANTS,
+    )
+    return ProbeRow(name=name, measured_s=measured_s, base_s=base_s, features=features)
 
 
 def _least_disturbed(runs: list[dict[str, float]], machine: list[dict[str, dict[str, float]]]) -> dict[str, float]:
