@@ -354,12 +354,14 @@ def _header(*, command: str, wall_s: float, commits: list[str]) -> str:
         [
             "# Compatibility",
             "",
-            "Every model family of `examples/zoo/` planned by each method on `local-cpu` with 2 and 4 CPU ranks (gloo), "
+            "Every model family of `examples/zoo/` planned by each method on `local-cpu` with 2 and 4 CPU ranks "
+            "(gloo), "
             "run for two steps with `plan run --check-parity`: loss and every gradient by name against one process. "
             "✓ = both steps match; otherwise the first line of what went wrong (`refused:` is a plan refused at "
             "planning time with its reason; `MISMATCH` would be a wrong result). See `benchmarks/compat.py`.",
             "",
-            f"Made {time.strftime('%Y-%m-%d')} on {platform.node()} ({os.cpu_count()} cores, torch {torch.__version__}) "
+            f"Made {time.strftime('%Y-%m-%d')} on {platform.node()} ({os.cpu_count()} cores, "
+            f"torch {torch.__version__}) "
             f"with `{command}` in {wall_s / 60:.1f} min, at commit {', '.join(commits)}.",
         ]
     )

@@ -93,7 +93,8 @@ def main() -> None:
     print(table)
     if options.save:
         description = (
-            f"torch {torch.__version__}, one thread, {calls} priced operator calls per run, {options.repeats} timed runs "
+            f"torch {torch.__version__}, one thread, {calls} priced operator calls per run, "
+            f"{options.repeats} timed runs "
             "after 3 warm-up runs; min, median and max over them. Tensors of one row of "
             f"{WIDTH} features that require gradients: the time is the host path (Python binding, dispatcher, "
             "autograd), not the kernels. The CUDA launch call is not in it: a lower bound for a GPU host."

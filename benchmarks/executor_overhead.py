@@ -3,7 +3,8 @@
 Each case plans a model file for two local CPU ranks (gloo, one thread per rank), starts the two
 ranks with torchrun, and times two training loops in the same job, one step of each in turn:
 
-* **ours**: the plan run the way ``plan run`` runs it (:func:`executors.session.load_workload`, :func:`executors.runner.make_runner`):
+* **ours**: the plan run the way ``plan run`` runs it (:func:`executors.session.load_workload`,
+  :func:`executors.runner.make_runner`):
   ``load_workload`` -> ``make_runner`` -> per step ``zero_grad``, ``runner.step(inputs)`` (forward,
   backward, gradient sync, loss all-reduce or broadcast), ``SGD.step``. A data-parallel plan runs
   on ``DataParallelRunner`` (the captured graph interpreted node by node, wrapped in DDP); a

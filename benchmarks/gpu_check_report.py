@@ -101,8 +101,10 @@ def step_table(rows: Sequence[Mapping[str, Any]]) -> str:
                 lines.append(where + f"| {got.get('error') or got.get('skipped')} |" + " — |" * 7)
                 continue
             lines.append(
-                where + f"| {got['plan']} | {got['predicted_step_s'] * 1e3:.1f} | {got['measured_step_s'] * 1e3:.1f} | "
-                f"{_ratio(got['measured_step_s'], got['predicted_step_s'])} | {got['predicted_memory_bytes'] / GIB:.3g} | "
+                where + f"| {got['plan']} | {got['predicted_step_s'] * 1e3:.1f} | "
+                f"{got['measured_step_s'] * 1e3:.1f} | "
+                f"{_ratio(got['measured_step_s'], got['predicted_step_s'])} | "
+                f"{got['predicted_memory_bytes'] / GIB:.3g} | "
                 f"{got['measured_memory_bytes'] / GIB:.3g} | "
                 f"{_ratio(got['measured_memory_bytes'], got['predicted_memory_bytes'])} | {got['memory_source']} |"
             )

@@ -103,7 +103,8 @@ def _solved_row(result, *, case: str, devices: int, shape: tuple[int, ...], tota
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| GPT | devices | mesh | ILP vars | constraints | problem s | ILP build s | solve s | total s | step s (ILP) | DP s | Megatron s |",
+        "| GPT | devices | mesh | ILP vars | constraints | problem s | ILP build s | solve s | total s | step s (ILP) "
+        "| DP s | Megatron s |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -112,7 +113,8 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['case']} | | {mesh} | no sharding fits | | | | | {r['total_s']:.2f} | | | |")
             continue
         lines.append(
-            f"| {r['case']} | {r['devices']} | {mesh} | {r['ilp_vars']:,} | {r['constraints']:,} | {r['problem_s']:.2f} | "
+            f"| {r['case']} | {r['devices']} | {mesh} | {r['ilp_vars']:,} | {r['constraints']:,} | "
+            f"{r['problem_s']:.2f} | "
             f"{r['ilp_build_s']:.2f} | {r['solve_s']:.2f} | {r['total_s']:.2f} | {r['objective_s']:.3f}"
             f"{'' if r['optimal'] else '*'} | {r['data_parallel_s']} | {r['megatron_s']} |"
         )
@@ -139,7 +141,8 @@ def main() -> None:
             description="One stage of GPT (examples/gpt.py, seq 1024, batch 16 on 8 GPUs, 64 on 64 GPUs) on dgx-a100 "
             "nodes, every 2-D logical mesh; roofline costs, mixed-precision Adam, 80 GiB budget. `problem s` = "
             "strategies, costs and edges; `total s` includes the data-parallel and Megatron incumbents. `*` = time "
-            "limit hit. DP / Megatron: the same cost model's step time of those hand-written plans (`-` = does not fit).",
+            "limit hit. DP / Megatron: the same cost model's step time of those hand-written plans "
+            "(`-` = does not fit).",
             table=text,
         )
 

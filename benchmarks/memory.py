@@ -3,9 +3,10 @@
 For each world size W (2 and 4 local gloo processes) every case of the chosen set is planned on ``local-cpu``
 with W devices (``plan MODEL --cluster local-cpu --devices-per-node W --optimizer sgd``, roofline costs) under
 the families a user would run (:data:`FAMILIES`): data parallel as planned (DDP or FSDP), data parallel with
-``--zero 3`` (FSDP), Megatron tensor parallel (``--degrees W,1,1``), a Megatron 1F1B pipeline (``--degrees 1,2,W/2 --microbatches
-4``), auto, and on a few cases (:data:`HASH_CASES`) the ``hash`` op placement. A plan the planner refuses is
-reported as refused, with its reason. Then one torchrun job per world measures every plan's peak per rank
+``--zero 3`` (FSDP), Megatron tensor parallel (``--degrees W,1,1``), a Megatron 1F1B pipeline
+(``--degrees 1,2,W/2 --microbatches 4``), auto, and on a few cases (:data:`HASH_CASES`) the ``hash`` op
+placement. A plan the planner refuses is reported as refused, with its reason. Then one torchrun job per world
+measures every plan's peak per rank
 (:mod:`executors.measure.memory_peak`: the CPU allocator's count of live bytes over one profiled SGD step
 after 2 warm-up steps, plus the parameters the runner trains in place), and the job runs ``--attempts``
 times (default 2): allocation counts of a fixed program are deterministic, so the attempts must agree;

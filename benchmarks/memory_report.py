@@ -55,7 +55,8 @@ def error(row: Mapping) -> float:
 def summary_table(rows: Sequence[Mapping]) -> str:
     measured = [row for row in rows if "measured_bytes" in row and "failed" not in row]
     lines = [
-        "| world | plans | refused / failed to run | mean abs error | within ±15% | more than 10% under | worst | attempts agree |",
+        "| world | plans | refused / failed to run | mean abs error | within ±15% | more than 10% under | worst "
+        "| attempts agree |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for world in sorted({row["world"] for row in rows}):

@@ -39,8 +39,10 @@ def _world_lines(result: dict) -> list[str]:
         tuned_over = sum((case["score"]["tune_regret"] or 0) > 1.02 for case in cases)
         summary.append(
             f"| {world['world']} | {len(cases)} | {_ratio(scores['auto_regret_max'], limit=1.10)} | "
-            f"{_ratio(scores['auto_regret_median'], limit=1.03)} | {over} | {_ratio(scores['tune_regret_max'], limit=1.02)} "
-            f"| {tuned_over} | {_figure(scores['spearman'], '.2f')} | {_figure(scores['mape'], '.0%')} | {scores['rows']} | "
+            f"{_ratio(scores['auto_regret_median'], limit=1.03)} | {over} | "
+            f"{_ratio(scores['tune_regret_max'], limit=1.02)} "
+            f"| {tuned_over} | {_figure(scores['spearman'], '.2f')} | {_figure(scores['mape'], '.0%')} | "
+            f"{scores['rows']} | "
             f"{_figure(scores['memory_error_mean'], '.0%')} | {scores['memory_within_15']}/{scores['rows']} | "
             f"{scores['memory_under_10']} |"
         )
@@ -62,8 +64,10 @@ def _case_and_candidate_lines(result: dict) -> tuple[list[str], list[str]]:
         for case in world["cases"]:
             score = case["score"]
             cases_table.append(
-                f"| {world['world']} | {case['case']} | {case['auto']} | {_ratio(score['auto_regret'], limit=1.10)} | "
-                f"{score['tune_pick'] or '-'} | {_ratio(score['tune_regret'], limit=1.02)} | {score['fastest'] or '-'} |"
+                f"| {world['world']} | {case['case']} | {case['auto']} | "
+                f"{_ratio(score['auto_regret'], limit=1.10)} | "
+                f"{score['tune_pick'] or '-'} | {_ratio(score['tune_regret'], limit=1.02)} | "
+                f"{score['fastest'] or '-'} |"
             )
             for name, row in case["candidates"].items():
                 measured_b = row["B"].get("median_s")

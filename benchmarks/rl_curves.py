@@ -205,7 +205,8 @@ def _save_page(results: list[dict], text: str, *, budget_s: float, seed: int) ->
         "≤ 0.9 on at least 6 of 8 and ≤ 1 against hash everywhere. No warm start from a heuristic: restarts begin "
         "from the search's own best placement. *same placement again*: a second run stopped at the first run's "
         f"update count (`--rl-iterations`). Load average while measuring: {load[0]:.2f}, {load[1]:.2f}, "
-        f"{load[2]:.2f}. Figure: [rl_curves-{today}.png](rl_curves-{today}.png); curves at about {CURVE_POINTS} evenly and {CURVE_POINTS // 2} geometrically spaced updates per case: "
+        f"{load[2]:.2f}. Figure: [rl_curves-{today}.png](rl_curves-{today}.png); curves at about "
+        f"{CURVE_POINTS} evenly and {CURVE_POINTS // 2} geometrically spaced updates per case: "
         f"[json](rl_curves-{today}.json)."
     )
     command = "python -m benchmarks.rl_curves " + " ".join(sys.argv[1:])

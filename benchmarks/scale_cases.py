@@ -2,9 +2,10 @@
 (SC'21 Table 1, ``../shared/published-measurements.md``: GPT, seq 2048, vocab 51200, dgx-a100,
 full recomputation) evaluated as given, a Llama-3.1-405B-shaped model on 1024 dgx-h100 nodes, and
 ``auto`` on GPT-39B / 64 V100s and on five of the Megatron rows (32 … 3072 A100s), beside which
-the table's Megatron row is the published configuration under the same cost model. Each case runs ``plan`` in a fresh process (imports, model
-build on meta, both exports, search, writing the plan) with ``--jobs 2``; wall seconds and the
-peak RSS of the planner and of its forked capture child come from the child's own accounting.
+the table's Megatron row is the published configuration under the same cost model. Each case runs
+``plan`` in a fresh process (imports, model build on meta, both exports, search, writing the plan) with
+``--jobs 2``; wall seconds and the peak RSS of the planner and of its forked capture child come from the child's own
+accounting.
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['size']} | {r['cluster']} | {r['devices']} | {r['capture_s']:.1f} | {r['ilp_s']:.1f} | "
             f"{r['dp_s']:.1f} | {r['price_s']:.1f} | **{r['total_s']:.1f}** | {r['solves']} | {r['stages']} | "
-            f"{r['meshes']} | {r['microbatches']} | {r['step_s']:.3g} | {r['mfu']:.0%} | {_other(r, 'data-parallel')} | "
+            f"{r['meshes']} | {r['microbatches']} | {r['step_s']:.3g} | {r['mfu']:.0%} | "
+            f"{_other(r, 'data-parallel')} | "
             f"{_other(r, 'megatron')} | {_other(r, 'uniform-pipeline')} |"
         )
     return "\n".join(lines)

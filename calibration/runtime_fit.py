@@ -2,12 +2,13 @@
 
 The cost model charges five runtime constants (all additive, so an estimate is linear in them):
 
-* ``kernel_overhead_s``      per operator per pass on plain tensors       — cost_models.compute
+* ``kernel_overhead_s``      per operator per pass on plain tensors  — cost_models.compute
 * ``sharded_op_overhead_s``  per operator per pass on a multi-device stage, and per parameter
-                             update there                                  — planner.costing.node_cost.sharded_dispatch_s
-* ``microbatch_overhead_s``  per pipeline stage per microbatch             — planner.inter.pricing.price_stages
-* ``step_overhead_s``        once per step                                 — planner.costing.setup and every estimate path
-* ``latency_s``              per collective step or message (α, both links) — cost_models.communication
+                             update there                            — planner.costing.node_cost.sharded_dispatch_s
+* ``microbatch_overhead_s``  per pipeline stage per microbatch       — planner.inter.pricing.price_stages
+* ``step_overhead_s``        once per step                           — planner.costing.setup and every estimate path
+* ``latency_s``              per collective step or message          — cost_models.communication
+                             (α, both links)
 
 For probe plan ``p`` with measured step ``y_p``, the estimate with all five at 0 is ``e_p`` and the
 estimate's slope in constant ``k`` is ``F_pk = (estimate(k = δ) − e_p) / δ`` (the others at 0),
@@ -18,7 +19,8 @@ solves the non-negative least squares of the relative errors::
 
     minimise  Σ_p ((e_p + Σ_k F_pk · x_k − y_p) / y_p)²   subject to  x ≥ 0
 
-exactly, by trying every subset of free constants (:func:`_nnls`; five constants, 31 subsets), and :func:`apply_runtime` writes ``x`` into a cluster.
+exactly, by trying every subset of free constants (:func:`_nnls`; five constants, 31 subsets), and
+:func:`apply_runtime` writes ``x`` into a cluster.
 
 Compute contention (optional sixth constant ``compute_extra``, :data:`COMPUTE`): with operator times
 profiled by one process (``--cost-model profiled``), the processes of a step share the cores with

@@ -67,7 +67,8 @@ def _reserve(device: dict, where: str) -> int | None:
     reserve = number(device, "memory_reserve_bytes", f"{where}: device", integer=True, allow_zero=True)
     if reserve >= device["memory_bytes"]:
         raise AutoplanError(
-            f"{where}: device.memory_reserve_bytes ({reserve}) must be less than memory_bytes ({device['memory_bytes']})"
+            f"{where}: device.memory_reserve_bytes ({reserve}) must be less than "
+            f"memory_bytes ({device['memory_bytes']})"
         )
     return reserve
 

@@ -43,8 +43,9 @@ bandwidth. The kernel shape model (:class:`~cost_models.gemm_efficiency.KernelSp
 * ``host_forward_s``, ``host_backward_s``: eager PyTorch's host time per operator call, measured by
   ``benchmarks/dispatch_overhead.py`` (``benchmarks/results/dispatch_overhead-2026-11-26.md``: the fastest of 100
   runs on this project's CPU machine, torch 2.13, a transformer layer's operators on one-row tensors, 5.95 and
-  10.01 µs): 6 µs forward, 10 µs backward (its autograd node). The CUDA launch call is not in the measurement, so on a GPU host
-  each call costs more: a lower bound. Set before, and independently of, the published runs they are scored on.
+  10.01 µs): 6 µs forward, 10 µs backward (its autograd node). The CUDA launch call is not in the
+  measurement, so on a GPU host each call costs more: a lower bound. Set before, and independently of, the
+  published runs they are scored on.
 """
 
 from __future__ import annotations

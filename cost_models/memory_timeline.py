@@ -20,8 +20,9 @@ input), ``L(v)`` its last forward reader, ``S(v)`` the first op (forward order) 
   already exist, from an earlier microbatch);
 * an op's transients (``transient_bytes``: a workspace, a resharded copy it does not keep, a collective's
   buffer) at ``t = k`` and again at ``t = 2n − k``; what only its backward holds (``backward_bytes``: a
-  recomputed run's activations, charged at the run's last op) at ``t = 2n − k``; and the loss's own tensors (``Tape.loss_bytes``: its
-  saved tensors and the gradient it hands back, :mod:`cost_models.loss_memory`) at ``t = n``.
+  recomputed run's activations, charged at the run's last op) at ``t = 2n − k``; and the loss's own
+  tensors (``Tape.loss_bytes``: its saved tensors and the gradient it hands back, :mod:`cost_models.loss_memory`)
+  at ``t = n``.
 
 Views and in-place operators allocate nothing: the tape's builder resolves them to the value they alias. A
 gradient that an operator passes through unchanged (an addition's) is charged as its own block, an

@@ -107,7 +107,8 @@ class ParityResult:
         missing = f", {len(self.missing)} gradients missing (e.g. {self.missing[0]})" if self.missing else ""
         return (
             f"parity {verdict}: loss diff {self.loss_diff:.2e}, largest gradient diff {self.max_grad_diff:.2e} "
-            f"({self.worst}){missing}, gradient norm diff {self.grad_norm_diff:.2e} [rtol {self.rtol:g}, atol {self.atol:g}]"
+            f"({self.worst}){missing}, gradient norm diff {self.grad_norm_diff:.2e} "
+            f"[rtol {self.rtol:g}, atol {self.atol:g}]"
         )
 
 

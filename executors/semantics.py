@@ -3,7 +3,8 @@
 *Dropout.* A plan draws its dropout masks per rank and per microbatch, one device draws one mask
 for the whole batch: the random streams cannot agree, so ``--check-parity`` compares with dropout
 off on both sides and says so; other random draws (stochastic depth's ``torch.rand``, noise from
-``randn``, ``bernoulli``) take one fixed value on both sides (0.5, 0, 1: masks keep, noise is 0). :func:`without_dropout` rewrites a captured graph so every dropout
+``randn``, ``bernoulli``) take one fixed value on both sides (0.5, 0, 1: masks keep, noise is 0).
+:func:`without_dropout` rewrites a captured graph so every dropout
 (``aten.dropout``, ``native_dropout``, the feature and alpha variants, attention's ``dropout_p``)
 has probability 0 — the operators stay, so node names and shapes are the plan's;
 :class:`NoDropout` does the same for the user's own module in the single-process reference (a

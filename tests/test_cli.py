@@ -120,7 +120,8 @@ BAD_CASES = {
     ),
     "unknown kwarg": (
         lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--model-arg", "colour=red"],
-        r"--model-arg colour is not a parameter of build_model or example_inputs in .*mlp.py \(they take: hidden, in_features, layers, out_features\)",
+        r"--model-arg colour is not a parameter of build_model or example_inputs in .*mlp.py "
+        r"\(they take: hidden, in_features, layers, out_features\)",
     ),
     "unknown method": (
         lambda t: [MLP, "--cluster", "dgx-a100", "--batch-size", "8", "--method", "magic"],

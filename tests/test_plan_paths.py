@@ -81,7 +81,8 @@ def test_moved_relative_model_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     with pytest.raises(PlanError) as error:
         load_plan(plan)
     assert str(error.value) == (
-        f"model file examples/mlp.py of plan {plan} not found (looked in {tmp_path.resolve()} and {elsewhere}): it moved? "
+        f"model file examples/mlp.py of plan {plan} not found (looked in {tmp_path.resolve()} and {elsewhere}): "
+        "it moved? "
         're-plan, or edit "model.file" in the plan'
     )
 

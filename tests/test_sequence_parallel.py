@@ -176,8 +176,8 @@ def test_the_ilp_picks_sequence_parallelism_on_a_gpt_block_and_the_stage_says_so
 
 
 def test_the_executor_pins_each_edge_as_the_cost_model_prices_it() -> None:
-    """executors.parallel.dtensor_edges.node_edges on a sequence-parallel GPT record set: from a gathered norm, q reads R*
-    (gradient kept partial), the residual add reads shards (sliced locally); from a sharded norm a reader of R*
+    """executors.parallel.dtensor_edges.node_edges on a sequence-parallel GPT record set: from a gathered norm, q
+    reads R* (gradient kept partial), the residual add reads shards (sliced locally); from a sharded norm a reader of R*
     all-reduces the gradient on the edge (pinned replicated)."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 

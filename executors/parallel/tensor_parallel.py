@@ -150,8 +150,8 @@ class StageSharding:
         return self._as_planned(node, result)
 
     def _arrive(self, tensor: Any, placements: tuple[Placement, ...] | None, edge: Edge) -> Any:
-        """An activation in the record's placements, its gradient pinned to them (or as :func:`executors.parallel.dtensor_edges.node_edges` says where
-        gathered ``R*`` tensors are involved)."""
+        """An activation in the record's placements, its gradient pinned to them (or as
+        :func:`executors.parallel.dtensor_edges.node_edges` says where gathered ``R*`` tensors are involved)."""
         if not isinstance(tensor, torch.Tensor):
             return tensor
         tensor = self.enter(tensor)

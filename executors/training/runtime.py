@@ -9,7 +9,8 @@ gradient clipping, checkpoints and logging in plain sight; this module gives it 
   in the run's precision (the plan's optimizer unless overridden; :mod:`executors.precision`);
 * :func:`synthetic_batches` — the default data: a new batch every step from the model file;
 * :class:`StepTimer`, :class:`executors.training.train_log.StepLogger` — step time (slowest rank) and the log line;
-* :func:`executors.training.checkpoint.save_checkpoint` / :func:`executors.training.checkpoint.load_checkpoint` — sharded DCP checkpoints;
+* :func:`executors.training.checkpoint.save_checkpoint` / :func:`executors.training.checkpoint.load_checkpoint` —
+  sharded DCP checkpoints;
 * :class:`executors.training.parity_check.ParityCheck` — ``--check-parity`` against one process;
 * :func:`run` — run ``main`` as one rank: a user error is one line naming the rank (exit 2), a crash
   one line (exit 1, the traceback with ``AUTOPLAN_DEBUG=1``), and the rank exits at once so its peers

@@ -74,7 +74,8 @@ class StepLogger:
         if allocator_peak is not None:
             norm += (
                 f"  CUDA peak {allocator_peak.allocated_bytes / MIB:.1f} MiB allocated, "
-                f"{allocator_peak.reserved_bytes / MIB:.1f} MiB reserved (plan {estimate.memory_per_device_bytes / MIB:.1f} MiB)"
+                f"{allocator_peak.reserved_bytes / MIB:.1f} MiB reserved "
+                f"(plan {estimate.memory_per_device_bytes / MIB:.1f} MiB)"
             )
         return (
             f"step {step + 1}  loss {loss:.6f}  {_ms(step_time_s)} (plan {_ms(estimate.step_time_s)})  "

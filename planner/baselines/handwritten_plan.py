@@ -15,9 +15,9 @@ its own submeshes and logical meshes only (:func:`mesh_choices_of`):
 Candidates are scored and priced exactly as inside auto (:func:`planner.baselines.handwritten.best_handwritten`,
 :func:`planner.inter.pricing.price_stages` without refinement), sharing stage problems by shape
 (:class:`planner.inter.stage_shapes.StageShapes`), so the plan is the one ``auto``'s candidate list
-holds for that method (a test checks it). On a large cluster the grid without ``--degrees`` runs as :func:`megatron_at_scale`: each
-``(t, p, d)`` whose model state can fit (a lower bound, so the pruning loses nothing) with its own
-counts down to one row per replica, on whole model layers.
+holds for that method (a test checks it). On a large cluster the grid without ``--degrees`` runs as
+:func:`megatron_at_scale`: each ``(t, p, d)`` whose model state can fit (a lower bound, so the pruning loses
+nothing) with its own counts down to one row per replica, on whole model layers.
 
 Microbatch counts are :func:`planner.inter.search.microbatch_counts`
 (with ``--degrees``, up to one row per replica per microbatch). With ``--degrees`` deeper than

@@ -54,7 +54,8 @@ def run_calibrate(argv: Sequence[str]) -> int:
     print(
         f"wrote {path}: {cluster.device.peak('float32') / 1e9:.1f} GFLOP/s fp32, "
         f"{cluster.device.memory_bandwidth / 1e9:.2f} GB/s memory, "
-        f"link latency {cluster.intra_node.latency_s * 1e6:.0f} µs, bandwidth {cluster.intra_node.bandwidth / 1e9:.2f} GB/s"
+        f"link latency {cluster.intra_node.latency_s * 1e6:.0f} µs, "
+        f"bandwidth {cluster.intra_node.bandwidth / 1e9:.2f} GB/s"
     )
     print(f"use it with: plan MODEL_FILE --cluster {path} --batch-size B")
     return 0

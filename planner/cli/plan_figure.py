@@ -77,7 +77,8 @@ def stage_legend(stage: Stage) -> str:
     mesh = "×".join(map(str, stage.mesh_shape))
     return (
         f"S{stage.index}: {len(stage.devices)} dev, mesh {mesh}, {len(stage.nodes)} nodes, "
-        f"{sharded}/{len(stage.param_placements)} params sharded{f', {stage.remat} remat' if stage.remat else ''}{f', ZeRO-{stage.zero}' if stage.zero else ''}"
+        f"{sharded}/{len(stage.param_placements)} params sharded"
+        f"{f', {stage.remat} remat' if stage.remat else ''}{f', ZeRO-{stage.zero}' if stage.zero else ''}"
     )
 
 

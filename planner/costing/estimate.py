@@ -21,8 +21,8 @@ cluster's devices and its slowest link; pipeline plans add it to the step
 
 Gradient synchronisation overlaps the backward pass where the executor overlaps it: under DDP (pure data
 parallelism) and on sharded stages (their buckets, :mod:`executors.parallel.grad_sync`; priced by
-:func:`planner.inter.pricing.price_stages`); FSDP's collectives and their overlap are :mod:`planner.costing.zero`'s. Model FLOPs are those of the
-captured graph (forward + backward, no recomputation); TFLOP/s per device and model-FLOPs
+:func:`planner.inter.pricing.price_stages`); FSDP's collectives and their overlap are :mod:`planner.costing.zero`'s.
+Model FLOPs are those of the captured graph (forward + backward, no recomputation); TFLOP/s per device and model-FLOPs
 utilisation (MFU) divide them by step time, device count and the device's peak.
 """
 

@@ -287,8 +287,9 @@ def _syncs_after(graph: TaskGraph, segments: Sequence[SyncSegment], *, after: in
 def _set_pipeline_orders(
     graph: TaskGraph, lowered: Lowered, groups: list[int], forward: dict, backward: dict, steps: dict, parts: dict
 ) -> None:
-    """Each pipeline rank runs its stages' tasks in the schedule's order (:func:`planner.plan.schedules.rank_actions`),
-    then its stages' steps. ``backward`` holds ``B``/``I`` tasks by ``(stage, i)``, ``W`` tasks by ``("W", stage, i)``."""
+    """Each pipeline rank runs its stages' tasks in the schedule's order
+    (:func:`planner.plan.schedules.rank_actions`), then its stages' steps. ``backward`` holds ``B``/``I`` tasks by
+    ``(stage, i)``, ``W`` tasks by ``("W", stage, i)``."""
     count = len(lowered.chunks)
     assert [chunk.stage for chunk in lowered.chunks] == list(range(count)), "a pipeline has one chunk per stage"
     schedule = "1f1b" if lowered.schedule == "none" else lowered.schedule

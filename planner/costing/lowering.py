@@ -6,13 +6,13 @@ same stage. A pipeline plan has one chunk per stage; an op placement has many. P
 stage's resource (all of the stage's devices), with durations the sums of its nodes' work
 (:mod:`planner.costing.stage_work`; recomputation adds the forward of the stage's checkpointed runs again
 to ``B`` and keeps only what enters them, ``kept_bytes``; a data-parallel plan under FSDP adds the gathers
-its compute waits for, :func:`planner.costing.zero.fsdp_price`). ``F`` allocates the chunk's activations, ``B`` frees them; the stage's model
-state is its base memory. Where a chunk is a whole stage (pipelines, data parallelism) its memory is the
-estimate's (:func:`planner.costing.plan_memory.sharded_stage_memory`, :func:`planner.costing.zero.fsdp_memory`):
-the base is the stage's state and what its executor holds (DDP's buckets), ``F`` and ``B`` allocate the
-microbatch's kept activations and, while they run, its peak above them (``Chunk.transient_bytes``); the step
-task holds what the last backward leaves (its gradients with one microbatch) and the gradient buckets
-(``Lowered.step_bytes``).
+its compute waits for, :func:`planner.costing.zero.fsdp_price`). ``F`` allocates the chunk's activations, ``B``
+frees them; the stage's model state is its base memory. Where a chunk is a whole stage (pipelines, data
+parallelism) its memory is the estimate's (:func:`planner.costing.plan_memory.sharded_stage_memory`,
+:func:`planner.costing.zero.fsdp_memory`): the base is the stage's state and what its executor holds (DDP's buckets),
+``F`` and ``B`` allocate the microbatch's kept activations and, while they run, its peak above them
+(``Chunk.transient_bytes``); the step task holds what the last backward leaves (its gradients with one microbatch) and
+the gradient buckets (``Lowered.step_bytes``).
 After a stage's last backward one ``step`` task does its gradient
 sync and optimizer update plus the device's ``step_overhead_s`` (and, in a pipeline whose stages share a
 tied weight, the all-reduce of its gradient over every rank: :func:`planner.costing.estimate.shared_param_sync_s`,
@@ -124,7 +124,8 @@ def lower_stages(
         half = setup.cluster.device.microbatch_overhead_s / 2
         chunks = tuple(replace(c, fwd_s=c.fwd_s + half, bwd_s=c.bwd_s + half) for c in chunks)
     edges, grad_edges = pipeline_edges(graph, runs, setup) if pipeline else dataflow_edges(graph, runs, setup)
-    # tied weights' gradients are summed over every rank after the backward pass (executors.parallel.stages.sync_shared_grads)
+    # tied weights' gradients are summed over every rank after the backward pass
+    # (executors.parallel.stages.sync_shared_grads)
     tied_s = shared_param_sync_s(stages, graph, setup) if pipeline and len(stages) > 1 else 0.0
     step_s = [
         math.fsum(work[n].step_s for n in stage.nodes) + setup.cluster.device.step_overhead_s + tied_s

@@ -107,7 +107,10 @@ class SyncChoice:
         text = f"gradient sync {self.grad_sync.label}: {self.grad_sync.describe()}"
         if self.exact_step_s is None:
             return text
-        return f"{text}; estimated step {self.step_s:.4g} s, {self.saved_s:.3g} s less than exact sync ({self.exact_step_s:.4g} s)"
+        return (
+            f"{text}; estimated step {self.step_s:.4g} s, {self.saved_s:.3g} s less than exact sync "
+            f"({self.exact_step_s:.4g} s)"
+        )
 
 
 def choose_grad_sync(

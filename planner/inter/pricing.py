@@ -312,9 +312,10 @@ def _period(times: list[float], resources: list[float], *, m: int, schedule: str
     """The steady-state time per microbatch ``P`` (module docstring): the busiest resource (``resources``: each
     stage's compute and each boundary link's slower direction), or the round trip through the stages after a
     stage shared by the microbatches it may have in flight, whichever is longer (1F1B only: GPipe runs every
-    forward before any backward). Stage ``s`` of ``S`` under 1F1B keeps at most ``W_s = min(S − s, m)`` microbatches in flight, so it waits when its round trip
-    ``t_s + Σ_{k>s} t_k`` (its compute, the boundaries both ways and every later stage) exceeds ``W_s·P``:
-    with equal stages and free boundaries this is ``t``, the busiest resource."""
+    forward before any backward). Stage ``s`` of ``S`` under 1F1B keeps at most ``W_s = min(S − s, m)``
+    microbatches in flight, so it waits when its round trip ``t_s + Σ_{k>s} t_k`` (its compute, the boundaries
+    both ways and every later stage) exceeds ``W_s·P``: with equal stages and free boundaries this is ``t``, the busiest
+    resource."""
     count = len(times)
     period = max(resources)
     if schedule != "1f1b":  # GPipe runs every forward before any backward: no microbatch waits for its own

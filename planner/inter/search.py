@@ -16,8 +16,8 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
    of ZeRO level ``z`` (level 1 on the sharded stages when ``z`` is 2 or 3: those run under FSDP only, so the
    FSDP slots stand only for one stage of every layer on every device, a data-parallel plan).
 4. Boundary between consecutive stages ``b(i, j, j')``: the activation crossing after layer ``i`` and its
-   gradient between submeshes ``j`` and ``j'`` (:func:`planner.inter.stage_dp.boundaries.boundary_table`), built once per
-   count and carried with it (:attr:`PipelineChoice.boundary_s`) to every candidate priced at that count.
+   gradient between submeshes ``j`` and ``j'`` (:func:`planner.inter.stage_dp.boundaries.boundary_table`), built
+   once per count and carried with it (:attr:`PipelineChoice.boundary_s`) to every candidate priced at that count.
 5. :func:`planner.inter.stage_dp.solver.solve_stages` picks stages, submeshes and options for the least
    ``Σ t_s + (m − 1)·max t_s`` under 1F1B (or GPipe) memory.
 

@@ -18,10 +18,11 @@ this candidate and the others (:mod:`planner.inter.stage_shapes`). Then, per sta
   (:func:`planner.intra.stage_problem.zero_costs`); the pipeline adds the boundary to the next stage and the
   host overhead (:func:`planner.inter.pricing.price_stages`);
 * memory = state + activations × in flight (``min(S − s, m)`` for 1F1B, ``m`` for GPipe;
-  with recomputation the activations are what its checkpointed runs keep, :func:`planner.intra.stage_problem.kept_bytes`;
-  the state at its ZeRO level; level 3 adds the layer groups FSDP holds gathered,
-  :func:`planner.costing.zero.gathered_param_bytes`). Each stage says what its recomputation and ZeRO level save
-  against the next-best pair (:meth:`planner.inter.stage_shapes.StageTemplate.memory_saving`, ``Stage.memory_saving``);
+  with recomputation the activations are what its checkpointed runs keep,
+  :func:`planner.intra.stage_problem.kept_bytes`; the state at its ZeRO level; level 3 adds the layer groups
+  FSDP holds gathered, :func:`planner.costing.zero.gathered_param_bytes`). Each stage says what its recomputation and
+  ZeRO level save against the next-best pair (:meth:`planner.inter.stage_shapes.StageTemplate.memory_saving`,
+  ``Stage.memory_saving``);
 * its backward's node seconds and additive sync shares (:class:`planner.inter.grad_sync_choice.StageBackward`),
   for the gradient buckets the pipeline's pricing charges instead.
 

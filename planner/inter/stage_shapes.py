@@ -121,9 +121,9 @@ class StageTemplate:
         setup: CostSetup,
     ) -> MemorySaving | None:
         """What the stage's recomputation and ZeRO level save, per step and per device, against the next-best pair:
-        the fastest other pair that fits, or the fastest other one (said not to fit); None: no other pair. Priced on the stage's problem:
-        the recomputed forward and FSDP's per-microbatch collectives ``m`` times, ZeRO's per-step terms once, memory
-        with ``in_flight`` microbatches (kept activations, state at the level)."""
+        the fastest other pair that fits, or the fastest other one (said not to fit); None: no other pair. Priced on
+        the stage's problem: the recomputed forward and FSDP's per-microbatch collectives ``m`` times, ZeRO's
+        per-step terms once, memory with ``in_flight`` microbatches (kept activations, state at the level)."""
 
         if remat != "none" and not self.runs(remat):  # nothing to recompute: the stage runs without it
             remat = "none"

@@ -19,8 +19,8 @@ and continuous ``e_uv ∈ ℝ_{≥0}^{k_u×k_v}``, :func:`build_matrix` builds::
 chosen one sum to zero, so that one row equals ``s_v``: ``e_uv = s_u s_vᵀ``. Declaring it
 binary would only widen the branching.
 
-Reductions (:func:`planner.intra.ilp_matrix.reduce_problem`), all exact: a variable with one strategy is a constant; an edge
-with one constant end adds a row or column of ``C_uv`` to the other end's ``c``; an edge whose
+Reductions (:func:`planner.intra.ilp_matrix.reduce_problem`), all exact: a variable with one strategy is a
+constant; an edge with one constant end adds a row or column of ``C_uv`` to the other end's ``c``; an edge whose
 merged matrix is separable, ``C_uv[i,j] = a_i + b_j`` (all-zero ones included), adds ``a`` to
 ``c_u`` and ``b`` to ``c_v``, since the edge rows give ``Σ_ij (a_i + b_j)·e_uv[i,j] = a·s_u +
 b·s_v``. Dominated strategies are kept: one cheaper and smaller than another can still lose

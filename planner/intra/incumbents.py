@@ -10,8 +10,8 @@ producers (all strategies when none is preferred).
   parallelism on the others): a linear whose input arrives split on its last dim over the
   tensor axis is row-parallel (``k`` split), any other linear column-parallel (``n`` split);
   attention splits heads, and so do the separate operators of an unfused attention (an operator keeps the
-  split its inputs arrive in on the tensor axis); every other node prefers the batch on the data axes. With more than one
-  device on the tensor axis it is sequence parallel, as Megatron-LM with ``--sequence-parallel``
+  split its inputs arrive in on the tensor axis); every other node prefers the batch on the data axes. With more
+  than one device on the tensor axis it is sequence parallel, as Megatron-LM with ``--sequence-parallel``
   (:func:`_sequence_parallel`): row-parallel linears reduce-scatter along the sequence, the residual
   stream's adds, dropouts and norms run on sequence shards, and the norms read by column-parallel
   linears gather their outputs.

@@ -32,7 +32,8 @@ REMAT_WORDS = {Remat.NONE: "none", Remat.ATTENTION: "selective (attention)", Rem
 
 @dataclass(frozen=True, kw_only=True)
 class ChoiceSaving(JsonCoded):
-    """What ``choice`` (of ``kind``) saved against ``next_best``: seconds per step, bytes per device (None: not known)."""
+    """What ``choice`` (of ``kind``) saved against ``next_best``: seconds per step, bytes per device
+    (None: not known)."""
 
     kind: str
     choice: str

@@ -101,11 +101,13 @@ def _estimate_lines(plan: Plan) -> list[str]:
     estimate, cluster = plan.estimate, plan.cluster
     return [
         f"estimate: step {estimate.step_time_s:.4g} s{breakdown_text(estimate)}",
-        f"          {estimate.memory_per_device_bytes / GIB:.2f} GiB per device of a {plan.memory_budget_bytes / GIB:.1f} "
+        f"          {estimate.memory_per_device_bytes / GIB:.2f} GiB per device of a "
+        f"{plan.memory_budget_bytes / GIB:.1f} "
         f"GiB budget ({headroom_text(plan)}), {estimate.tflops_per_device:.3g} TFLOP/s per device "
         f"({estimate.mfu:.0%} of peak), "
         f"{bubble_text(plan)}",
-        f"          budget: {cluster.device.memory_bytes / GIB:.1f} GiB less {reserved_bytes(cluster.device) / GIB:.1f} GiB "
+        f"          budget: {cluster.device.memory_bytes / GIB:.1f} GiB less "
+        f"{reserved_bytes(cluster.device) / GIB:.1f} GiB "
         f"reserved for {_reserve_reason(cluster)}"
         + (f", × memory fraction {plan.memory_fraction:g}" if plan.memory_fraction != 1.0 else ""),
     ]

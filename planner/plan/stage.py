@@ -130,7 +130,8 @@ class Stage(JsonCoded):
     strategies: Mapping[str, NodeSharding] = field(default_factory=dict)  # every node's, by name
     param_placements: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     remat: Remat = Remat.NONE  # what backward recomputes: the runs of nodes in ``remat_regions``
-    # checkpointed runs of consecutive stage nodes, (first, last) each, in stage order; empty with remat: the whole stage
+    # checkpointed runs of consecutive stage nodes, (first, last) each, in stage order;
+    # empty with remat: the whole stage
     remat_regions: tuple[tuple[str, str], ...] = ()
     zero: int = 0  # ZeRO level over the stage's data-parallel axes (ZERO_LEVELS; cost_models.memory)
     # what the recomputation and ZeRO level save against the next-best pair (None: no other pair to compare)

@@ -117,7 +117,8 @@ def _check_devices(plan: Plan) -> None:
         for device in stage.devices:
             if not 0 <= device < plan.cluster.num_devices:
                 raise PlanError(
-                    f"stage {stage.index}: device {device} is not in the cluster (ranks 0..{plan.cluster.num_devices - 1})"
+                    f"stage {stage.index}: device {device} is not in the cluster "
+                    f"(ranks 0..{plan.cluster.num_devices - 1})"
                 )
             if device in seen:
                 raise PlanError(f"device {device} is used by stage {seen[device]} and stage {stage.index}")

@@ -4,8 +4,8 @@ JSON layout (``format_version`` 3): the fields of :class:`Plan`, each nested dat
 (:mod:`planner.plan.codec`; the schema, generated from these types, is ``docs/plan-schema.json``,
 :mod:`planner.plan.schema`)::
 
-    {format_version, method, model: {fingerprint, num_params, file, args, tracer}, cluster: {...Cluster.to_json()}, batch_size,
-     num_microbatches, schedule, optimizer,
+    {format_version, method, model: {fingerprint, num_params, file, args, tracer}, cluster: {...Cluster.to_json()},
+     batch_size, num_microbatches, schedule, optimizer,
      stages: [{index, nodes, devices, mesh_shape,
                strategies: {node: {split, input_specs, output_spec, compute_shards,
                                    collectives: [{kind, axis, phase, operand}]}},

@@ -2,8 +2,8 @@
 
 What the simulator prices in seconds (:func:`planner.costing.stage_work.stage_node_work`), listed as
 operations from the same reading of the plan (:func:`planner.costing.stage_work.stage_strategies`:
-every node's stored record as the strategy it describes, on the stage's subgraph and mesh), so an executor's observed communication can be checked
-against it (``CommDebugMode`` in the tests):
+every node's stored record as the strategy it describes, on the stage's subgraph and mesh), so an executor's
+observed communication can be checked against it (``CommDebugMode`` in the tests):
 
 * each node's own collectives (``NodeStrategy.collectives``: the record's ``forward`` and
   ``backward`` ones): the forward all-reduce of a partial sum, the backward all-reduce of a

@@ -20,10 +20,10 @@ gives for it, bit for bit. It does the same work without Python objects, compile
    :meth:`PlacementProblem.transfer_s`), then ``F(c, i)`` (allocates the chunk's activations); per
    microbatch and chunk in reverse, a transfer per edge out of ``c`` to another device (its gradient
    coming back), then ``B(c, i)`` (frees them); then one step per device after its backwards.
-4. **Event loop** (:func:`planner.baselines.placement.event_loop.run_tasks`): each device and each ordered pair of devices (a link) runs one task at a
-   time; a finished task (events in ``(finish time, task)`` order, a binary heap) frees its resource and
-   readies the tasks waiting only on it; a free resource starts its ready task with the smallest
-   ``(ready time, task)``. Ready times only grow, so each resource's ready tasks are a queue kept in
+4. **Event loop** (:func:`planner.baselines.placement.event_loop.run_tasks`): each device and each ordered pair
+   of devices (a link) runs one task at a time; a finished task (events in ``(finish time, task)`` order, a
+   binary heap) frees its resource and readies the tasks waiting only on it; a free resource starts its ready task with
+   the smallest ``(ready time, task)``. Ready times only grow, so each resource's ready tasks are a queue kept in
    that order by inserting a new one behind those readied earlier or with smaller numbers. Memory rises
    when a task starts (its peak) and falls when it ends. The step time is the last finish.
 

@@ -1,4 +1,5 @@
-"""The simulator's event loop over a placement's task arrays, compiled (:mod:`planner.baselines.placement.batched_simulator`).
+"""The simulator's event loop over a placement's task arrays, compiled
+(:mod:`planner.baselines.placement.batched_simulator`).
 
 :func:`run_tasks` is :func:`cost_models.simulator.simulate` on arrays: each device and each ordered pair of devices
 (a link) runs one task at a time; a finished task (events in ``(finish time, task)`` order, a binary heap,

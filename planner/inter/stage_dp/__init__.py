@@ -5,5 +5,6 @@
 * :mod:`~planner.inter.stage_dp.device_blocks` — submeshes and the global ranks they take;
 * :mod:`~planner.inter.stage_dp.boundaries` — the boundary table: activations and gradients between submeshes.
 
-Imports :mod:`planner.costing`, :mod:`planner.ir`, :mod:`cost_models` and :mod:`planner.errors`; never the rest of :mod:`planner.inter`.
+Imports :mod:`planner.costing`, :mod:`planner.ir`, :mod:`cost_models` and :mod:`planner.errors`; never the rest of
+:mod:`planner.inter`.
 """

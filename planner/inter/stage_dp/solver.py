@@ -17,8 +17,8 @@ of exactly ``c + 1`` stages, class ``C − 1`` those of ``≥ C`` (followed by c
 ample memory ``C = 1``; a ``max_stages`` below ``min(L, D)`` makes every class exact instead.
 
 The DP at one bound ``t_max``, its exactness and the search over bounds: :mod:`planner.inter.stage_dp.bound_search`
-(:func:`~planner.inter.stage_dp.bound_search.search_bounds`); :func:`solve_stages` builds its tables and reads the plan back
-(:func:`_plan`).
+(:func:`~planner.inter.stage_dp.bound_search.search_bounds`); :func:`solve_stages` builds its tables and reads the
+plan back (:func:`_plan`).
 """
 
 from __future__ import annotations
