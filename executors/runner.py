@@ -28,6 +28,7 @@ from executors.parallel.stages import build_meshes, build_stage
 from executors.session import Workload, split_batch
 from planner.errors import AutoplanError
 from planner.plan import Plan
+from planner.plan.schedules import Schedule
 
 
 class Runner(Protocol):
@@ -48,7 +49,7 @@ def check_grad_sync(plan: Plan) -> None:
     fsdp = runs_as_fsdp(plan.stages)  # ZeRO-1 on sharded stages keeps their buckets: only FSDP refuses a hook
     ddp = plan.is_pure_data_parallel and not plan.zero
     reason = refusal(plan.grad_sync, plan.stages, zero=fsdp, cluster=plan.cluster, ddp=ddp)
-    if plan.grad_sync.lossy and plan.schedule == "dataflow":
+    if plan.grad_sync.lossy and plan.schedule == Schedule.DATAFLOW:
         reason = "op placements run no gradient sync to compress"
     if reason:
         raise AutoplanError(f"grad_sync {plan.grad_sync.label}: {reason}")
@@ -56,7 +57,7 @@ def check_grad_sync(plan: Plan) -> None:
 
 def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
     check_grad_sync(plan)
-    if plan.schedule == "dataflow":
+    if plan.schedule == Schedule.DATAFLOW:
         from executors.parallel.placement import PlacementRunner
 
         return PlacementRunner(plan=plan, workload=workload, model=model)

@@ -33,6 +33,7 @@ from planner.ir.rebatch import MicrobatchGraphs
 from planner.methods import METHODS, AutoSearch, MethodRun, auto_run, search_auto
 from planner.options import HANDWRITTEN_METHODS, Method, PlanOptions, parse_method
 from planner.plan import Plan, PlanError, validate_plan
+from planner.plan.schedules import Schedule
 from planner.preparation import Prepared, prepare_model
 from planner.preparation import prepare_model_file as _prepare_model_file
 from planner.tuning import (
@@ -284,7 +285,7 @@ def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:
     if not any(node.op_name in BATCH_STATISTICS for node in graph.nodes):
         return plan
     rows = plan.batch_size // plan.num_microbatches
-    if plan.schedule != "dataflow" and (runs_as_ddp(plan.stages) or runs_as_fsdp(plan.stages)):  # DDP, or FSDP
+    if plan.schedule != Schedule.DATAFLOW and (runs_as_ddp(plan.stages) or runs_as_fsdp(plan.stages)):  # DDP, or FSDP
         rows //= len(plan.stages[0].devices)
     share = "one replica's share of a microbatch" if rows * plan.num_microbatches < plan.batch_size else "a microbatch"
     note = (

@@ -27,6 +27,7 @@ from planner.costing.lowering import lower_plan, simulate_lowered
 from planner.errors import AutoplanError
 from planner.options import Method
 from planner.plan import Plan
+from planner.plan.schedules import Schedule
 
 COMPARE_METHODS = (
     Method.AUTO,
@@ -166,7 +167,7 @@ def explain_gap(
             f"the estimate charges {mine}; the simulated operators charge {ops} (their own collectives "
             "and resharding, which the method's formula leaves out)"
         )
-    if plan.num_microbatches > 1 and len(plan.stages) > 1 and plan.schedule != "dataflow":
+    if plan.num_microbatches > 1 and len(plan.stages) > 1 and plan.schedule != Schedule.DATAFLOW:
         parts.append(
             "the estimate is Σt + (m−1)·max t with the sync amortised per microbatch and transfers inside stage "
             "times; the simulator runs the schedule's forward and backward tasks one by one"

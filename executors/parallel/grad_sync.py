@@ -57,6 +57,7 @@ from cost_models.memory import optimizer_bytes
 from planner.costing.overlap import GradEntry, stage_buckets, stage_grad_entries
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Plan, Stage
+from planner.plan.schedules import Schedule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +73,7 @@ class SyncOptions:
     def of(cls, plan: Plan) -> SyncOptions:
         """The plan's; a zero-bubble schedule adds weight gradients up itself, not through autograd's
         accumulation (torch's ``stage_backward_weight``): no hook sees them, so its buckets go after the backward."""
-        overlap = plan.schedule != "zero-bubble"
+        overlap = plan.schedule != Schedule.ZERO_BUBBLE
         return cls(
             optimizer=plan.optimizer, grad_sync=plan.grad_sync, num_backward=plan.num_microbatches if overlap else None
         )

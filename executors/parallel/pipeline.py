@@ -38,6 +38,7 @@ from planner.costing.estimate import shared_params
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan
+from planner.plan.schedules import Schedule
 
 SCHEDULE_CLASSES = {
     "gpipe": "ScheduleGPipe",
@@ -78,7 +79,7 @@ def check_pipeline(plan: Plan) -> int | None:
     differ in size (run by :class:`executors.parallel.uneven_pipeline.UnevenPipelineRunner`)."""
     if plan.schedule not in SCHEDULE_CLASSES:
         raise AutoplanError(
-            f"a pipeline plan needs schedule {', '.join(SCHEDULE_CLASSES)}, this one says {plan.schedule!r}"
+            f"a pipeline plan needs schedule {', '.join(SCHEDULE_CLASSES)}, this one says '{plan.schedule}'"
         )
     sizes = {len(stage.devices) for stage in plan.stages}
     width = sizes.pop() if len(sizes) == 1 else None
@@ -192,7 +193,8 @@ def _schedule(plan: Plan, pipeline_stages: list[Any]) -> Any:
     from torch.distributed import pipelining
 
     schedule_class = getattr(pipelining, SCHEDULE_CLASSES[plan.schedule])
-    one = plan.schedule in ("gpipe", "1f1b")  # single-stage schedule classes take the stage, not a list
+    # single-stage schedule classes take the stage, not a list
+    one = plan.schedule in (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
     return schedule_class(
         pipeline_stages[0] if one else pipeline_stages,
         n_microbatches=plan.num_microbatches,

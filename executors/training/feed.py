@@ -33,6 +33,7 @@ from executors.session import Workload
 from planner.errors import AutoplanError
 from planner.ir.model_file import ModelFile, instantiate_inputs, instantiate_targets
 from planner.plan import Plan
+from planner.plan.schedules import Schedule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +55,7 @@ class RankInfo:
 
 def data_feeders(plan: Plan) -> tuple[tuple[int, ...], bool]:
     """``(ranks that read data, whether each trains on its own share without exchanging it)``."""
-    if plan.schedule == "dataflow":
+    if plan.schedule == Schedule.DATAFLOW:
         return tuple(range(plan.cluster.num_devices)), False
     first = tuple(plan.stages[0].devices)
     return first, plan.is_pure_data_parallel

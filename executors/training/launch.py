@@ -29,6 +29,7 @@ from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, load_plan
 from planner.plan.launch import backend_for
+from planner.plan.schedules import Schedule
 
 EXIT_USAGE = 2
 
@@ -46,7 +47,7 @@ def preflight(plan: Plan) -> OpGraph:
     from executors.runner import check_grad_sync
     from executors.session import load_workload
 
-    if len(plan.stages) > 1 and plan.schedule != "dataflow":
+    if len(plan.stages) > 1 and plan.schedule != Schedule.DATAFLOW:
         check_pipeline(plan)
     check_grad_sync(plan)  # a lossy choice the plan's executor cannot run as priced (a hand-edited plan)
     return load_workload(plan, seed=0, device="cpu").graph_at(plan.batch_size // plan.num_microbatches)

@@ -30,7 +30,9 @@ from planner.costing.setup import CostSetup
 from planner.inter.layer_costs import SLOTS
 from planner.inter.search import MAX_LAYERS, PipelineChoice, allowed_slots, mesh_choices
 from planner.inter.stage_pricing import StageSpec
+from planner.options import Method
 from planner.plan import ZERO_LEVELS
+from planner.plan.schedules import Schedule
 
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 
@@ -93,7 +95,7 @@ def approximate(setting: PipelineChoice, specs: list[StageSpec]) -> tuple[float,
         index = (spec.first, spec.last, j, column)
         if not math.isfinite(arrays.time_s[index]):
             return math.inf, math.inf
-        in_flight = m if setting.schedule == "gpipe" else min(count - s, m)
+        in_flight = m if setting.schedule == Schedule.GPIPE else min(count - s, m)
         memory = max(memory, float(arrays.state_bytes[index] + arrays.activation_bytes[index] * in_flight))
         after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
         times.append(float(arrays.time_s[index]) + after)
@@ -162,9 +164,9 @@ def megatron_grid(
         if setting.rows % d:  # the replicas cannot share the microbatch's rows evenly
             continue
         submesh = _submesh_of(setup, t * d)
-        source = "data-parallel" if t == 1 else "megatron"
-        method = "data-parallel" if (t, p) == (1, 1) and degrees is None else "megatron"
-        levels = ZERO_LEVELS if method == "data-parallel" else MEGATRON_ZERO
+        source = Method.DATA_PARALLEL if t == 1 else Method.MEGATRON
+        method = Method.DATA_PARALLEL if (t, p) == (1, 1) and degrees is None else Method.MEGATRON
+        levels = ZERO_LEVELS if method == Method.DATA_PARALLEL else MEGATRON_ZERO
         for slot, spans in itertools.product(
             _slots(source, remat, zero, levels=levels), equal_spans(setting.layers.kinds, p)
         ):
@@ -185,7 +187,9 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
             specs = []
             for s, (a, b) in enumerate(spans):
                 in_flight = (
-                    setting.num_microbatches if setting.schedule == "gpipe" else min(p - s, setting.num_microbatches)
+                    setting.num_microbatches
+                    if setting.schedule == Schedule.GPIPE
+                    else min(p - s, setting.num_microbatches)
                 )
                 memory = arrays.state_bytes[a, b, j] + arrays.activation_bytes[a, b, j] * in_flight
                 times = arrays.time_s[a, b, j]
@@ -214,7 +218,7 @@ def _all_candidates(
 ) -> list[Candidate]:
     grid = megatron_grid(setting, setup, remat=remat, degrees=degrees, zero=zero) if "megatron" in methods else []
     if "data-parallel" in methods and (degrees is not None or "megatron" not in methods):
-        grid += [c for c in megatron_grid(setting, setup, remat=remat, zero=zero) if c.method == "data-parallel"]
+        grid += [c for c in megatron_grid(setting, setup, remat=remat, zero=zero) if c.method == Method.DATA_PARALLEL]
     uniform = uniform_pipelines(setting, setup) if "uniform-pipeline" in methods else []
     return [
         candidate
@@ -226,7 +230,7 @@ def _all_candidates(
 def _crosses_nodes(candidate: Candidate, setup: CostSetup) -> bool:
     """A Megatron grid point whose data-parallel groups cross nodes (where a lossy gradient sync can pay)."""
     t, _, d = candidate.degrees
-    return candidate.method == "megatron" and d > 1 and t * d > setup.cluster.devices_per_node
+    return candidate.method == Method.MEGATRON and d > 1 and t * d > setup.cluster.devices_per_node
 
 
 def best_handwritten(

@@ -55,7 +55,8 @@ from planner.inter.stage_pricing import PricedPipeline
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
 from planner.ir.rebatch import MicrobatchGraphs
-from planner.options import PlanOptions
+from planner.options import Method, PlanOptions, ScheduleChoice
+from planner.plan.schedules import Schedule
 
 KEEP = 3  # candidates priced exactly, as auto prices them (best_handwritten's keep)
 
@@ -76,10 +77,10 @@ class HandwrittenResult:
 def mesh_choices_of(method: str, setup: CostSetup, options: PlanOptions, num_layers: int) -> MeshChoices:
     """The submeshes and logical meshes ``method`` reads (see the module docstring)."""
     every = mesh_choices(setup)
-    if method == "uniform-pipeline":
+    if method == Method.UNIFORM_PIPELINE:
         sizes = {setup.cluster.num_devices // p for p in range(1, num_layers + 1) if setup.cluster.num_devices % p == 0}
         return [(submesh, shapes) for submesh, shapes in every if submesh.size in sizes]
-    degrees = (1, 1, setup.cluster.num_devices) if method == "data-parallel" else options.degrees
+    degrees = (1, 1, setup.cluster.num_devices) if method == Method.DATA_PARALLEL else options.degrees
     wanted: dict[int, set[tuple[int, ...]]] = {}
     for (t, _, d), shape in grid_points(setup, num_layers=num_layers, degrees=degrees):
         wanted.setdefault(t * d, set()).add(shape)
@@ -155,7 +156,7 @@ def _pure_data_parallel(
 ) -> PricedPipeline | None:
     """:func:`pure_data_parallel` before the fit check and the gradient sync; None when the options rule it out."""
     plain_options = options.remat in ("auto", "off", "off-or-full") and options.microbatches in (None, 1)
-    if not plain_options or options.schedule != "auto" or options.degrees is not None:
+    if not plain_options or options.schedule != ScheduleChoice.AUTO or options.degrees is not None:
         return None
     level = 0 if str(options.zero) == "auto" else int(options.zero)
     try:  # a batch the devices cannot split, a layout the replicas cannot run
@@ -166,7 +167,7 @@ def _pure_data_parallel(
     if level and not replicated:  # FSDP shards whole replicated parameters (a MoE's experts are split already)
         return None
     stages, estimate = with_zero(stages, estimate, full_graph, setup, level=level, check=False)
-    return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule="none")
+    return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule=Schedule.NONE)
 
 
 def data_parallel_plan(
@@ -279,7 +280,7 @@ def _settings(
     """Per microbatch count, the span options of the method's own submeshes and meshes; ``counts`` keeps each
     count's graph, layers and boundary table for the next call (one layering for every grid point)."""
     counts = {} if counts is None else counts
-    schedule = "gpipe" if options.schedule == "gpipe" else "1f1b"
+    schedule = Schedule.GPIPE if options.schedule == ScheduleChoice.GPIPE else Schedule.ONE_F_ONE_B
     data_degree = None if options.degrees is None else options.degrees[2]
     settings = []
     for m in microbatch_counts(graphs.batch_size, options.microbatches, data_degree=data_degree):

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from cost_models.simulator import TaskGraph
 from planner.costing.overlap import SyncSegment
-from planner.plan.schedules import rank_actions
+from planner.plan.schedules import Schedule, rank_actions
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble", "none")
+PIPELINE_SCHEDULES = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE, Schedule.NONE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +96,8 @@ class _TaskBuilder:
         self.parts: dict[tuple[int, int], list[int]] = {}  # a last backward cut at its buckets
         self.syncs: dict[int, list[int]] = {}  # per stage, its bucket all-reduces
         self.steps: dict[int, int] = {}
-        self.split = lowered.schedule == "zero-bubble"  # I (input gradients, what the stage before waits for), later W
+        # I (input gradients, what the stage before waits for), later W
+        self.split = lowered.schedule == Schedule.ZERO_BUBBLE
 
     def _rank_resources(self) -> list[int]:
         lowered, fixed = self.lowered, self.lowered.schedule in PIPELINE_SCHEDULES
@@ -292,7 +293,7 @@ def _set_pipeline_orders(
     ``(stage, i)``, ``W`` tasks by ``("W", stage, i)``."""
     count = len(lowered.chunks)
     assert [chunk.stage for chunk in lowered.chunks] == list(range(count)), "a pipeline has one chunk per stage"
-    schedule = "1f1b" if lowered.schedule == "none" else lowered.schedule
+    schedule = Schedule.ONE_F_ONE_B if lowered.schedule == Schedule.NONE else lowered.schedule
     num_ranks = len(groups)
     virtual = len(lowered.chunks) // num_ranks
     for rank, resource in enumerate(groups):

@@ -67,6 +67,7 @@ from planner.costing.transfers import dataflow_edges, pipeline_edges, stage_tran
 from planner.costing.zero import FsdpPrice, fsdp_memory, fsdp_price, runs_as_fsdp
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Plan, Stage
+from planner.plan.schedules import Schedule
 
 
 def simulate_lowered(
@@ -150,7 +151,7 @@ def lower_stages(
         chunks=chunks,
         edges=edges,
         grad_edges=grad_edges,
-        schedule=schedule if pipeline else "dataflow",
+        schedule=schedule if pipeline else Schedule.DATAFLOW,
         num_microbatches=m,
         transfer_s=stage_transfer(setup, [stage.devices for stage in stages], pipeline=pipeline),
         totals_s={

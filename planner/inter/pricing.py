@@ -54,6 +54,7 @@ from planner.inter.stage_pricing import PricedPipeline, PricedStage, StageSpec, 
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Stage
+from planner.plan.schedules import Schedule
 
 
 def price_stages(
@@ -74,8 +75,9 @@ def price_stages(
     ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself).
     ``shapes``: stage problems by shape, shared by the candidates of one search (:mod:`planner.inter.stage_shapes`)."""
     setup = tables.setup
-    if schedule == "1f1b" and m < len(specs):  # no steady state: the same timeline as GPipe, which is what runs
-        schedule = "gpipe"
+    # no steady state: the same timeline as GPipe, which is what runs
+    if schedule == Schedule.ONE_F_ONE_B and m < len(specs):
+        schedule = Schedule.GPIPE
     line = _price_each(
         graph,
         layers,
@@ -159,7 +161,7 @@ def _price_each(
     count = len(specs)
     line = _StageLine(priced=[], times=[], periods=[], drains=[])
     for s, spec in enumerate(specs):
-        in_flight = m if schedule == "gpipe" else min(count - s, m)
+        in_flight = m if schedule == Schedule.GPIPE else min(count - s, m)
         stage = price_stage(
             graph,
             layers,
@@ -226,7 +228,7 @@ class _PipelineStep:
                     setup,
                     grad_sync=grad_sync,
                     last_backward_s=stage.backward_s + self.half_overhead_s,
-                    overlapped=self.schedule != "zero-bubble",
+                    overlapped=self.schedule != Schedule.ZERO_BUBBLE,
                 )
                 step_s += wait - stage.backward.additive_s
                 extra = max(extra, added)
@@ -262,7 +264,7 @@ def _pipeline(
         stages=stages,
         estimate=estimate,
         num_microbatches=m,
-        schedule="none" if len(times) == 1 and m == 1 else step.schedule,
+        schedule=Schedule.NONE if len(times) == 1 and m == 1 else step.schedule,
         grad_sync=choice.grad_sync,
         notes=(choice.note(),) if choice.grad_sync.lossy else (),
         stage_choices=tuple(stage.picked for stage in step.priced),
@@ -318,7 +320,8 @@ def _period(times: list[float], resources: list[float], *, m: int, schedule: str
     resource."""
     count = len(times)
     period = max(resources)
-    if schedule != "1f1b":  # GPipe runs every forward before any backward: no microbatch waits for its own
+    # GPipe runs every forward before any backward: no microbatch waits for its own
+    if schedule != Schedule.ONE_F_ONE_B:
         return period
     for s in range(count):
         period = max(period, math.fsum(times[s:]) / min(count - s, m))

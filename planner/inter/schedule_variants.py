@@ -42,6 +42,7 @@ from planner.inter.stage_dp.device_blocks import assign_devices
 from planner.inter.stage_pricing import PricedPipeline, StageSpec, plan_stages, price_stage
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
+from planner.options import Method
 from planner.plan import Estimate
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES, check_schedule
 
@@ -241,7 +242,7 @@ def method_schedules(method: str, mode: str) -> tuple[str, ...]:
         return allowed
     if mode not in MULTI_STAGE_SCHEDULES:
         return ()
-    if method == "megatron" and mode not in allowed:
+    if method == Method.MEGATRON and mode not in allowed:
         raise AutoplanError(
             f"--schedule {mode} is not one of this method's schedules ({', '.join(allowed)}, "
             "1f1b, gpipe): use --method auto"

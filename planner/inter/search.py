@@ -48,8 +48,9 @@ from planner.intra.stage_problem import IntraOpOptions
 from planner.ir.graph import OpGraph, subgraph
 from planner.ir.layers import collapse_identical_layers, graph_layers
 from planner.ir.rebatch import MicrobatchGraphs
-from planner.options import PlanOptions, RematChoice, ZeroChoice
+from planner.options import PlanOptions, RematChoice, ScheduleChoice, ZeroChoice
 from planner.plan import ZERO_LEVELS
+from planner.plan.schedules import Schedule
 from planner.sharding.specs import StageMesh
 
 MAX_AUTO_MICROBATCHES = 64
@@ -284,7 +285,8 @@ def search_pipeline(
 ) -> PipelineSearch:
     """Per microbatch count, the layer options and the DP's best plan (None where nothing fits). The
     counts' DPs are independent: with ``options.jobs > 1`` they run over forked processes."""
-    schedule = "gpipe" if options.schedule == "gpipe" else "1f1b"  # same latency, 1F1B never needs more memory
+    # same latency, 1F1B never needs more memory
+    schedule = Schedule.GPIPE if options.schedule == ScheduleChoice.GPIPE else Schedule.ONE_F_ONE_B
     cluster, inputs = setup.cluster, []
     for m in microbatch_counts(graphs.batch_size, options.microbatches):
         graph = graphs.at(graphs.batch_size // m)

@@ -39,6 +39,7 @@ from planner.intra.ilp import solve_unconstrained
 from planner.intra.problem import evaluate
 from planner.intra.stage_problem import StageProblem, kept_bytes, recompute_s, zero_costs
 from planner.plan import Plan, Saving, Stage
+from planner.plan.schedules import Schedule
 from planner.sharding.sequence_parallel import is_sequence_parallel
 
 PINNED_S = 1e6  # the objective of a strategy a kept node may not take: never chosen
@@ -49,7 +50,7 @@ Runs = tuple[tuple[str, ...], ...]
 
 def in_flight(schedule: str, *, num_stages: int, stage: int, m: int) -> int:
     """Microbatches stage ``stage`` of ``num_stages`` holds at once (see the module docstring)."""
-    return m if schedule in ("gpipe", "dataflow") else max(1, min(num_stages - stage, m))
+    return m if schedule in (Schedule.GPIPE, Schedule.DATAFLOW) else max(1, min(num_stages - stage, m))
 
 
 def with_sequence_parallel_savings(plan: Plan, picked: Sequence[StageChoice], setup: CostSetup) -> Plan:

@@ -18,6 +18,7 @@ May import: :mod:`planner.ir`, :mod:`planner.errors`, :mod:`cost_models` (the cl
 
 from planner.plan.explain import ExplainRow
 from planner.plan.grad_sync import GRAD_SYNC_KINDS, GradSync, GradSyncError
+from planner.plan.schedules import Schedule
 from planner.plan.stage import (
     COLLECTIVE_KINDS,
     GATHERED,
@@ -65,6 +66,7 @@ __all__ = [
     "PlanSavings",
     "Remat",
     "Saving",
+    "Schedule",
     "SearchStats",
     "Stage",
     "load_plan",

@@ -27,13 +27,31 @@ classes compute. :func:`check_schedule` refuses what torch's classes refuse.
 
 from __future__ import annotations
 
+import enum
 from collections import defaultdict
 from collections.abc import Callable
 
 from planner.errors import AutoplanError
 
+
+class Schedule(enum.StrEnum):
+    """A plan's schedule (``Plan.schedule``); each member *is* its string, so JSON and printed text read as before.
+
+    ``none``: one stage; ``dataflow``: op placements, each op runs when its inputs arrive; ``interleaved`` and
+    ``zero-bubble`` may hold several stages per pipeline rank (stage k on the devices of stage k mod P).
+    """
+
+    NONE = "none"
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+    ZERO_BUBBLE = "zero-bubble"
+    DATAFLOW = "dataflow"
+
+
 Action = tuple[int, str, int]  # (stage, "F" | "B" | "I" | "W", microbatch)
-MULTI_STAGE_SCHEDULES = ("interleaved", "zero-bubble")  # the schedules that may hold several stages per rank
+# the schedules that may hold several stages per rank
+MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE)
 
 
 def rounds(num_microbatches: int, num_ranks: int) -> int:
@@ -44,9 +62,9 @@ def rounds(num_microbatches: int, num_ranks: int) -> int:
 def check_schedule(schedule: str, *, num_ranks: int, virtual_stages: int, num_microbatches: int) -> None:
     """Raise :class:`AutoplanError` naming what to change when torch's schedule class would refuse this."""
     m = num_microbatches
-    if schedule == "interleaved" and virtual_stages < 2:
+    if schedule == Schedule.INTERLEAVED and virtual_stages < 2:
         raise AutoplanError("schedule interleaved needs at least 2 virtual stages per rank (stages = ranks × v)")
-    if schedule in ("gpipe", "1f1b", "none") and virtual_stages != 1:
+    if schedule in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.NONE) and virtual_stages != 1:
         raise AutoplanError(f"schedule {schedule} runs one stage per rank; use interleaved or zero-bubble for more")
     if schedule in MULTI_STAGE_SCHEDULES and m % rounds(m, num_ranks):
         raise AutoplanError(
@@ -66,11 +84,11 @@ def rank_actions(
             virtual_stages=virtual_stages,
             num_microbatches=num_microbatches,
             rank=rank,
-            zero_bubble=schedule == "zero-bubble",
+            zero_bubble=schedule == Schedule.ZERO_BUBBLE,
         )
     assert virtual_stages == 1, f"{schedule} runs one stage per rank"
     m = num_microbatches
-    if schedule == "gpipe":
+    if schedule == Schedule.GPIPE:
         return [(rank, "F", i) for i in range(m)] + [(rank, "B", i) for i in range(m)]
     return [(rank, kind, i) for kind, i in one_f_one_b(num_stages=num_ranks, stage=rank, num_microbatches=m)]
 

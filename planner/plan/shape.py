@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage
 from planner.plan.value import Plan
 
@@ -66,7 +67,7 @@ def count_of(number: int, singular: str, plural: str | None = None) -> str:
 
 def plan_shape(plan: Plan) -> str:
     """One line: the degrees, microbatches, schedule, recomputation and ZeRO of ``plan``."""
-    if plan.schedule == "dataflow":
+    if plan.schedule == Schedule.DATAFLOW:
         return _placement_shape(plan)
     stages = sorted(plan.stages, key=lambda stage: stage.index)
     parts = [_degrees_text(stages)]

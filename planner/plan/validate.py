@@ -11,7 +11,7 @@ import re
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph, OpNode, TensorMeta
 from planner.ir.op_kinds import BATCH_STATISTICS
-from planner.plan.schedules import MULTI_STAGE_SCHEDULES, check_schedule
+from planner.plan.schedules import MULTI_STAGE_SCHEDULES, Schedule, check_schedule
 from planner.plan.stage import COLLECTIVE_KINDS, GATHERED, PHASES, ZERO_LEVELS, NodeSharding, Stage
 from planner.plan.value import SCHEDULES, Plan, PlanError
 
@@ -33,7 +33,7 @@ def validate_plan(plan: Plan, graph: OpGraph) -> None:
         raise PlanError(f"schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}")
     if plan.batch_size <= 0 or plan.num_microbatches <= 0 or plan.batch_size % plan.num_microbatches:
         raise PlanError(f"batch size {plan.batch_size} cannot be split into {plan.num_microbatches} equal microbatches")
-    if plan.schedule == "1f1b" and plan.num_microbatches < len(plan.stages):
+    if plan.schedule == Schedule.ONE_F_ONE_B and plan.num_microbatches < len(plan.stages):
         raise PlanError(
             f"schedule 1f1b needs at least as many microbatches as stages ({len(plan.stages)}), got "
             f"{plan.num_microbatches}: use gpipe, whose timeline is the same when microbatches are fewer"

@@ -52,12 +52,13 @@ from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 from planner.plan.codec import Codec, CodecError, External, JsonCoded
 from planner.plan.grad_sync import GradSync
+from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage
 
 FORMAT_VERSION = 3
 # dataflow: op placements, each op runs when its inputs arrive; interleaved and zero-bubble may hold several stages
 # per pipeline rank (stage k on the devices of stage k mod P: planner.plan.schedules)
-SCHEDULES = ("none", "gpipe", "1f1b", "interleaved", "zero-bubble", "dataflow")
+SCHEDULES = tuple(Schedule)
 
 
 class PlanError(AutoplanError):
@@ -174,7 +175,7 @@ class Plan:
     cluster: Cluster
     batch_size: int
     num_microbatches: int
-    schedule: str
+    schedule: Schedule  # a str naming a member is taken too (__post_init__)
     optimizer: str
     stages: tuple[Stage, ...]
     estimate: Estimate
@@ -187,6 +188,12 @@ class Plan:
     grad_sync: GradSync = field(default_factory=GradSync)
     # the runtime the estimate describes (planner.costing.runtime_profiles): autoplan, our executors, unless --runtime
     runtime: str = "autoplan"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.schedule, Schedule):
+            if self.schedule not in SCHEDULES:
+                raise PlanError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+            object.__setattr__(self, "schedule", Schedule(self.schedule))  # frozen
 
     @property
     def num_devices(self) -> int:

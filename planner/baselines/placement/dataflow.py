@@ -16,6 +16,7 @@ from cost_models.simulator import SimResult
 from planner.baselines.placement.problem import PlacementProblem, check_assignment
 from planner.costing.lowered_tasks import Chunk, Lowered
 from planner.costing.lowering import chunks_of, simulate_lowered
+from planner.plan.schedules import Schedule
 
 
 def lower_assignment(problem: PlacementProblem, assignment: Sequence[int]) -> Lowered:
@@ -54,7 +55,7 @@ def lower_assignment(problem: PlacementProblem, assignment: Sequence[int]) -> Lo
         chunks=tuple(chunks),
         edges=edges,
         grad_edges=edges,  # the placement problem prices a crossing value's gradient as the value
-        schedule="dataflow",
+        schedule=Schedule.DATAFLOW,
         num_microbatches=problem.num_microbatches,
         transfer_s=problem.transfer_s,
     )

@@ -32,7 +32,9 @@ from planner.errors import AutoplanError
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.rebatch import MicrobatchGraphs
+from planner.options import Method
 from planner.plan import Estimate, Stage
+from planner.plan.schedules import Schedule
 
 PLACEMENT_METHODS: dict[str, str] = {
     "hash": "op placement round-robin over devices, first that fits (Mayer et al. 2017)",
@@ -80,7 +82,7 @@ def run_placement(
     graph = graphs.at(batch_size // m)
     problem = placement_problem(graph, setup, num_microbatches=m)
     notes = [f"{m} microbatches flow through the placement (dataflow schedule)"]
-    if method == "rl":
+    if method == Method.RL:
         budget_s = rl_budget_s if rl_iterations is None else math.inf  # a fixed number of updates: reproducible
         found = rl_placement(problem, budget_s=budget_s, seed=seed, max_iterations=rl_iterations, progress=progress)
         assignment = found.assignment
@@ -105,7 +107,7 @@ def run_placement(
         mfu=mfu(graphs.at(batch_size), setup, step_time_s=result.step_time_s, num_devices=setup.cluster.num_devices),
         breakdown_s={"dataflow_replay_s": result.step_time_s},  # every operator on its device, as it runs
     )
-    priced = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=m, schedule="dataflow")
+    priced = PricedPipeline(stages=stages, estimate=estimate, num_microbatches=m, schedule=Schedule.DATAFLOW)
     return priced, tuple(notes)
 
 

@@ -36,6 +36,7 @@ from cost_models.units import GIB
 from planner.errors import AutoplanError
 from planner.inter.stage_dp.bound_search import DpRun, DpTables, search_bounds
 from planner.inter.stage_dp.device_blocks import Submesh
+from planner.plan.schedules import Schedule
 
 WHOLE_NODE_LIMIT = 32  # nodes; past it submeshes are whole nodes dividing the cluster (:func:`submeshes`)
 
@@ -59,7 +60,7 @@ class StageOption:
 
 Boundary = Callable[[int, Submesh, Submesh], float]  # (last layer of the sender, sender, receiver) -> s
 Options = dict[tuple[int, int, int], tuple[StageOption, ...]]  # (first, last, submesh index) -> options
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,7 +161,7 @@ def solve_stages(
         arrays=costs,
         labels=labels,
         boundary=_boundary(boundary_s, num_layers, meshes),
-        flight_all=schedule == "gpipe",
+        flight_all=schedule == Schedule.GPIPE,
         num_microbatches=num_microbatches,
         budget=memory_budget_bytes,
     )
