@@ -34,8 +34,7 @@ from planner.methods import METHODS, AutoSearch, MethodRun, auto_run, search_aut
 from planner.options import HANDWRITTEN_METHODS, Method, PlanOptions, parse_method
 from planner.plan import Plan, PlanError, validate_plan
 from planner.plan.schedules import Schedule
-from planner.preparation import Prepared, prepare_model
-from planner.preparation import prepare_model_file as _prepare_model_file
+from planner.preparation import Prepared, model_from_file, prepare_model
 from planner.tuning import (
     DEFAULT_CANDIDATES,
     Measurement,
@@ -104,20 +103,12 @@ def prepare_model_file(
     cluster: Cluster | str,
     *,
     batch_size: int,
-    options: PlanOptions | None = None,
     model_args: dict[str, Any] | None = None,
-    progress: Progress | None = None,
     **keywords: Any,
 ) -> Prepared:
-    """:func:`prepare` for a model file, built on the meta device."""
-    return _prepare_model_file(
-        path,
-        _cluster(cluster),
-        batch_size=batch_size,
-        options=plan_options(options, **keywords),
-        model_args=model_args,
-        progress=progress,
-    )
+    """:func:`prepare` for a model file, built on the meta device; ``keywords`` as :func:`prepare`'s."""
+    model, example_inputs, model_ref = model_from_file(path, batch_size=batch_size, model_args=model_args)
+    return prepare(model, example_inputs, cluster, batch_size=batch_size, model_ref=model_ref, **keywords)
 
 
 def plan_prepared(prepared: Prepared, method: Method | str | None = None, *, search: AutoSearch | None = None) -> Plan:
@@ -228,15 +219,7 @@ def tune(
 
 
 def plan(
-    model: torch.nn.Module,
-    example_inputs: Sequence[Any],
-    cluster: Cluster | str,
-    *,
-    batch_size: int,
-    options: PlanOptions | None = None,
-    model_ref: dict[str, Any] | None = None,
-    progress: Progress | None = None,
-    **keywords: Any,
+    model: torch.nn.Module, example_inputs: Sequence[Any], cluster: Cluster | str, *, batch_size: int, **keywords: Any
 ) -> Plan:
     """Find a parallel plan for training ``model`` on ``cluster`` with global ``batch_size``.
 
@@ -251,31 +234,16 @@ def plan(
     estimate describes, :mod:`planner.costing.runtime_profiles`; default ours), ``jobs`` (processes for the
     search's independent work: with 2 or more, the second export runs beside the first; default 1). Beside them:
     ``model_ref`` (the model file and arguments the plan names) and ``progress(what, done, total)``, called
-    during the search. Raises :class:`AutoplanError` for bad input or a model that does not fit.
+    during the search (the keywords of :func:`prepare`). Raises :class:`AutoplanError` for bad input or a model
+    that does not fit.
     """
-    chosen = plan_options(options, **keywords)
-    prepared = prepare(
-        model, example_inputs, cluster, batch_size=batch_size, options=chosen, model_ref=model_ref, progress=progress
-    )
-    return plan_prepared(prepared)
+    return plan_prepared(prepare(model, example_inputs, cluster, batch_size=batch_size, **keywords))
 
 
-def plan_model_file(
-    path: str | Path,
-    cluster: Cluster | str,
-    *,
-    batch_size: int,
-    options: PlanOptions | None = None,
-    model_args: dict[str, Any] | None = None,
-    progress: Progress | None = None,
-    **keywords: Any,
-) -> Plan:
-    """:func:`plan` for a model file, built on the meta device."""
-    chosen = plan_options(options, **keywords)
-    prepared = prepare_model_file(
-        path, cluster, batch_size=batch_size, options=chosen, model_args=model_args, progress=progress
-    )
-    return plan_prepared(prepared)
+def plan_model_file(path: str | Path, cluster: Cluster | str, *, batch_size: int, **keywords: Any) -> Plan:
+    """:func:`plan` for a model file, built on the meta device; ``keywords`` as :func:`prepare_model_file`'s
+    (``model_args``, the model's keyword arguments, and those of :func:`prepare`)."""
+    return plan_prepared(prepare_model_file(path, cluster, batch_size=batch_size, **keywords))
 
 
 def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:

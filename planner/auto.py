@@ -33,13 +33,20 @@ from planner.baselines.handwritten_plan import megatron_at_scale, pure_data_para
 from planner.baselines.method_options import gib_text
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.inter.pricing import price_stages, specs_from_dp
-from planner.inter.schedule_variants import Candidate, Pipelines, best_rescheduled, method_schedules, with_variant
-from planner.inter.search import LayerTables, PipelineChoice, Progress, search_pipeline
+from planner.inter.planning_input import PlanningInput
+from planner.inter.pricing import specs_from_dp
+from planner.inter.schedule_variants import (
+    Candidate,
+    Pipelines,
+    best_rescheduled,
+    method_schedules,
+    price_candidates,
+    with_variant,
+)
+from planner.inter.search import LayerTables, PipelineChoice, search_pipeline
 from planner.inter.stage_dp.solver import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph
-from planner.ir.rebatch import MicrobatchGraphs
 from planner.options import Method, PlanOptions
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES
 
@@ -48,37 +55,24 @@ STAGE_DP = "stage-dp"  # the candidates of the stage DP (auto's own), beside the
 
 
 def _add_megatron_at_scale(
-    priced: dict[str, PricedPipeline],
-    graph_of: dict[str, OpGraph],
-    graphs: MicrobatchGraphs,
-    full_graph: OpGraph,
-    setup: CostSetup,
-    *,
-    options: PlanOptions,
-    progress: Progress | None,
+    priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], inputs: PlanningInput
 ) -> None:
     """On a large cluster the Megatron candidate is :func:`megatron_at_scale`'s (deep pipelines, hundreds of
     microbatches: Megatron's published configurations), as ``--method megatron`` runs it there."""
-    found = megatron_at_scale(graphs, full_graph, setup, options=options, progress=progress)
+    found = megatron_at_scale(inputs)
     if found.best is not None and found.graph is not None:
         priced[Method.MEGATRON], graph_of[Method.MEGATRON] = found.best, found.graph
 
 
 def _add_pure_data_parallel(
-    priced: dict[str, PricedPipeline],
-    graph_of: dict[str, OpGraph],
-    graphs: MicrobatchGraphs,
-    full_graph: OpGraph,
-    setup: CostSetup,
-    *,
-    options: PlanOptions,
+    priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], inputs: PlanningInput
 ) -> None:
     """The one-microbatch data-parallel plan replaces the grid's data-parallel candidate when it is faster, as
     ``--method data-parallel`` chooses (:func:`planner.baselines.handwritten_plan.data_parallel_plan`)."""
-    pure = pure_data_parallel(graphs, full_graph, setup, options=options)
+    pure = pure_data_parallel(inputs)
     current = priced.get(Method.DATA_PARALLEL)
     if pure is not None and (current is None or pure.estimate.step_time_s < current.estimate.step_time_s):
-        priced[Method.DATA_PARALLEL], graph_of[Method.DATA_PARALLEL] = pure, full_graph
+        priced[Method.DATA_PARALLEL], graph_of[Method.DATA_PARALLEL] = pure, inputs.full_graph
 
 
 def _add_schedule_variants(
@@ -101,13 +95,13 @@ def _add_schedule_variants(
         found = best_rescheduled(pipelines.get(method, []), full_graph=full_graph, tables=tables, schedules=schedules)
         best = with_variant(priced.get(method), found, mode=mode)
         if found is not None and best is found[0]:
-            priced[method], graph_of[method] = best, found[1].graph
+            priced[method], graph_of[method] = best, found[1].setting.graph
     everything = [entry for entries in pipelines.values() for entry in entries]
     found = best_rescheduled(
         everything, full_graph=full_graph, tables=tables, schedules=method_schedules("rescheduled", mode)
     )
     if found is not None:
-        priced["rescheduled"], graph_of["rescheduled"] = found[0], found[1].graph
+        priced["rescheduled"], graph_of["rescheduled"] = found[0], found[1].setting.graph
     if mode in MULTI_STAGE_SCHEDULES:
         for method in [method for method, plan in priced.items() if plan.schedule != mode]:
             del priced[method]
@@ -116,8 +110,7 @@ def _add_schedule_variants(
 def _does_not_fit(settings: list[PipelineChoice], setup: CostSetup, options: PlanOptions) -> str:
     """Why no candidate fits, with what the smallest hand-written plan under the asked choices needs."""
     failure = next((s.failure for s in reversed(settings) if s.failure), "")
-    asked = {"remat": options.remat, "degrees": options.degrees, "zero": options.zero, "max_stages": options.max_stages}
-    found = [least_memory(settings, setup, method=method, **asked) for method in HANDWRITTEN]
+    found = [least_memory(settings, setup, options=options, method=method) for method in HANDWRITTEN]
     smallest = min((candidate.memory_bytes for candidate in found if candidate is not None), default=None)
     choices = options.asked_choices()
     text = f"does not fit in {setup.memory_budget_bytes / GIB:.1f} GiB per device with any pipeline, sharding or "
@@ -139,28 +132,22 @@ class AutoResult:
     price_s: float
 
 
-def auto_plan(
-    graphs: MicrobatchGraphs,
-    full_graph: OpGraph,
-    setup: CostSetup,
-    *,
-    options: PlanOptions,
-    progress: Progress | None = None,
-) -> AutoResult:
+def auto_plan(inputs: PlanningInput) -> AutoResult:
     """The fastest fitting plan of the search and of the hand-written methods; AutoplanError if none fits."""
+    setup, options, full_graph, progress = inputs.setup, inputs.options, inputs.full_graph, inputs.progress
     tables = LayerTables(setup, options)
     started = time.perf_counter()
-    search = search_pipeline(graphs, setup, tables, options=options, progress=progress)
+    search = search_pipeline(inputs.graphs, setup, tables, options=options, progress=progress)
     settings, search_dp_s = search.choices, search.dp_s
     searched = time.perf_counter()
     at_scale = is_large(setup.cluster) and options.degrees is None  # Megatron's candidate: as run alone there
     candidates = _candidates(settings, setup, options=options, at_scale=at_scale)
     handwritten_s = time.perf_counter() - searched
-    priced, graph_of, pipelines = _price_candidates(candidates, full_graph=full_graph, tables=tables, progress=progress)
+    priced, graph_of, pipelines = price_candidates(candidates, full_graph=full_graph, tables=tables, progress=progress)
     _add_schedule_variants(priced, graph_of, pipelines, full_graph=full_graph, tables=tables, mode=options.schedule)
     if at_scale:
-        _add_megatron_at_scale(priced, graph_of, graphs, full_graph, setup, options=options, progress=progress)
-    _add_pure_data_parallel(priced, graph_of, graphs, full_graph, setup, options=options)
+        _add_megatron_at_scale(priced, graph_of, inputs)
+    _add_pure_data_parallel(priced, graph_of, inputs)
     if not priced and options.schedule in MULTI_STAGE_SCHEDULES:
         raise AutoplanError(
             f"no pipeline fits under --schedule {options.schedule} (it needs at least two stages of "
@@ -180,66 +167,17 @@ def auto_plan(
     )
 
 
-CandidateSpecs = tuple[str, PipelineChoice, list]  # (method, its setting, its stage specs)
-
-
 def _candidates(
     settings: list[PipelineChoice], setup: CostSetup, *, options: PlanOptions, at_scale: bool
-) -> list[CandidateSpecs]:
+) -> list[tuple[str, Candidate]]:
     """The DP's plans of the :data:`DP_CANDIDATES` best microbatch counts, then the best hand-written plans (the
     Megatron grid left out at scale: :func:`_add_megatron_at_scale` adds it as run there)."""
     ranked = sorted((s for s in settings if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
-    candidates = [(STAGE_DP, s, specs_from_dp(s.stage_plan, s.spans, setup)) for s in ranked[:DP_CANDIDATES]]
+    candidates = [
+        (STAGE_DP, Candidate(setting=s, specs=tuple(specs_from_dp(s.stage_plan, s.spans, setup)), refine=True))
+        for s in ranked[:DP_CANDIDATES]
+    ]
     methods = tuple(method for method in HANDWRITTEN if not (at_scale and method == Method.MEGATRON))
-    for method, found in best_handwritten(
-        settings,
-        setup,
-        remat=options.remat,
-        degrees=options.degrees,
-        zero=options.zero,
-        methods=methods,
-        max_stages=options.max_stages,
-        allow_lossy=options.allow_lossy,
-    ).items():
-        candidates.extend((method, candidate.setting, list(candidate.specs)) for candidate in found)
+    for method, found in best_handwritten(settings, setup, options=options, methods=methods).items():
+        candidates += [(method, Candidate(setting=c.setting, specs=c.specs, refine=False)) for c in found]
     return candidates
-
-
-def _price_candidates(
-    candidates: list[CandidateSpecs], *, full_graph: OpGraph, tables: LayerTables, progress: Progress | None
-) -> tuple[dict[str, PricedPipeline], dict[str, OpGraph], dict[str, Pipelines]]:
-    """Each candidate priced exactly on whole stages: the fastest per method, its graph, and every priced
-    candidate of several stages by method (for the schedule variants)."""
-    priced: dict[str, PricedPipeline] = {}
-    graph_of: dict[str, OpGraph] = {}
-    pipelines: dict[str, Pipelines] = {}
-    for done, (method, setting, specs) in enumerate(candidates):
-        if progress is not None:
-            progress("pricing candidates", done, len(candidates))
-        refine = method == STAGE_DP
-        result = price_stages(
-            full_graph=full_graph,
-            graph=setting.graph,
-            layers=setting.layers,
-            tables=tables,
-            specs=specs,
-            m=setting.num_microbatches,
-            schedule=setting.schedule,
-            boundary_s=setting.boundary_s,
-            refine=refine,
-        )
-        if result is None:
-            continue
-        if len(specs) > 1:
-            candidate = Candidate(
-                graph=setting.graph,
-                layers=setting.layers,
-                boundary_s=setting.boundary_s,
-                specs=tuple(specs),
-                num_microbatches=setting.num_microbatches,
-                refine=refine,
-            )
-            pipelines.setdefault(method, []).append((result, candidate))
-        if method not in priced or result.estimate.step_time_s < priced[method].estimate.step_time_s:
-            priced[method], graph_of[method] = result, setting.graph
-    return priced, graph_of, pipelines

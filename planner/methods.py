@@ -28,6 +28,7 @@ from planner.baselines.method_options import does_not_fit_message
 from planner.baselines.placement.methods import PLACEMENT_METHODS as PLACEMENT_DESCRIPTIONS
 from planner.baselines.placement.methods import run_placement
 from planner.errors import AutoplanError
+from planner.inter.planning_input import PlanningInput
 from planner.inter.stage_dp.solver import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.options import PLACEMENT_METHODS, Method
@@ -71,9 +72,7 @@ class PlanMethod:
 
 def search_auto(prepared: Prepared) -> AutoSearch:
     started = time.perf_counter()
-    result = auto_plan(
-        prepared.graphs, prepared.graph, prepared.setup, options=prepared.options, progress=prepared.progress
-    )
+    result = auto_plan(prepared.inputs)
     return AutoSearch(result=result, seconds=time.perf_counter() - started)
 
 
@@ -89,7 +88,7 @@ def _auto(prepared: Prepared) -> MethodRun:
     return auto_run(search_auto(prepared))
 
 
-HandwrittenRun = Callable[..., HandwrittenResult]
+HandwrittenRun = Callable[[PlanningInput], HandwrittenResult]
 
 
 def _handwritten(method: Method, run: HandwrittenRun, prepared: Prepared) -> MethodRun:
@@ -97,7 +96,7 @@ def _handwritten(method: Method, run: HandwrittenRun, prepared: Prepared) -> Met
     method's candidate."""
     started = time.perf_counter()
     options = prepared.options
-    found = run(prepared.graphs, prepared.graph, prepared.setup, options=options, progress=prepared.progress)
+    found = run(prepared.inputs)
     if found.best is None:
         raise AutoplanError(does_not_fit_message(method, options, prepared.setup, found.least_memory_bytes))
     stats = SearchStats(

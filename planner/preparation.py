@@ -2,8 +2,8 @@
 
 :func:`prepare_model` captures the model at the batch and at the smallest microbatch the search may try
 (:func:`planner.ir.rebatch.capture_graphs`) and builds the cost setup (:class:`planner.costing.setup.CostSetup`:
-cluster, compute model, optimizer, memory budget, runtime); :func:`prepare_model_file` does the same from a model
-file, built on the meta device. The result, :class:`Prepared`, is frozen: every method of
+cluster, compute model, optimizer, memory budget, runtime); :func:`model_from_file` builds a model file's model on
+the meta device, with the reference a plan keeps to it. The result, :class:`Prepared`, is frozen: every method of
 :mod:`planner.methods` plans on the same one (``plan compare`` runs them all on it).
 """
 
@@ -21,6 +21,7 @@ from cost_models.cluster import Cluster
 from planner.costing.runtime_profiles import runtime_profile
 from planner.costing.setup import CostSetup, default_optimizer, loss_bytes_per_output_element, make_compute_model
 from planner.errors import AutoplanError
+from planner.inter.planning_input import PlanningInput
 from planner.inter.search import Progress, microbatch_counts
 from planner.inter.stage_dp.solver import is_large
 from planner.ir.graph import OpGraph
@@ -45,6 +46,11 @@ class Prepared:
     cost_s: float
     notes: tuple[str, ...]
     progress: Progress | None = None
+
+    @property
+    def inputs(self) -> PlanningInput:
+        """What a planning method reads (:mod:`planner.methods`)."""
+        return PlanningInput(graphs=self.graphs, setup=self.setup, options=self.options, progress=self.progress)
 
 
 def prepare_model(
@@ -115,20 +121,11 @@ def _cost_setup(
     )
 
 
-def prepare_model_file(
-    path: str | Path,
-    cluster: Cluster,
-    *,
-    batch_size: int,
-    options: PlanOptions,
-    model_args: dict[str, Any] | None = None,
-    progress: Progress | None = None,
-) -> Prepared:
-    """:func:`prepare_model` for a model file, built on the meta device."""
-    model_file = load_model_file(path)
+def model_from_file(
+    path: str | Path, *, batch_size: int, model_args: dict[str, Any] | None = None
+) -> tuple[torch.nn.Module, Sequence[Any], dict[str, Any]]:
+    """The model of a model file built on the meta device, its example inputs at ``batch_size`` and the reference a
+    plan keeps to it (``file``, absolute: the plan runs from any directory; ``args``)."""
     args = dict(model_args or {})
-    model, inputs = instantiate(model_file, batch_size=batch_size, model_args=args)
-    ref = {"file": str(Path(path).resolve()), "args": args}  # absolute: the plan runs from any directory
-    return prepare_model(
-        model, inputs, cluster, batch_size=batch_size, options=options, model_ref=ref, progress=progress
-    )
+    model, inputs = instantiate(load_model_file(path), batch_size=batch_size, model_args=args)
+    return model, inputs, {"file": str(Path(path).resolve()), "args": args}

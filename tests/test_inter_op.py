@@ -12,6 +12,7 @@ from cost_models.cluster import load_cluster
 from cost_models.communication import axis_groups
 from planner.auto import auto_plan
 from planner.baselines.handwritten import megatron_grid
+from planner.inter.planning_input import PlanningInput
 from planner.inter.pricing import price_stages
 from planner.inter.search import (
     LayerTables,
@@ -132,7 +133,7 @@ def test_golden_too_big_for_one_device_is_split_and_keeps_tensor_groups_in_nodes
     setup = cluster_setup("p3.16xlarge", 2, 4, memory_gib=0.12)  # the model state alone needs 0.2 GiB
     state = graphs.at(16).num_params * 16
     assert state > setup.memory_budget_bytes
-    result = auto_plan(graphs, graphs.at(16), setup, options=PlanOptions())
+    result = auto_plan(PlanningInput(graphs=graphs, setup=setup, options=PlanOptions()))
     stages = result.best.stages
     sharded = any(part.startswith("S") for stage in stages for spec in stage.param_placements.values() for part in spec)
     assert len(stages) >= 2 or sharded
@@ -143,7 +144,7 @@ def test_golden_too_big_for_one_device_is_split_and_keeps_tensor_groups_in_nodes
 def test_golden_large_batch_stays_one_data_parallel_stage() -> None:
     graphs = graphs_for("mlp", 65536, hidden=256, layers=2)
     setup = cluster_setup("dgx-a100", 1, 8)
-    result = auto_plan(graphs, graphs.at(65536), setup, options=PlanOptions())
+    result = auto_plan(PlanningInput(graphs=graphs, setup=setup, options=PlanOptions()))
     (stage,) = result.best.stages
     assert len(stage.devices) == 8
     assert all(set(spec) == {"R"} for spec in stage.param_placements.values())
@@ -156,23 +157,13 @@ def test_auto_is_at_most_every_exactly_priced_megatron_point(cluster, nodes, per
     graphs = graphs_for("gpt", 16, size="tiny", layers=4)
     setup = cluster_setup(cluster, nodes, per_node, memory_gib)
     options = PlanOptions()
-    result = auto_plan(graphs, graphs.at(16), setup, options=options)
+    result = auto_plan(PlanningInput(graphs=graphs, setup=setup, options=options))
     tables = LayerTables(setup, options)
     settings = search_pipeline(graphs, setup, tables, options=options).choices
     priced = 0
     for setting in settings:
         for candidate in megatron_grid(setting, setup):
-            exact = price_stages(
-                full_graph=graphs.at(16),
-                graph=setting.graph,
-                layers=setting.layers,
-                tables=tables,
-                specs=list(candidate.specs),
-                m=setting.num_microbatches,
-                schedule=setting.schedule,
-                boundary_s=setting.boundary_s,
-                refine=False,
-            )
+            exact = price_stages(setting, list(candidate.specs), full_graph=graphs.at(16), tables=tables, refine=False)
             if exact is not None:
                 priced += 1
                 assert result.best.estimate.step_time_s <= exact.estimate.step_time_s * (1 + 1e-9), candidate.degrees
@@ -182,10 +173,12 @@ def test_auto_is_at_most_every_exactly_priced_megatron_point(cluster, nodes, per
 def test_schedule_and_remat_options_are_honoured() -> None:
     graphs = graphs_for("gpt", 16, size="tiny", layers=4)
     setup = cluster_setup("dgx-a100", 1, 4, memory_gib=0.03)
-    on = auto_plan(graphs, graphs.at(16), setup, options=PlanOptions(remat="on", microbatches=4, schedule="gpipe"))
+    on = auto_plan(
+        PlanningInput(graphs=graphs, setup=setup, options=PlanOptions(remat="on", microbatches=4, schedule="gpipe"))
+    )
     assert all(stage.remat for stage in on.best.stages)
     assert on.best.num_microbatches == 4 and on.best.schedule in ("gpipe", "none")
-    off = auto_plan(graphs, graphs.at(16), setup, options=PlanOptions(remat="off", max_stages=1))
+    off = auto_plan(PlanningInput(graphs=graphs, setup=setup, options=PlanOptions(remat="off", max_stages=1)))
     assert not any(stage.remat for stage in off.best.stages) and len(off.best.stages) == 1
 
 

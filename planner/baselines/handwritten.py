@@ -30,7 +30,7 @@ from planner.costing.setup import CostSetup
 from planner.inter.layer_costs import SLOTS
 from planner.inter.search import MAX_LAYERS, PipelineChoice, allowed_slots, mesh_choices
 from planner.inter.stage_pricing import StageSpec
-from planner.options import Method
+from planner.options import Method, PlanOptions
 from planner.plan import ZERO_LEVELS
 from planner.plan.schedules import Schedule
 
@@ -207,15 +207,11 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
 
 
 def _all_candidates(
-    setting: PipelineChoice,
-    setup: CostSetup,
-    *,
-    remat: str,
-    degrees: tuple[int, int, int] | None,
-    methods: tuple[str, ...],
-    zero: str | int,
-    max_stages: int | None,
+    setting: PipelineChoice, setup: CostSetup, *, options: PlanOptions, methods: tuple[str, ...]
 ) -> list[Candidate]:
+    """The candidates of ``methods`` on ``setting`` under the choices ``options`` asks for (recomputation,
+    degrees, ZeRO, at most ``max_stages`` stages)."""
+    remat, degrees, zero = options.remat, options.degrees, options.zero
     grid = megatron_grid(setting, setup, remat=remat, degrees=degrees, zero=zero) if "megatron" in methods else []
     if "data-parallel" in methods and (degrees is not None or "megatron" not in methods):
         grid += [c for c in megatron_grid(setting, setup, remat=remat, zero=zero) if c.method == Method.DATA_PARALLEL]
@@ -223,7 +219,7 @@ def _all_candidates(
     return [
         candidate
         for candidate in [*grid, *uniform]
-        if candidate.method in methods and (max_stages is None or len(candidate.specs) <= max_stages)
+        if candidate.method in methods and (options.max_stages is None or len(candidate.specs) <= options.max_stages)
     ]
 
 
@@ -237,31 +233,26 @@ def best_handwritten(
     settings: list[PipelineChoice],
     setup: CostSetup,
     *,
-    remat: str = "auto",
+    options: PlanOptions,
     keep: int = 3,
-    degrees: tuple[int, int, int] | None = None,
     methods: tuple[str, ...] = HANDWRITTEN,
-    zero: str | int = "auto",
-    max_stages: int | None = None,
-    allow_lossy: bool = False,
 ) -> dict[str, list[Candidate]]:
     """Per hand-written method of ``methods``, its ``keep`` fastest fitting candidates over every
     microbatch count, fastest first (the exact price of the first may not fit where the approximation
-    did), of at most ``max_stages`` stages. With ``degrees`` the megatron candidates are that one configuration's.
-    With ``allow_lossy`` the megatron candidates also hold the best of every grid point whose data-parallel groups
-    cross nodes: the approximation charges exact gradient sync, which a compressed one can make cheap there."""
+    did), of at most ``options.max_stages`` stages, under its ``remat`` and ``zero``. With ``options.degrees`` the
+    megatron candidates are that one configuration's. With ``options.allow_lossy`` the megatron candidates also hold
+    the best of every grid point whose data-parallel groups cross nodes: the approximation charges exact gradient
+    sync, which a compressed one can make cheap there."""
     found: dict[str, list[Candidate]] = {}
     wide: dict[tuple[int, int, int], Candidate] = {}
     for setting in settings:
-        for candidate in _all_candidates(
-            setting, setup, remat=remat, degrees=degrees, methods=methods, zero=zero, max_stages=max_stages
-        ):
+        for candidate in _all_candidates(setting, setup, options=options, methods=methods):
             if not math.isfinite(candidate.step_time_s):
                 continue
             found.setdefault(candidate.method, []).append(candidate)
             known = wide.get(candidate.degrees)
             if (
-                allow_lossy
+                options.allow_lossy
                 and _crosses_nodes(candidate, setup)
                 and (known is None or candidate.step_time_s < known.step_time_s)
             ):
@@ -274,23 +265,14 @@ def best_handwritten(
 
 
 def least_memory(
-    settings: list[PipelineChoice],
-    setup: CostSetup,
-    *,
-    remat: str = "auto",
-    degrees: tuple[int, int, int] | None = None,
-    method: str,
-    zero: str | int = "auto",
-    max_stages: int | None = None,
+    settings: list[PipelineChoice], setup: CostSetup, *, options: PlanOptions, method: str
 ) -> Candidate | None:
     """The candidate of ``method`` that needs the least memory per device under the options (for the does-not-fit
     message: what the smallest plan with the choices asked for needs); None if the method has none at all."""
     candidates = [
         candidate
         for setting in settings
-        for candidate in _all_candidates(
-            setting, setup, remat=remat, degrees=degrees, methods=(method,), zero=zero, max_stages=max_stages
-        )
+        for candidate in _all_candidates(setting, setup, options=options, methods=(method,))
         if math.isfinite(candidate.memory_bytes)
     ]
     return min(candidates, key=lambda candidate: candidate.memory_bytes, default=None)

@@ -37,24 +37,30 @@ from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
 from planner.inter.data_parallel_step import reprice_data_parallel
-from planner.inter.pricing import price_stages
-from planner.inter.schedule_variants import Candidate, best_rescheduled, method_schedules, with_variant
+from planner.inter.planning_input import PlanningInput
+from planner.inter.schedule_variants import (
+    Candidate,
+    best_rescheduled,
+    method_schedules,
+    price_candidates,
+    with_variant,
+)
 from planner.inter.search import (
     MAX_LAYERS,
+    CountLayout,
     LayerTables,
     MeshChoices,
     PipelineChoice,
-    Progress,
+    count_layout,
     layering,
     mesh_choices,
     microbatch_counts,
     option_arrays,
+    pipeline_schedule,
 )
-from planner.inter.stage_dp.boundaries import boundary_table
 from planner.inter.stage_pricing import PricedPipeline
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
-from planner.ir.rebatch import MicrobatchGraphs
 from planner.options import Method, PlanOptions, ScheduleChoice
 from planner.plan.schedules import Schedule
 
@@ -91,76 +97,50 @@ def mesh_choices_of(method: str, setup: CostSetup, options: PlanOptions, num_lay
     ]
 
 
-def handwritten_plan(
-    method: str,
-    graphs: MicrobatchGraphs,
-    full_graph: OpGraph,
-    setup: CostSetup,
-    *,
-    options: PlanOptions,
-    progress: Progress | None = None,
-) -> HandwrittenResult:
+def handwritten_plan(method: str, inputs: PlanningInput) -> HandwrittenResult:
     """The best exactly priced plan of ``method`` (``data-parallel``, ``megatron`` or ``uniform-pipeline``) over the
     counts; a data-parallel plan's are those of the grid point ``(1, 1, D)``."""
+    setup, options = inputs.setup, inputs.options
     assert method in HANDWRITTEN, method
     sources = {"megatron": ("megatron", "data-parallel"), "data-parallel": ("data-parallel",)}.get(method)
     tables, started = LayerTables(setup, options, sources=sources), time.perf_counter()
     depth = options.degrees[1] if options.degrees is not None else 0
-    settings = _settings(method, graphs, setup, tables, options, ungrouped=depth > MAX_LAYERS, progress=progress)
+    settings = _settings(method, inputs, tables, ungrouped=depth > MAX_LAYERS)
     tabled = time.perf_counter()
     found = _kept(method, settings, setup, options)
-    result = _priced(
-        found,
-        full_graph,
-        tables,
-        times=(started, tabled, time.perf_counter()),
-        progress=progress,
-        method=method,
-        schedule=options.schedule,
-    )
+    result = _priced(found, inputs, tables, times=(started, tabled, time.perf_counter()), method=method)
     if result.best is None:
-        smallest = least_memory(
-            settings,
-            setup,
-            remat=options.remat,
-            degrees=options.degrees,
-            method=method,
-            zero=options.zero,
-            max_stages=options.max_stages,
-        )
+        smallest = least_memory(settings, setup, options=options, method=method)
         result = replace(result, least_memory_bytes=None if smallest is None else smallest.memory_bytes)
     return result
 
 
-def pure_data_parallel(
-    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PlanOptions
-) -> PricedPipeline | None:
+def pure_data_parallel(inputs: PlanningInput) -> PricedPipeline | None:
     """The one-microbatch data-parallel plan (:func:`planner.baselines.data_parallel.data_parallel`: each replica
     runs every operator on its rows) under DDP, or FSDP at ``--zero N``, and the fastest gradient sync the options
     offer; None when the options ask for recomputation, microbatches or a schedule, or when it does not fit."""
-    plain = _pure_data_parallel(graphs, full_graph, setup, options=options)
+    plain, setup = _pure_data_parallel(inputs), inputs.setup
     if plain is None or plain.estimate.memory_per_device_bytes > setup.memory_budget_bytes:
         return None
     return reprice_data_parallel(
         plain,
-        full_graph,
+        inputs.full_graph,
         setup,
-        allow_lossy=options.allow_lossy,
-        forced=options.grad_sync,
+        allow_lossy=inputs.options.allow_lossy,
+        forced=inputs.options.grad_sync,
         zero=runs_as_fsdp(plain.stages),
     )
 
 
-def _pure_data_parallel(
-    graphs: MicrobatchGraphs, full_graph: OpGraph, setup: CostSetup, *, options: PlanOptions
-) -> PricedPipeline | None:
+def _pure_data_parallel(inputs: PlanningInput) -> PricedPipeline | None:
     """:func:`pure_data_parallel` before the fit check and the gradient sync; None when the options rule it out."""
+    full_graph, setup, options = inputs.full_graph, inputs.setup, inputs.options
     plain_options = options.remat in ("auto", "off", "off-or-full") and options.microbatches in (None, 1)
     if not plain_options or options.schedule != ScheduleChoice.AUTO or options.degrees is not None:
         return None
     level = 0 if str(options.zero) == "auto" else int(options.zero)
     try:  # a batch the devices cannot split, a layout the replicas cannot run
-        stages, estimate = data_parallel(full_graph, setup, batch_size=graphs.batch_size, check=False)
+        stages, estimate = data_parallel(full_graph, setup, batch_size=inputs.graphs.batch_size, check=False)
     except AutoplanError:
         return None
     replicated = all(set(spec) == {"R"} for spec in stages[0].param_placements.values())
@@ -170,54 +150,39 @@ def _pure_data_parallel(
     return PricedPipeline(stages=stages, estimate=estimate, num_microbatches=1, schedule=Schedule.NONE)
 
 
-def data_parallel_plan(
-    graphs: MicrobatchGraphs,
-    full_graph: OpGraph,
-    setup: CostSetup,
-    *,
-    options: PlanOptions,
-    progress: Progress | None = None,
-) -> HandwrittenResult:
+def data_parallel_plan(inputs: PlanningInput) -> HandwrittenResult:
     """``--method data-parallel``: the best plan of the grid point ``(1, 1, D)`` (microbatches, recomputation, ZeRO
     levels: :func:`handwritten_plan`) or the one-microbatch plan (:func:`pure_data_parallel`) when it is faster —
     the candidate ``auto`` holds for the method, by the same functions."""
-    check_batch(graphs.batch_size, setup.cluster.num_devices)
-    grid = handwritten_plan("data-parallel", graphs, full_graph, setup, options=options, progress=progress)
-    pure = pure_data_parallel(graphs, full_graph, setup, options=options)
+    check_batch(inputs.graphs.batch_size, inputs.setup.cluster.num_devices)
+    grid = handwritten_plan("data-parallel", inputs)
+    pure = pure_data_parallel(inputs)
     if pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s):
-        return replace(grid, best=pure, graph=full_graph)
+        return replace(grid, best=pure, graph=inputs.full_graph)
     if grid.best is None:  # the smallest of the grid's plans and the one-microbatch plan as DDP or FSDP holds it
-        unfit = _pure_data_parallel(graphs, full_graph, setup, options=options)
+        unfit = _pure_data_parallel(inputs)
         sizes = [size for size in (grid.least_memory_bytes, unfit and unfit.estimate.memory_per_device_bytes) if size]
         return replace(grid, least_memory_bytes=min(sizes, default=None))
     return grid
 
 
-def megatron_at_scale(
-    graphs: MicrobatchGraphs,
-    full_graph: OpGraph,
-    setup: CostSetup,
-    *,
-    options: PlanOptions,
-    progress: Progress | None = None,
-) -> HandwrittenResult:
+def megatron_at_scale(inputs: PlanningInput) -> HandwrittenResult:
     """The Megatron grid as an expert would try it on a large cluster: every ``(t, p, d)`` whose model state
     can fit (:func:`state_can_fit`, a lower bound: pruning is exact), each with its own microbatch counts
     down to one row per replica (as ``--degrees`` has), on whole model layers (no grouping, so up to one
     layer per stage)."""
+    graphs, setup, options = inputs.graphs, inputs.setup, inputs.options
     tables, started = LayerTables(setup, options, sources=("megatron", "data-parallel")), time.perf_counter()
     num_layers = len(layering(graphs.full, max_layers=len(graphs.full.nodes)).layers)
     points = [
         point
         for point, _ in grid_points(setup, num_layers=num_layers)
-        if state_can_fit(setup, full_graph.num_params, point, zero=0 if options.zero in ("0", 0) else 1)
+        if state_can_fit(setup, inputs.full_graph.num_params, point, zero=0 if options.zero in ("0", 0) else 1)
     ]
     found, leaders, scoring_s, counts = [], [], 0.0, {}
     for point in points:
         single = replace(options, degrees=point)
-        settings = _settings(
-            "megatron", graphs, setup, tables, single, ungrouped=True, progress=progress, counts=counts
-        )
+        settings = _settings("megatron", replace(inputs, options=single), tables, ungrouped=True, counts=counts)
         scored = time.perf_counter()
         mine = _kept("megatron", settings, setup, single)
         found = sorted(found + mine, key=lambda candidate: candidate.step_time_s)[:KEEP]
@@ -225,30 +190,12 @@ def megatron_at_scale(
         scoring_s += time.perf_counter() - scored
     tabled = time.perf_counter() - scoring_s
     found += [candidate for candidate in leaders if not any(candidate is kept for kept in found)]
-    return _priced(
-        found,
-        full_graph,
-        tables,
-        times=(started, tabled, time.perf_counter()),
-        progress=progress,
-        method="megatron",
-        schedule=options.schedule,
-    )
+    return _priced(found, inputs, tables, times=(started, tabled, time.perf_counter()), method="megatron")
 
 
 def _kept(method: str, settings: list[PipelineChoice], setup: CostSetup, options: PlanOptions) -> list:
     """The :data:`KEEP` best-scored candidates of ``method`` over ``settings``, to be priced exactly."""
-    return best_handwritten(
-        settings,
-        setup,
-        remat=options.remat,
-        degrees=options.degrees,
-        keep=KEEP,
-        methods=(method,),
-        zero=options.zero,
-        max_stages=options.max_stages,
-        allow_lossy=options.allow_lossy,
-    ).get(method, [])
+    return best_handwritten(settings, setup, options=options, keep=KEEP, methods=(method,)).get(method, [])
 
 
 def state_can_fit(setup: CostSetup, num_params: int, point: tuple[int, int, int], *, zero: int) -> bool:
@@ -268,67 +215,49 @@ def state_can_fit(setup: CostSetup, num_params: int, point: tuple[int, int, int]
 
 def _settings(
     method: str,
-    graphs: MicrobatchGraphs,
-    setup: CostSetup,
+    inputs: PlanningInput,
     tables: LayerTables,
-    options: PlanOptions,
     *,
     ungrouped: bool,
-    progress: Progress | None,
-    counts: dict[int, tuple] | None = None,
+    counts: dict[int, CountLayout] | None = None,
 ) -> list[PipelineChoice]:
     """Per microbatch count, the span options of the method's own submeshes and meshes; ``counts`` keeps each
     count's graph, layers and boundary table for the next call (one layering for every grid point)."""
+    graphs, setup, options = inputs.graphs, inputs.setup, inputs.options
     counts = {} if counts is None else counts
-    schedule = Schedule.GPIPE if options.schedule == ScheduleChoice.GPIPE else Schedule.ONE_F_ONE_B
+    schedule = pipeline_schedule(options)
     data_degree = None if options.degrees is None else options.degrees[2]
     settings = []
     for m in microbatch_counts(graphs.batch_size, options.microbatches, data_degree=data_degree):
         if m not in counts:
-            graph = graphs.at(graphs.batch_size // m)
-            layers = layering(graph, max_layers=len(graph.nodes) if ungrouped else MAX_LAYERS)
-            counts[m] = (graph, layers, boundary_table(graph, layers.layers, setup))
-        graph, layers, boundary = counts[m]
-        choices = mesh_choices_of(method, setup, options, len(layers.layers))
+            counts[m] = count_layout(graphs, m, setup, max_layers=None if ungrouped else MAX_LAYERS)
+        layout = counts[m]
+        choices = mesh_choices_of(method, setup, options, len(layout.layers.layers))
         if not any(shapes for _, shapes in choices):
             continue
-        spans = option_arrays(graph, layers, tables, m, choices=choices, progress=progress)
-        settings.append(
-            PipelineChoice(
-                num_microbatches=m,
-                schedule=schedule,
-                graph=graph,
-                layers=layers,
-                stage_plan=None,
-                spans=spans,
-                boundary_s=boundary,
-                rows=graphs.batch_size // m,
-            )
-        )
+        spans = option_arrays(layout.graph, layout.layers, tables, m, choices=choices, progress=inputs.progress)
+        settings.append(layout.choice(schedule=schedule, spans=spans))
     return settings
 
 
 def _priced(
-    found: list,
-    full_graph: OpGraph,
-    tables: LayerTables,
-    *,
-    times: tuple[float, float, float],
-    progress: Progress | None,
-    method: str,
-    schedule: str,
+    found: list, inputs: PlanningInput, tables: LayerTables, *, times: tuple[float, float, float], method: str
 ) -> HandwrittenResult:
     """The candidates priced exactly (no refinement, stage problems shared by shape); the fastest that fits.
     Megatron's pipelines are also tried under its interleaved schedule (Narayanan et al. 2021 §2.2), as an
     expert running Megatron-LM would (:func:`planner.inter.schedule_variants.best_rescheduled`)."""
     started, tabled, scored = times
-    shapes = StageShapes()
-    best, graph, pipelines = _fastest(found, full_graph, tables, shapes=shapes, progress=progress)
+    full_graph, schedule, shapes = inputs.full_graph, inputs.options.schedule, StageShapes()
+    candidates = [(method, Candidate(setting=c.setting, specs=c.specs, refine=False)) for c in found]
+    priced, graph_of, pipelines = price_candidates(
+        candidates, full_graph=full_graph, tables=tables, progress=inputs.progress, shapes=shapes
+    )
+    best, graph, pipelines = priced.get(method), graph_of.get(method), pipelines.get(method, [])
     found_variant = best_rescheduled(
         pipelines, full_graph=full_graph, tables=tables, schedules=method_schedules(method, schedule)
     )
     best = with_variant(best, found_variant, mode=schedule)
-    graph = found_variant[1].graph if found_variant is not None and best is found_variant[0] else graph
+    graph = found_variant[1].setting.graph if found_variant is not None and best is found_variant[0] else graph
     return HandwrittenResult(
         best=best,
         graph=graph,
@@ -339,42 +268,3 @@ def _priced(
         stages_built=shapes.num_built,
         stages_reused=shapes.num_reused,
     )
-
-
-def _fastest(
-    found: list, full_graph: OpGraph, tables: LayerTables, *, shapes: StageShapes, progress: Progress | None
-) -> tuple[PricedPipeline | None, OpGraph | None, list[tuple[PricedPipeline, Candidate]]]:
-    """The fastest of the candidates that fit and its graph at the microbatch size, and every priced pipeline of
-    several stages with what it was made from (for its schedule variants)."""
-    best: PricedPipeline | None = None
-    graph: OpGraph | None = None
-    pipelines: list[tuple[PricedPipeline, Candidate]] = []
-    for done, candidate in enumerate(found):
-        if progress is not None:
-            progress("pricing candidates", done, len(found))
-        setting = candidate.setting
-        priced = price_stages(
-            full_graph=full_graph,
-            graph=setting.graph,
-            layers=setting.layers,
-            tables=tables,
-            specs=list(candidate.specs),
-            m=setting.num_microbatches,
-            schedule=setting.schedule,
-            boundary_s=setting.boundary_s,
-            refine=False,
-            shapes=shapes,
-        )
-        if priced is not None and len(candidate.specs) > 1:
-            made_from = Candidate(
-                graph=setting.graph,
-                layers=setting.layers,
-                boundary_s=setting.boundary_s,
-                specs=tuple(candidate.specs),
-                num_microbatches=setting.num_microbatches,
-                refine=False,
-            )
-            pipelines.append((priced, made_from))
-        if priced is not None and (best is None or priced.estimate.step_time_s < best.estimate.step_time_s):
-            best, graph = priced, setting.graph
-    return best, graph, pipelines

@@ -46,7 +46,7 @@ from planner.costing.zero import fsdp_memory, runs_as_fsdp
 from planner.inter.data_parallel_levels import best_level
 from planner.inter.grad_sync_choice import SyncChoice, after_s, choose_grad_sync, offered
 from planner.inter.pipeline_estimate import pipeline_estimate
-from planner.inter.search import Layering, LayerTables, SpanOptions
+from planner.inter.search import Layering, LayerTables, PipelineChoice, SpanOptions
 from planner.inter.stage_dp.boundaries import BoundaryTable
 from planner.inter.stage_dp.device_blocks import assign_devices
 from planner.inter.stage_dp.solver import StagePlan
@@ -58,23 +58,20 @@ from planner.plan.schedules import Schedule
 
 
 def price_stages(
+    setting: PipelineChoice,
+    specs: list[StageSpec],
     *,
     full_graph: OpGraph,
-    graph: OpGraph,
-    layers: Layering,
     tables: LayerTables,
-    specs: list[StageSpec],
-    m: int,
-    schedule: str,
-    boundary_s: BoundaryTable,
     refine: bool = True,
     shapes: StageShapes | None = None,
 ) -> PricedPipeline | None:
-    """The exact estimate of a candidate (see the module docstring); None if a stage does not fit.
-    ``boundary_s``: the search's table of ``graph`` and ``layers`` (:attr:`~.search.PipelineChoice.boundary_s`);
-    ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself).
+    """The exact estimate of a candidate: the stages ``specs`` over the layers of ``setting`` (its graph at the
+    microbatch size, microbatch count, schedule and boundary table); None if a stage does not fit (see the module
+    docstring). ``refine=False`` prices the composed strategies as they are (a hand-written plan stays itself).
     ``shapes``: stage problems by shape, shared by the candidates of one search (:mod:`planner.inter.stage_shapes`)."""
-    setup = tables.setup
+    setup, graph, layers = tables.setup, setting.graph, setting.layers
+    m, schedule = setting.num_microbatches, setting.schedule
     # no steady state: the same timeline as GPipe, which is what runs
     if schedule == Schedule.ONE_F_ONE_B and m < len(specs):
         schedule = Schedule.GPIPE
@@ -83,7 +80,7 @@ def price_stages(
         layers,
         tables,
         specs,
-        boundary_s=boundary_s,
+        boundary_s=setting.boundary_s,
         m=m,
         schedule=schedule,
         refine=refine,

@@ -36,8 +36,8 @@ from planner.costing.lowering import lower_stages, simulate_lowered
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.layer_costs import SLOTS
-from planner.inter.search import Layering, LayerTables
-from planner.inter.stage_dp.boundaries import BoundaryTable
+from planner.inter.pricing import price_stages
+from planner.inter.search import LayerTables, PipelineChoice, Progress
 from planner.inter.stage_dp.device_blocks import assign_devices
 from planner.inter.stage_pricing import PricedPipeline, StageSpec, plan_stages, price_stage
 from planner.inter.stage_shapes import StageShapes
@@ -55,11 +55,8 @@ VARIANT_CANDIDATES = 3  # the fastest candidates of several stages (all methods 
 class Candidate:
     """What a priced pipeline was made from: enough to re-cut and re-price it."""
 
-    graph: OpGraph  # at the microbatch size
-    layers: Layering
-    boundary_s: BoundaryTable  # the search's boundary table of graph and layers (PipelineChoice.boundary_s)
+    setting: PipelineChoice  # its microbatch count: the graph at the microbatch size, layers, boundary table
     specs: tuple[StageSpec, ...]
-    num_microbatches: int
     refine: bool  # re-solve stages as the search does (False: a hand-written layout stays itself)
 
 
@@ -100,7 +97,7 @@ def variant(
     """The candidate under ``schedule`` with ``virtual_stages`` per rank, priced by replay; None if not offered."""
     if not _offered(candidate, schedule=schedule, virtual_stages=virtual_stages):
         return None
-    specs, m, setup = candidate.specs, candidate.num_microbatches, tables.setup
+    specs, m, setup = candidate.specs, candidate.setting.num_microbatches, tables.setup
     cluster = setup.cluster
     homes = assign_devices(
         [spec.submesh for spec in specs], num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node
@@ -108,8 +105,8 @@ def variant(
     virtual = specs if virtual_stages == 1 else _cut(candidate, tables, specs[0], parts=len(specs) * virtual_stages)
     priced = [
         price_stage(
-            candidate.graph,
-            candidate.layers,
+            candidate.setting.graph,
+            candidate.setting.layers,
             tables,
             spec,
             devices=homes[k % len(specs)],
@@ -124,7 +121,7 @@ def variant(
     ]
     stages = plan_stages(priced, full_graph)
     zero = tables.options.zero
-    lowered = lower_stages(stages, candidate.graph, setup, num_microbatches=m, schedule=schedule, zero=zero)
+    lowered = lower_stages(stages, candidate.setting.graph, setup, num_microbatches=m, schedule=schedule, zero=zero)
     result = simulate_lowered(lowered)
     if result.max_memory_bytes > setup.memory_budget_bytes * (1 + 1e-9):
         return None
@@ -146,7 +143,9 @@ def _offered(candidate: Candidate, *, schedule: str, virtual_stages: int) -> boo
     if len(specs) < 2 or len(uniform) != 1:
         return False
     try:
-        check_schedule(schedule, num_ranks=len(specs), virtual_stages=v, num_microbatches=candidate.num_microbatches)
+        check_schedule(
+            schedule, num_ranks=len(specs), virtual_stages=v, num_microbatches=candidate.setting.num_microbatches
+        )
     except AutoplanError:
         return False
     return specs[-1].last - specs[0].first + 1 >= len(specs) * v
@@ -161,7 +160,7 @@ def _stage_times(
     """Each virtual stage's time with its boundary to the next (the search's boundary table), as pricing reports it."""
     ranks_count = len(candidate.specs)
     for k, spec in enumerate(virtual[:-1]):
-        times[k] += candidate.boundary_s(
+        times[k] += candidate.setting.boundary_s(
             spec.last,
             spec.submesh,
             virtual[k + 1].submesh,
@@ -200,7 +199,7 @@ def replay_breakdown(step_s: float, *, phase_s: float, overhead_s: float) -> dic
 
 def _cut(candidate: Candidate, tables: LayerTables, template: StageSpec, *, parts: int) -> tuple[StageSpec, ...]:
     """The candidate's layers in ``parts`` virtual stages of about equal time, each with the template's options."""
-    graph, layers, m = candidate.graph, candidate.layers, candidate.num_microbatches
+    graph, layers, m = candidate.setting.graph, candidate.setting.layers, candidate.setting.num_microbatches
     first, last = candidate.specs[0].first, candidate.specs[-1].last
     times = []
     for index in range(first, last + 1):
@@ -233,6 +232,36 @@ METHOD_SCHEDULES = {
     "rescheduled": MULTI_STAGE_SCHEDULES,
 }
 Pipelines = list[tuple[PricedPipeline, Candidate]]  # a candidate's 1F1B/GPipe price and what it was made from
+
+
+def price_candidates(
+    candidates: list[tuple[str, Candidate]],
+    *,
+    full_graph: OpGraph,
+    tables: LayerTables,
+    progress: Progress | None,
+    shapes: StageShapes | None = None,
+) -> tuple[dict[str, PricedPipeline], dict[str, OpGraph], dict[str, Pipelines]]:
+    """Each ``(key, candidate)`` priced exactly on whole stages (:func:`planner.inter.pricing.price_stages`): the
+    fastest per key (the first of equals), its graph at the microbatch size, and every priced candidate of several
+    stages per key with what it was made from (for its schedule variants)."""
+    priced: dict[str, PricedPipeline] = {}
+    graph_of: dict[str, OpGraph] = {}
+    pipelines: dict[str, Pipelines] = {}
+    for done, (key, candidate) in enumerate(candidates):
+        if progress is not None:
+            progress("pricing candidates", done, len(candidates))
+        setting, specs = candidate.setting, list(candidate.specs)
+        result = price_stages(
+            setting, specs, full_graph=full_graph, tables=tables, refine=candidate.refine, shapes=shapes
+        )
+        if result is None:
+            continue
+        if len(specs) > 1:
+            pipelines.setdefault(key, []).append((result, candidate))
+        if key not in priced or result.estimate.step_time_s < priced[key].estimate.step_time_s:
+            priced[key], graph_of[key] = result, setting.graph
+    return priced, graph_of, pipelines
 
 
 def method_schedules(method: str, mode: str) -> tuple[str, ...]:

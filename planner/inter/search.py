@@ -275,6 +275,51 @@ class PipelineSearch:
     dp_s: float  # wall seconds of the stage DPs (run over ``options.jobs`` processes)
 
 
+@dataclass(frozen=True, kw_only=True)
+class CountLayout:
+    """What a microbatch count ``m`` fixes before any option is chosen: the graph at the microbatch size, its layers
+    and their boundary table (:func:`count_layout`)."""
+
+    num_microbatches: int
+    graph: OpGraph
+    layers: Layering
+    boundary_s: BoundaryTable
+    rows: int  # the microbatch's rows (batch / m)
+
+    def choice(
+        self, *, schedule: str, spans: SpanOptions, stage_plan: StagePlan | None = None, failure: str = ""
+    ) -> PipelineChoice:
+        """This count's :class:`PipelineChoice` under ``schedule`` with its span options and the DP's plan."""
+        return PipelineChoice(
+            num_microbatches=self.num_microbatches,
+            schedule=schedule,
+            graph=self.graph,
+            layers=self.layers,
+            stage_plan=stage_plan,
+            spans=spans,
+            boundary_s=self.boundary_s,
+            failure=failure,
+            rows=self.rows,
+        )
+
+
+def count_layout(
+    graphs: MicrobatchGraphs, m: int, setup: CostSetup, *, max_layers: int | None = MAX_LAYERS
+) -> CountLayout:
+    """The graph of ``m`` microbatches, its :func:`layering` (``max_layers`` None: layers not grouped) and the
+    boundary table between its layers."""
+    graph = graphs.at(graphs.batch_size // m)
+    layers = layering(graph, max_layers=len(graph.nodes) if max_layers is None else max_layers)
+    boundary = boundary_table(graph, layers.layers, setup)
+    return CountLayout(num_microbatches=m, graph=graph, layers=layers, boundary_s=boundary, rows=graphs.batch_size // m)
+
+
+def pipeline_schedule(options: PlanOptions) -> Schedule:
+    """The schedule a searched pipeline is priced under: GPipe when asked, else 1F1B (the same latency, and 1F1B
+    never needs more memory)."""
+    return Schedule.GPIPE if options.schedule == ScheduleChoice.GPIPE else Schedule.ONE_F_ONE_B
+
+
 def search_pipeline(
     graphs: MicrobatchGraphs,
     setup: CostSetup,
@@ -285,27 +330,24 @@ def search_pipeline(
 ) -> PipelineSearch:
     """Per microbatch count, the layer options and the DP's best plan (None where nothing fits). The
     counts' DPs are independent: with ``options.jobs > 1`` they run over forked processes."""
-    # same latency, 1F1B never needs more memory
-    schedule = Schedule.GPIPE if options.schedule == ScheduleChoice.GPIPE else Schedule.ONE_F_ONE_B
-    cluster, inputs = setup.cluster, []
+    schedule, cluster, inputs = pipeline_schedule(options), setup.cluster, []
     for m in microbatch_counts(graphs.batch_size, options.microbatches):
-        graph = graphs.at(graphs.batch_size // m)
-        layers = layering(graph)
-        spans = option_arrays(graph, layers, tables, m, progress=progress)
-        inputs.append((m, graph, layers, spans, boundary_table(graph, layers.layers, setup)))
+        layout = count_layout(graphs, m, setup)
+        inputs.append((layout, option_arrays(layout.graph, layout.layers, tables, m, progress=progress)))
 
-    def solve(item: tuple) -> tuple[StagePlan | None, str]:
-        m, _, layers, spans, boundary = item
+    def solve(item: tuple[CountLayout, SpanOptions]) -> tuple[StagePlan | None, str]:
+        layout, spans = item
+        m = layout.num_microbatches
         try:
             return solve_stages(
-                num_layers=len(layers.layers),
+                num_layers=len(layout.layers.layers),
                 num_nodes=cluster.num_nodes,
                 devices_per_node=cluster.devices_per_node,
                 num_microbatches=m,
                 costs=spans.arrays,
                 memory_budget_bytes=setup.memory_budget_bytes,
                 max_stages=options.max_stages,
-                boundary_s=boundary,
+                boundary_s=layout.boundary_s,
                 schedule=schedule,
             ), ""
         except AutoplanError as error:
@@ -315,17 +357,7 @@ def search_pipeline(
     report = None if progress is None else (lambda done: progress("stage DP", done, len(inputs)))
     solved = fork_map(solve, inputs, jobs=options.jobs, on_done=report, min_items=2)
     choices = [
-        PipelineChoice(
-            num_microbatches=m,
-            schedule=schedule,
-            graph=graph,
-            layers=layers,
-            stage_plan=plan,
-            spans=spans,
-            boundary_s=boundary,
-            failure=failure,
-            rows=graphs.batch_size // m,
-        )
-        for (m, graph, layers, spans, boundary), (plan, failure) in zip(inputs, solved, strict=True)
+        layout.choice(schedule=schedule, spans=spans, stage_plan=plan, failure=failure)
+        for (layout, spans), (plan, failure) in zip(inputs, solved, strict=True)
     ]
     return PipelineSearch(choices=choices, dp_s=time.perf_counter() - started)
