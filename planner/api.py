@@ -125,7 +125,7 @@ def _finish_plan(prepared: Prepared, method: Method, run: MethodRun) -> Plan:
     """The validated plan of a priced candidate: notes, batch statistics and what sequence parallelism saved."""
     graphs, chosen, stats = prepared.graphs, run.chosen, run.stats
     result = Plan(
-        method=method.value,
+        method=method,
         model=prepared.model,
         cluster=prepared.setup.cluster,
         batch_size=prepared.batch_size,

@@ -22,22 +22,7 @@ from cost_models.cluster import Cluster
 from planner.costing.runtime_profiles import OUR_RUNTIME, PROFILES
 from planner.costing.setup import COST_MODELS
 from planner.errors import AutoplanError
-from planner.plan import GradSync
-
-
-class Method(enum.StrEnum):
-    """``--method``: auto's search, a hand-written plan, or an operator placement baseline."""
-
-    AUTO = "auto"
-    DATA_PARALLEL = "data-parallel"
-    MEGATRON = "megatron"
-    UNIFORM_PIPELINE = "uniform-pipeline"
-    HASH = "hash"
-    CRITICAL_PATH = "critical-path"
-    MULTI_OBJECTIVE = "multi-objective"
-    M_ETF = "m-etf"
-    RL = "rl"
-
+from planner.plan import GradSync, Method
 
 HANDWRITTEN_METHODS = (Method.DATA_PARALLEL, Method.MEGATRON, Method.UNIFORM_PIPELINE)  # each also auto's candidate
 PLACEMENT_METHODS = (Method.HASH, Method.CRITICAL_PATH, Method.MULTI_OBJECTIVE, Method.M_ETF, Method.RL)

@@ -18,6 +18,7 @@ May import: :mod:`planner.ir`, :mod:`planner.errors`, :mod:`cost_models` (the cl
 
 from planner.plan.explain import ExplainRow
 from planner.plan.grad_sync import GRAD_SYNC_KINDS, GradSync, GradSyncError
+from planner.plan.method import Method
 from planner.plan.schedules import Schedule
 from planner.plan.stage import (
     COLLECTIVE_KINDS,
@@ -59,6 +60,7 @@ __all__ = [
     "GradSync",
     "GradSyncError",
     "MemorySaving",
+    "Method",
     "ModelRef",
     "NodeSharding",
     "Plan",

@@ -16,6 +16,7 @@ from cost_models.cluster import PRESET_NAMES, Cluster, reserved_bytes
 from cost_models.units import GIB
 from planner.plan.choices import memory_saving_of
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
+from planner.plan.method import Method
 from planner.plan.shape import count_of, plan_shape, stage_degrees
 from planner.plan.stage import Saving, Stage
 from planner.plan.value import Estimate, Plan
@@ -176,7 +177,7 @@ def chosen_in_words(plan: Plan, note: str) -> str | None:
     compared, chosen = note.removeprefix(COMPARED_NOTE).rsplit(CHOSEN_MARK, 1)
     label, what = CANDIDATES.get(chosen, (chosen, "a hand-written plan"))
     estimates = f"estimated steps of the candidates: {_candidate_estimates(compared)}"
-    if plan.method == "auto":
+    if plan.method == Method.AUTO:
         return (
             f"why this plan: auto chose the {label} candidate — {what} — the least estimated step of the "
             f"candidates (the data-parallel, Megatron and uniform-pipeline ones are those methods' own plans); "

@@ -52,6 +52,7 @@ from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 from planner.plan.codec import Codec, CodecError, External, JsonCoded
 from planner.plan.grad_sync import GradSync
+from planner.plan.method import Method
 from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage
 
@@ -170,7 +171,7 @@ class Plan:
     """A parallel plan: the model and cluster it was made for, its stages, its estimate and how it was found."""
 
     format_version: int = FORMAT_VERSION  # first in the file: what a reader checks before anything else
-    method: str
+    method: Method  # a str naming a member is taken too (__post_init__)
     model: ModelRef
     cluster: Cluster
     batch_size: int
@@ -190,6 +191,10 @@ class Plan:
     runtime: str = "autoplan"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.method, Method):
+            if self.method not in set(Method):
+                raise PlanError(f"method {self.method!r} is not one of {', '.join(Method)}")
+            object.__setattr__(self, "method", Method(self.method))  # frozen
         if not isinstance(self.schedule, Schedule):
             if self.schedule not in SCHEDULES:
                 raise PlanError(f"schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
