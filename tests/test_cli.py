@@ -34,6 +34,17 @@ def test_plan_writes_json_and_prints_summary(tmp_path: Path, capsys) -> None:
     assert data["model"]["args"] == {"hidden": 64, "layers": 2}
 
 
+def test_every_plan_option_is_a_search_option_with_the_same_default() -> None:
+    from planner.cli.main import _plan_parser
+    from planner.cli.options import plan_options
+    from planner.options import PlanOptions
+
+    parsed = _plan_parser().parse_args([MLP, "--cluster", "dgx-a100", "--batch-size", "16"])
+    assert plan_options(parsed) == PlanOptions()
+    parsed = _plan_parser().parse_args([MLP, "--cluster", "dgx-a100", "--batch-size", "16", "--ilp-time-limit", "5"])
+    assert plan_options(parsed, method="megatron").ilp_time_limit_s == 5.0
+
+
 def test_json_flag_prints_the_plan(tmp_path: Path, capsys) -> None:
     out = tmp_path / "p.json"
     code, stdout, _ = run(

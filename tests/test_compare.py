@@ -154,6 +154,14 @@ def test_cli_compare_bad_input_is_one_line(extra, message, capsys) -> None:
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_compare_refuses_a_directory_as_figure_before_planning(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "out.png"
+    folder.mkdir()
+    args = [GPT, "--cluster", "p3.16xlarge", "--devices-per-node", "2", "--batch-size", "4", "--figure", str(folder)]
+    assert main(["compare", *args]) == 2
+    assert capsys.readouterr().err == f"plan: error: --figure {folder} is a directory: name a .png file\n"
+
+
 def test_rl_with_a_fixed_number_of_updates_gives_the_same_plan(tmp_path: Path) -> None:
     args = [
         GPT,

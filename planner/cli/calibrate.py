@@ -1,8 +1,7 @@
 """``plan calibrate [--out FILE]``: parse the options, calibrate this machine, write a cluster file.
 
 The work is :mod:`calibration`'s (:func:`calibration.machine.calibrate_machine`: the raw measurements, their
-fits and the executor probes); the written file is accepted by ``--cluster FILE``. :func:`cluster_of` gives every
-command its cluster from its options (:func:`calibration.machine.planning_cluster`: this machine calibrated).
+fits and the executor probes); the written file is accepted by ``--cluster FILE``.
 """
 
 from __future__ import annotations
@@ -11,8 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from calibration.machine import calibrate_machine, planning_cluster
-from cost_models.cluster import Cluster
+from calibration.machine import calibrate_machine
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,20 +57,3 @@ def run_calibrate(argv: Sequence[str]) -> int:
     )
     print(f"use it with: plan MODEL_FILE --cluster {path} --batch-size B")
     return 0
-
-
-def cluster_of(options: argparse.Namespace) -> Cluster:
-    """The cluster of ``--cluster``, ``--nodes``, ``--devices-per-node``, calibrated where it is this machine
-    (:func:`calibration.machine.planning_cluster`); the calibration run says so on stderr."""
-
-    def say(message: str) -> None:
-        sys.stderr.write(f"plan: {message}\n")
-        sys.stderr.flush()
-
-    return planning_cluster(
-        options.cluster,
-        num_nodes=options.nodes,
-        devices_per_node=options.devices_per_node,
-        calibrate=not options.no_calibrate,
-        say=say,
-    )

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from cost_models.units import GIB
 from planner.atomic_file import save_figure_atomic
-from planner.errors import AutoplanError
 from planner.options import Method
 
 
@@ -46,30 +45,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_compare(argv: Sequence[str]) -> int:
-    from planner.api import prepare_model_file
-    from planner.cli.calibrate import cluster_of
-    from planner.cli.options import plan_options
+    from planner.cli.options import figure_path, model_cluster, plan_options, prepare_from_options
     from planner.compare import best_step_s, compare, parse_methods
-    from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan.shape import count_of
 
     options = _parser().parse_args(list(argv))
     chosen = plan_options(options)
     methods = parse_methods(options.methods)
-    figure = Path(options.figure) if options.figure else None
-    if figure is not None and figure.suffix.lower() != ".png":
-        raise AutoplanError(f"--figure must name a .png file, got {figure}")
-    if figure is not None and not figure.parent.is_dir():
-        raise AutoplanError(f"--figure: directory {figure.parent} does not exist")
-    load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
-    cluster = cluster_of(options)
-    prepared = prepare_model_file(
-        options.model_file,
-        cluster,
-        batch_size=options.batch_size,
-        model_args=parse_model_args(options.model_arg),
-        options=chosen,
-    )
+    figure = figure_path(options.figure)
+    cluster = model_cluster(options)
+    prepared = prepare_from_options(options, cluster=cluster, chosen=chosen)
     rows = compare(prepared, methods, progress=_progress_line)
     best = best_step_s(rows)
     if figure is not None:

@@ -23,8 +23,10 @@ from planner.cli.options import (
     add_cluster_options,
     add_model_options,
     add_search_options,
+    model_cluster,
     one_line_warnings,
     plan_options,
+    prepare_from_options,
 )
 from planner.errors import AutoplanError, InternalError
 from planner.plan import Plan
@@ -123,25 +125,15 @@ def _run_subcommand(name: str, args: list[str]) -> int:
 
 
 def _run_plan(options: argparse.Namespace) -> int:
-    from planner.api import plan_model_file
-    from planner.cli.calibrate import cluster_of
-    from planner.ir.model_file import load_model_file, parse_model_args
+    from planner.api import plan_prepared
     from planner.plan import save_plan
     from planner.plan.report import plan_summary
 
     chosen = plan_options(options, method=options.method)  # checked before any capture or calibration
-    load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
-    cluster = cluster_of(options)
+    cluster = model_cluster(options)
     bar, progress = _progress_bar(f"capturing {options.model_file} for {cluster.num_devices} devices")
     with bar:
-        result = plan_model_file(
-            options.model_file,
-            cluster,
-            batch_size=options.batch_size,
-            options=chosen,
-            model_args=parse_model_args(options.model_arg),
-            progress=progress,
-        )
+        result = plan_prepared(prepare_from_options(options, cluster=cluster, chosen=chosen, progress=progress))
     out = Path(options.out)
     save_plan(result, out)
     if options.json:

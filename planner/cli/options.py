@@ -1,5 +1,6 @@
 """What every ``plan`` subcommand shares: the one-line usage errors, the model, cluster and search
-options, and one-line warnings.
+options and the cluster and prepared model they name (:func:`model_cluster`, :func:`prepare_from_options`), the
+plan-file commands' parser (:func:`plan_file_parser`), the ``--figure`` check, and one-line warnings.
 """
 
 from __future__ import annotations
@@ -10,10 +11,17 @@ import enum
 import sys
 import warnings
 from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from planner.errors import AutoplanError
+
 if TYPE_CHECKING:
+    from cost_models.cluster import Cluster
+    from planner.inter.search import Progress
     from planner.options import PlanOptions
+    from planner.preparation import Prepared
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3  # a bug of ours (InternalError)
@@ -25,6 +33,13 @@ class UsageParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(EXIT_USAGE)
+
+
+def plan_file_parser(*, prog: str, description: str) -> UsageParser:
+    """The parser of a command that reads a plan file (``run``, ``compile``, ``show``): its ``PLAN.json``."""
+    parser = UsageParser(prog=prog, description=description)
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
+    return parser
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -176,7 +191,12 @@ def _add_sync_options(parser: argparse.ArgumentParser) -> None:
 def _add_search_limits(parser: argparse.ArgumentParser) -> None:
     """Solver time, Megatron's degrees, the RL budget and seed, processes."""
     parser.add_argument(
-        "--ilp-time-limit", type=float, default=30.0, metavar="S", help="seconds per ILP solve (default 30)"
+        "--ilp-time-limit",
+        dest="ilp_time_limit_s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds per ILP solve (default 30)",
     )
     parser.add_argument(
         "--degrees",
@@ -217,31 +237,65 @@ def _values(choices: type[enum.StrEnum]) -> tuple[str, ...]:
 
 
 def plan_options(options: argparse.Namespace, *, method: str = "auto") -> PlanOptions:
-    """The one options value of the parsed search options (checked as it is built: AutoplanError, exit 2)."""
+    """The one options value of the parsed search options (checked as it is built: AutoplanError, exit 2): every
+    :class:`planner.options.PlanOptions` field but ``method`` is the option of its name."""
     from planner.options import PlanOptions
 
-    return PlanOptions(
-        method=method,
-        tracer=options.tracer,
-        optimizer=options.optimizer,
-        cost_model=options.cost_model,
-        memory_fraction=options.memory_fraction,
-        max_stages=options.max_stages,
-        microbatches=options.microbatches,
-        schedule=options.schedule,
-        remat=options.remat,
-        zero=options.zero,
-        allow_lossy=options.allow_lossy,
-        grad_sync=options.grad_sync,
-        space=options.space,
-        runtime=options.runtime,
-        ilp_time_limit_s=options.ilp_time_limit,
-        degrees=options.degrees,
-        rl_budget_s=options.rl_budget_s,
-        rl_iterations=options.rl_iterations,
-        seed=options.seed,
-        jobs=options.jobs,
+    searched = {field.name: getattr(options, field.name) for field in fields(PlanOptions) if field.name != "method"}
+    return PlanOptions(method=method, **searched)
+
+
+def model_cluster(options: argparse.Namespace) -> Cluster:
+    """The cluster of ``--cluster``, ``--nodes``, ``--devices-per-node``, calibrated where it is this machine
+    (:func:`calibration.machine.planning_cluster`; the calibration run says so on stderr), once the model file of
+    the model options loads: a missing or broken model file says so before any calibration."""
+    from calibration.machine import planning_cluster
+    from planner.ir.model_file import load_model_file
+
+    def say(message: str) -> None:
+        sys.stderr.write(f"plan: {message}\n")
+        sys.stderr.flush()
+
+    load_model_file(options.model_file)
+    return planning_cluster(
+        options.cluster,
+        num_nodes=options.nodes,
+        devices_per_node=options.devices_per_node,
+        calibrate=not options.no_calibrate,
+        say=say,
     )
+
+
+def prepare_from_options(
+    options: argparse.Namespace, *, cluster: Cluster, chosen: PlanOptions, progress: Progress | None = None
+) -> Prepared:
+    """The model of the model options captured and priced on ``cluster`` under ``chosen``
+    (:func:`planner.api.prepare_model_file`)."""
+    from planner.api import prepare_model_file
+    from planner.ir.model_file import parse_model_args
+
+    return prepare_model_file(
+        options.model_file,
+        cluster,
+        batch_size=options.batch_size,
+        options=chosen,
+        model_args=parse_model_args(options.model_arg),
+        progress=progress,
+    )
+
+
+def figure_path(text: str | None) -> Path | None:
+    """The ``--figure`` PNG to write (None: none asked for), checked before any work."""
+    if text is None:
+        return None
+    figure = Path(text)
+    if figure.suffix.lower() != ".png":
+        raise AutoplanError(f"--figure must name a .png file, got {figure}")
+    if not figure.parent.is_dir():
+        raise AutoplanError(f"--figure: directory {figure.parent} does not exist")
+    if figure.is_dir():
+        raise AutoplanError(f"--figure {figure} is a directory: name a .png file")
+    return figure
 
 
 def _degrees(text: str) -> tuple[int, int, int]:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    from planner.cli.options import UsageParser
+    from planner.cli.options import plan_file_parser
 
-    parser = UsageParser(
+    parser = plan_file_parser(
         prog="plan run",
         description=(
             "Train the plan's model for a few steps on this machine: `plan compile` writes the plan's training "
@@ -30,7 +30,6 @@ def _run_parser() -> argparse.ArgumentParser:
             "several machines use `plan compile` and torchrun."
         ),
     )
-    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
     parser.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps (default 3)")
     parser.add_argument(
         "--check-parity",
@@ -114,9 +113,9 @@ def _check_runtime(path: str, *, what: str) -> None:
 
 
 def _compile_parser() -> argparse.ArgumentParser:
-    from planner.cli.options import UsageParser
+    from planner.cli.options import plan_file_parser
 
-    parser = UsageParser(
+    parser = plan_file_parser(
         prog="plan compile",
         description=(
             "Write the plan's training program: DIR/train.py, a page of plain Python you own and edit (model build, "
@@ -126,7 +125,6 @@ def _compile_parser() -> argparse.ArgumentParser:
             "on several. `plan run` runs the same program here."
         ),
     )
-    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write train.py and plan.json into")
     return parser
 

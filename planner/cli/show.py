@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from planner.cli.options import UsageParser
+    from planner.cli.options import plan_file_parser
 
-    parser = UsageParser(
+    parser = plan_file_parser(
         prog="plan show",
         description=(
             "Summarise a plan and replay it in the discrete-event simulator (roofline compute times on the plan's "
@@ -44,7 +44,6 @@ def _parser() -> argparse.ArgumentParser:
             "is rebuilt and checked against the plan's fingerprint."
         ),
     )
-    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
     parser.add_argument("--figure", default=None, metavar="OUT.png", help="draw the plan and its timeline as a PNG")
     parser.add_argument("--json", action="store_true", help="print stages and simulated numbers as JSON")
     return parser
@@ -52,11 +51,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def run_show(argv: Sequence[str]) -> int:
     from planner.cli.choices_table import choices_text
+    from planner.cli.options import figure_path
     from planner.plan import load_plan
     from planner.plan.report import plan_summary
 
     options = _parser().parse_args(list(argv))
-    figure = _figure_path(options.figure)
+    figure = figure_path(options.figure)
     plan = load_plan(options.plan)
     result = simulate_recorded(plan)
     if figure is not None:
@@ -77,19 +77,6 @@ def run_show(argv: Sequence[str]) -> int:
         )
     )
     return 0
-
-
-def _figure_path(text: str | None) -> Path | None:
-    if text is None:
-        return None
-    figure = Path(text)
-    if figure.suffix.lower() != ".png":
-        raise AutoplanError(f"--figure must name a .png file, got {figure}")
-    if not figure.parent.is_dir():
-        raise AutoplanError(f"--figure: directory {figure.parent} does not exist")
-    if figure.is_dir():
-        raise AutoplanError(f"--figure {figure} is a directory: name a .png file")
-    return figure
 
 
 def simulate_recorded(plan: Plan) -> SimResult:

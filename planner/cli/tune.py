@@ -147,25 +147,16 @@ def _stop(job: subprocess.Popen) -> None:
 
 
 def run_tune(argv: Sequence[str]) -> int:
-    from planner.api import prepare_model_file, tune_prepared
-    from planner.cli.calibrate import cluster_of
-    from planner.cli.options import plan_options
+    from planner.api import tune_prepared
+    from planner.cli.options import model_cluster, plan_options, prepare_from_options
     from planner.cli.tune_report import learn_into_calibration, print_rows, write_table
-    from planner.ir.model_file import load_model_file, parse_model_args
     from planner.plan import save_plan
 
     options = _parser().parse_args(list(argv))
     _check(options)
     chosen = plan_options(options)
-    load_model_file(options.model_file)  # a missing or broken model file says so before any calibration
-    cluster = cluster_of(options)
-    prepared = prepare_model_file(
-        options.model_file,
-        cluster,
-        batch_size=options.batch_size,
-        options=chosen,
-        model_args=parse_model_args(options.model_arg),
-    )
+    cluster = model_cluster(options)
+    prepared = prepare_from_options(options, cluster=cluster, chosen=chosen)
     done: list[str] = []
     with tempfile.TemporaryDirectory(prefix="autoplan-tune-") as directory:
         measure = partial(_measure_candidate, options=options, directory=Path(directory), done=done)
