@@ -14,7 +14,7 @@ or several nodes). For several machines, compile the program (``plan compile``) 
 torchrun on each node (the line ``plan compile`` prints; see the README).
 
 :func:`torchrun_argv` is the command that starts a script or module on this machine's processes under
-torchrun: the measuring jobs (``plan calibrate``, ``plan tune``), the benchmarks and the tests launch with it.
+torchrun: the timing job (:func:`executors.measure.step_timing.run_timing`), benchmarks and tests launch with it.
 (:func:`planner.plan.launch.torchrun_command` is the line printed for a person, for the plan's cluster.)
 """
 
