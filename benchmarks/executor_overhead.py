@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from benchmarks.results_page import save_table
-from executors.training.launch import free_port
+from executors.training.launch import torchrun_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,27 +83,8 @@ def run_case(case: str, warmup: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         plan_path = make_plan(case, Path(tmp) / "plan.json")
         out = Path(tmp) / "result.json"
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            "-m",
-            "benchmarks.executor_overhead",
-            "--rank-worker",
-            case,
-            "--plan",
-            str(plan_path),
-            "--out",
-            str(out),
-            "--warmup",
-            str(warmup),
-            "--steps",
-            str(steps),
-        ]
+        worker_args = ["--rank-worker", case, "--plan", plan_path, "--out", out, "--warmup", warmup, "--steps", steps]
+        command = torchrun_argv(world=2, module="benchmarks.executor_overhead", args=worker_args)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
         if done.returncode != 0:
@@ -197,16 +178,13 @@ def rank_worker(case: str, plan_path: Path, out: Path, warmup: int, steps: int) 
     import torch
     import torch.distributed as dist
 
-    from executors.runner import make_runner
-    from executors.session import init_distributed, load_workload
-    from planner.plan import load_plan
+    from executors.runner import load_cpu_runner
+    from executors.session import init_distributed
 
     rank, world = init_distributed(backend="gloo", timeout_s=120)
     torch.set_num_threads(1)
-    plan = load_plan(plan_path)
-    workload = load_workload(plan, seed=0, device="cpu")
-    model, inputs = workload.build()
-    runner = make_runner(plan, workload, model)
+    workload, runner, inputs = load_cpu_runner(plan_path)
+    plan = workload.plan
     ours_opt = torch.optim.SGD(list(dict.fromkeys(runner.parameters())), lr=0.01)
 
     def ours_step() -> float:

@@ -12,11 +12,15 @@ checks. :func:`make_runner` picks the executor a plan needs:
 * one stage whose parameters are all replicated -> :class:`executors.parallel.data_parallel.DataParallelRunner`
   (DDP, or FSDP when the plan shards optimizer state);
 * one stage otherwise -> :class:`TensorParallelRunner`.
+
+:func:`load_cpu_runner` builds a saved plan's runner on a CPU rank (seed 0), as the measuring jobs and
+workers do.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -25,9 +29,9 @@ from torch import nn
 from executors.graph_module import flat_outputs, make_segment, model_tensors
 from executors.parallel.grad_sync import SyncOptions
 from executors.parallel.stages import build_meshes, build_stage
-from executors.session import Workload, split_batch
+from executors.session import Workload, load_workload, split_batch
 from planner.errors import AutoplanError
-from planner.plan import Plan
+from planner.plan import Plan, load_plan
 from planner.plan.schedules import Schedule
 
 
@@ -74,6 +78,14 @@ def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
 
         return DataParallelRunner(plan=plan, workload=workload, model=model)
     return TensorParallelRunner(plan=plan, workload=workload, model=model)
+
+
+def load_cpu_runner(path: str | Path) -> tuple[Workload, Runner, tuple[Any, ...]]:
+    """The plan saved at ``path`` built on this CPU rank as ``plan run`` builds it (seed 0): its workload
+    (the plan is ``workload.plan``), this rank's runner and the model's inputs at the plan's batch size."""
+    workload = load_workload(load_plan(path), seed=0, device="cpu")
+    model, inputs = workload.build()
+    return workload, make_runner(workload.plan, workload, model), inputs
 
 
 class TensorParallelRunner:

@@ -16,10 +16,9 @@ from support.charged_collectives import charged_collectives, observed_kind
 from torch.distributed.tensor.debug import CommDebugMode
 
 from executors.graph_module import flat_outputs
-from executors.runner import TensorParallelRunner, make_runner
-from executors.session import init_distributed, load_workload
+from executors.runner import TensorParallelRunner, load_cpu_runner
+from executors.session import init_distributed
 from planner.costing.setup import plan_setup
-from planner.plan import load_plan
 
 
 def _kinds(mode: CommDebugMode) -> dict[str, int]:
@@ -81,10 +80,8 @@ def main() -> None:
     init_distributed(backend="gloo", timeout_s=120)
     report = {}
     for path in plans:
-        plan = load_plan(path)
-        workload = load_workload(plan, seed=0, device="cpu")
-        model, inputs = workload.build()
-        runner = make_runner(plan, workload, model)
+        workload, runner, inputs = load_cpu_runner(path)
+        plan = workload.plan
         assert isinstance(runner, TensorParallelRunner) and plan.num_microbatches == 1
         phases = {}
         sharding = runner.part.sharding

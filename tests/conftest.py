@@ -10,7 +10,6 @@ import functools
 import math
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 from cost_models.cluster import Cluster, DeviceSpec, Link, load_cluster
 from cost_models.compute import RooflineCompute
 from cost_models.units import GIB
-from executors.training.launch import free_port
+from executors.training.launch import torchrun_argv
 from planner.costing.lowered_tasks import Chunk, Lowered
 from planner.costing.node_cost import grad_values
 from planner.costing.records import record_of
@@ -167,17 +166,6 @@ def pipeline(fwd, bwd, *, m: int, schedule: str, transfer_s: float = 0.0, step_s
 
 def torchrun(world: int, worker: str, out: Path, plans: list[Path]) -> subprocess.CompletedProcess:
     """``tests/<worker>`` on ``world`` ranks under torchrun, with ``out`` and the plan files as its arguments."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(world),
-        "--master-port",
-        str(free_port()),
-        str(ROOT / "tests" / worker),
-        str(out),
-        *map(str, plans),
-    ]
+    command = torchrun_argv(world=world, program=ROOT / "tests" / worker, args=[out, *plans])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cost_models.cluster import load_cluster
-from executors.training.launch import free_port
+from executors.training.launch import torchrun_argv
 from executors.training.program import write_program
 from planner.api import plan_model_file
 from tests.conftest import EXAMPLES, ROOT
@@ -36,20 +35,8 @@ def test_a_rank_of_plan_run_imports_no_search_module(tmp_path: Path) -> None:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     plan = plan_model_file(EXAMPLES / "mlp.py", cluster, batch_size=16, method="megatron", degrees=(2, 1, 1))
     program = write_program(plan, tmp_path / "program")  # what `plan run` launches on every rank
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        str(ROOT / "tests" / "rank_modules_worker.py"),
-        str(tmp_path),
-        str(program),
-        "--steps",
-        "1",
-    ]
+    worker = ROOT / "tests" / "rank_modules_worker.py"
+    command = torchrun_argv(world=2, program=worker, args=[tmp_path, program, "--steps", "1"])
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )

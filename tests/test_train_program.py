@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from executors.training.launch import free_port
+from executors.training.launch import free_port, torchrun_argv
 
 pytestmark = pytest.mark.slow  # every test here launches processes
 
@@ -82,19 +82,7 @@ def _edit(program: Path) -> None:
 
 
 def _torchrun(program: Path, world: int, *args: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(world),
-        "--master-port",
-        str(free_port()),
-        str(program),
-        "--log-every",
-        "1",
-        *args,
-    ]
+    command = torchrun_argv(world=world, program=program, args=["--log-every", "1", *args])
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
 
 

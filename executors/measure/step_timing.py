@@ -45,16 +45,11 @@ def time_plans(paths: Sequence[str], *, steps: int, warmup: int = WARMUP_STEPS) 
     import torch.distributed as dist
 
     from executors.precision import make_optimizer
-    from executors.runner import make_runner
-    from executors.session import load_workload
-    from planner.plan import load_plan
+    from executors.runner import load_cpu_runner
 
     measured = {}
     for path in paths:
-        plan = load_plan(path)
-        workload = load_workload(plan, seed=0, device="cpu")
-        model, inputs = workload.build()
-        runner = make_runner(plan, workload, model)
+        _, runner, inputs = load_cpu_runner(path)
         params = list(dict.fromkeys(runner.parameters()))
         optimizer = make_optimizer("sgd", params, lr=0.01) if params else None
         times = []
@@ -93,22 +88,9 @@ def run_timing(
 ) -> dict[str, Any]:
     """Launch one torchrun job of ``world`` processes (one thread each) timing every plan; ``module``:
     another job with the same arguments (``executors.measure.memory_peak``: peak memory per rank)."""
-    from executors.training.launch import free_port
+    from executors.training.launch import torchrun_argv
 
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(world),
-        "--master-port",
-        str(free_port()),
-        "-m",
-        module,
-        str(out),
-        str(steps),
-        *paths,
-    ]
+    command = torchrun_argv(world=world, module=module, args=[out, steps, *paths])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)

@@ -12,6 +12,10 @@ the process-group timeout (``--timeout-s``), so no run waits forever and no proc
 :func:`check_host` refuses, in one line, a GPU plan this machine cannot host (too few CUDA devices,
 or several nodes). For several machines, compile the program (``plan compile``) and start it with
 torchrun on each node (the line ``plan compile`` prints; see the README).
+
+:func:`torchrun_argv` is the command that starts a script or module on this machine's processes under
+torchrun: the timing job (:func:`executors.measure.step_timing.run_timing`), benchmarks and tests launch with it.
+(:func:`planner.plan.launch.torchrun_command` is the line printed for a person, for the plan's cluster.)
 """
 
 from __future__ import annotations
@@ -38,6 +42,18 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def torchrun_argv(
+    *, world: int, program: str | Path | None = None, module: str | None = None, args: Sequence[object] = ()
+) -> list[str]:
+    """The command that starts ``program`` (a script) or ``module`` (``python -m``) with ``args`` on ``world``
+    processes of this machine under torchrun (``python -m torch.distributed.run``), meeting at a free port."""
+    if (program is None) == (module is None):
+        raise ValueError("torchrun_argv starts a program or a module: give exactly one")
+    target = [str(program)] if module is None else ["-m", module]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world)]
+    return [*launcher, "--master-port", str(free_port()), *target, *map(str, args)]
 
 
 def preflight(plan: Plan) -> OpGraph:
