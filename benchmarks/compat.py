@@ -163,27 +163,17 @@ def plan_family(path: Path, *, methods: list[str], world: int, batch_size: int, 
 
 
 def run_cell(plan, *, common: dict, plan_s: float, args: argparse.Namespace) -> Cell:
-    from executors.training.launch import free_port
+    from executors.training.launch import torchrun_argv
     from executors.training.program import write_program
 
     shape = f"{len(plan.stages)} stage(s) {[list(s.mesh_shape) for s in plan.stages]} m={plan.num_microbatches}"
     with tempfile.TemporaryDirectory(prefix="autoplan-compat-") as directory:
         program = write_program(plan, Path(directory))  # what `plan run` launches, without its preflight
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(plan.cluster.num_devices),
-            "--master-port",
-            str(free_port()),
-            str(program),
-            "--steps",
-            str(args.steps),
-            "--check-parity",
-            "--timeout-s",
-            str(args.timeout_s),
-        ]
+        command = torchrun_argv(
+            world=plan.cluster.num_devices,
+            program=program,
+            args=["--steps", args.steps, "--check-parity", "--timeout-s", args.timeout_s],
+        )
         started = time.perf_counter()
         try:
             done = subprocess.run(

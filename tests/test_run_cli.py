@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import load_cluster
+from executors.training.launch import torchrun_argv
 from planner.api import plan_model_file
 from planner.plan import save_plan
 
@@ -65,19 +66,7 @@ def test_compiled_program_runs_under_torchrun(mlp_plan: Path, tmp_path: Path) ->
     assert (out / "train.py").is_file() and json.loads((out / "plan.json").read_text())["method"] == "megatron"
     assert "torchrun --standalone --nproc-per-node 2" in (out / "train.py").read_text()
     assert f"launch: torchrun --standalone --nproc-per-node 2 {out / 'train.py'}" in done.stdout
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(_port()),
-        str(out / "train.py"),
-        "--steps",
-        "1",
-        "--check-parity",
-    ]
+    command = torchrun_argv(world=2, program=out / "train.py", args=["--steps", "1", "--check-parity"])
     run = subprocess.run(
         command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
@@ -177,9 +166,3 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def _port() -> int:
-    from executors.training.launch import free_port
-
-    return free_port()

@@ -81,7 +81,7 @@ def measure_locally(
     """Run :mod:`executors.measure.measure_plan` on the plan at ``plan_path`` with one process per device of the plan:
     ``(measurement, None)``, or ``(None, why it failed)``. Ctrl-C stops the job and is raised again."""
     from executors.measure.step_timing import root_cause
-    from executors.training.launch import check_host, free_port
+    from executors.training.launch import check_host, torchrun_argv
     from planner.plan import load_plan
     from planner.plan.launch import backend_for
 
@@ -89,22 +89,9 @@ def measure_locally(
     chosen = backend or backend_for(plan.cluster)
     check_host(plan, backend=chosen)
     out = plan_path.with_suffix(".measured.json")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(plan.num_devices),
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "executors.measure.measure_plan",
-        str(out),
-        str(plan_path),
-        str(steps),
-        str(warmup),
-        chosen,
-    ]
+    command = torchrun_argv(
+        world=plan.num_devices, module="executors.measure.measure_plan", args=[out, plan_path, steps, warmup, chosen]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
