@@ -169,6 +169,19 @@ def stage_transfer_s(
     return link.latency_s + num_bytes / pairs / link.bandwidth + regroup
 
 
+def placed_transfer_s(num_bytes: float, *, cluster: Cluster, sender: Sequence[int], receiver: Sequence[int]) -> float:
+    """:func:`stage_transfer_s` between stages placed on the ranks ``sender`` and ``receiver`` (each stage's
+    devices share a node or fill whole nodes, so its first rank says where it is)."""
+    return stage_transfer_s(
+        num_bytes,
+        cluster=cluster,
+        sender_size=len(sender),
+        receiver_size=len(receiver),
+        sender_nodes=len({cluster.node_of(rank) for rank in sender}),
+        crosses_nodes=cluster.node_of(sender[0]) != cluster.node_of(receiver[0]),
+    )
+
+
 COLLECTIVES = {
     "all_reduce": all_reduce_s,
     "all_gather": all_gather_s,

@@ -51,6 +51,7 @@ bandwidth. The kernel shape model (:class:`~cost_models.gemm_efficiency.KernelSp
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from cost_models.device import DeviceSpec
 from cost_models.gemm_efficiency import KernelSpec
@@ -95,35 +96,37 @@ H100_KERNELS = KernelSpec(
     **_HOST,
 )
 
-_V100_PEAKS = {"float16": 125e12, "bfloat16": 125e12, "float32": 15.7e12}
 
-# p3.16xlarge: V100 SXM2 16 GB, 125 TFLOP/s fp16, 900 GB/s HBM2.
-V100_16GB = DeviceSpec(
-    name="V100-SXM2-16GB",
-    peak_flops=_V100_PEAKS,
-    memory_bytes=16 * GIB,
-    memory_bandwidth=900e9,
-    memory_efficiency=0.83,
-    kernel_overhead_s=_GAP_S,
-    kernels=V100_KERNELS,
-)
+class _DataSheet(NamedTuple):
+    """A GPU preset's figures, one table row each (module docstring): the tensor cores' peak FLOP/s (the same
+    for bf16 and fp16), the fp32 peak, memory, HBM bandwidth, the share of it a streaming kernel reaches, and the
+    kernel shape model. Every preset has the same gap between back-to-back kernels (``_GAP_S``)."""
+
+    name: str
+    half_precision_peak: float
+    fp32_peak: float
+    memory_gib: int
+    memory_bandwidth: float
+    memory_efficiency: float
+    kernels: KernelSpec
+
+    def device(self) -> DeviceSpec:
+        peak = self.half_precision_peak
+        return DeviceSpec(
+            name=self.name,
+            peak_flops={"bfloat16": peak, "float16": peak, "float32": self.fp32_peak},
+            memory_bytes=self.memory_gib * GIB,
+            memory_bandwidth=self.memory_bandwidth,
+            memory_efficiency=self.memory_efficiency,
+            kernel_overhead_s=_GAP_S,
+            kernels=self.kernels,
+        )
+
+
+# Each row: name, bf16/fp16 and fp32 peak FLOP/s, memory (GiB), HBM bandwidth (B/s), streaming share, kernels.
+# V100: p3.16xlarge's V100 SXM2 16 GB, 125 TFLOP/s fp16, 900 GB/s HBM2.
+V100_16GB = _DataSheet("V100-SXM2-16GB", 125e12, 15.7e12, 16, 900e9, 0.83, V100_KERNELS).device()
+A100_80GB = _DataSheet("A100-SXM-80GB", 312e12, 19.5e12, 80, 2.039e12, 0.88, A100_KERNELS).device()
+H100_80GB = _DataSheet("H100-SXM-80GB", 989e12, 67e12, 80, 3.35e12, 0.90, H100_KERNELS).device()
 # DGX-2H: V100 SXM3 32 GB (Megatron-LM 2019; published-measurements.md: 125 TFLOP/s fp16 as the paper counts).
 V100_32GB = replace(V100_16GB, name="V100-SXM3-32GB", memory_bytes=32 * GIB)
-A100_80GB = DeviceSpec(
-    name="A100-SXM-80GB",
-    peak_flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
-    memory_bytes=80 * GIB,
-    memory_bandwidth=2.039e12,
-    memory_efficiency=0.88,
-    kernel_overhead_s=_GAP_S,
-    kernels=A100_KERNELS,
-)
-H100_80GB = DeviceSpec(
-    name="H100-SXM-80GB",
-    peak_flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-    memory_bytes=80 * GIB,
-    memory_bandwidth=3.35e12,
-    memory_efficiency=0.90,
-    kernel_overhead_s=_GAP_S,
-    kernels=H100_KERNELS,
-)

@@ -46,14 +46,16 @@ MEMORY_SLACK = 1e-6  # relative: rounding between the planner's sums and the sim
 
 @dataclass(frozen=True, kw_only=True)
 class ComparisonRow:
+    """One method's row; its plan's figures are None when the method found no plan (``note`` says why)."""
+
     method: str
     fits: bool
-    step_time_s: float | None  # the plan's estimate; None when the method found no plan
-    simulated_step_time_s: float | None  # the discrete-event replay of the plan (a check of the estimate)
-    memory_per_device_bytes: float | None  # the plan's estimate for its fullest device
-    simulated_memory_bytes: float | None  # the replay's peak on the fullest device
-    bubble_fraction: float | None  # the plan's pipeline bubble (its estimate's), as plan and plan show print it
     search_time_s: float
+    step_time_s: float | None = None  # the plan's estimate
+    simulated_step_time_s: float | None = None  # the discrete-event replay of the plan (a check of the estimate)
+    memory_per_device_bytes: float | None = None  # the plan's estimate for its fullest device
+    simulated_memory_bytes: float | None = None  # the replay's peak on the fullest device
+    bubble_fraction: float | None = None  # the plan's pipeline bubble (its estimate's), as plan and plan show print it
     note: str = ""
     plan: Plan | None = None
 
@@ -108,17 +110,7 @@ def _row(prepared: Prepared, method: Method | str) -> ComparisonRow:
     try:
         plan = plan_prepared(prepared, method)
     except AutoplanError as error:
-        return ComparisonRow(
-            method=method,
-            fits=False,
-            step_time_s=None,
-            simulated_step_time_s=None,
-            memory_per_device_bytes=None,
-            simulated_memory_bytes=None,
-            bubble_fraction=None,
-            search_time_s=time.perf_counter() - started,
-            note=str(error),
-        )
+        return ComparisonRow(method=method, fits=False, search_time_s=time.perf_counter() - started, note=str(error))
     setup = prepared.setup
     graph = prepared.graphs.at(plan.batch_size // plan.num_microbatches)
     lowered = lower_plan(plan, graph, setup)

@@ -16,6 +16,7 @@ from cost_models.communication import (
     ddp_all_reduce_s,
     ddp_buckets,
     p2p_s,
+    placed_transfer_s,
     reduce_scatter_s,
     stage_transfer_s,
 )
@@ -107,6 +108,19 @@ def test_pipeline_pairs_leaving_a_node_share_its_nics() -> None:
     assert crossing_s(p3, 8) > 0.9 * crossing_s(p3, 1)
     # a NIC per GPU: 8 pairs move the bytes 8x faster (the regroup inside the receiver's node is extra)
     assert crossing_s(dgx, 8) < 0.25 * crossing_s(dgx, 1)
+
+
+def test_a_placed_transfer_reads_sizes_nodes_and_crossing_off_the_ranks() -> None:
+    dgx = load_cluster("dgx-a100", num_nodes=3)
+    two_nodes = placed_transfer_s(1e9, cluster=dgx, sender=range(16), receiver=range(16, 24))
+    assert two_nodes == stage_transfer_s(
+        1e9, cluster=dgx, sender_size=16, receiver_size=8, sender_nodes=2, crosses_nodes=True
+    )
+    one_node = placed_transfer_s(1e9, cluster=dgx, sender=(0, 1), receiver=(2, 3))
+    assert one_node == stage_transfer_s(
+        1e9, cluster=dgx, sender_size=2, receiver_size=2, sender_nodes=1, crosses_nodes=False
+    )
+    assert two_nodes > one_node > 0
 
 
 def test_nics_per_node_round_trips_through_the_cluster_file(tmp_path) -> None:

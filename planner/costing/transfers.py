@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cost_models.communication import p2p_s, stage_transfer_s
+from cost_models.communication import p2p_s, placed_transfer_s
 from planner.costing.setup import CostSetup
 from planner.ir.graph import OpGraph
 from planner.ir.layers import boundary_bytes
@@ -65,14 +65,6 @@ def stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipeline
             return 0.0
         if not pipeline:
             return p2p_s(num_bytes, link=cluster.link_between([devices[a][0], devices[b][0]]))
-        crosses = cluster.node_of(devices[a][0]) != cluster.node_of(devices[b][0])
-        return stage_transfer_s(
-            num_bytes,
-            cluster=cluster,
-            sender_size=len(devices[a]),
-            receiver_size=len(devices[b]),
-            crosses_nodes=crosses,
-            sender_nodes=len({cluster.node_of(rank) for rank in devices[a]}),
-        )
+        return placed_transfer_s(num_bytes, cluster=cluster, sender=devices[a], receiver=devices[b])
 
     return transfer_s

@@ -45,7 +45,7 @@ from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import fsdp_memory, runs_as_fsdp
 from planner.inter.data_parallel_levels import best_level
 from planner.inter.grad_sync_choice import SyncChoice, after_s, choose_grad_sync, offered
-from planner.inter.pipeline_estimate import pipeline_estimate
+from planner.inter.pipeline_estimate import StepTiming, pipeline_estimate
 from planner.inter.search import Layering, LayerTables, PipelineChoice, SpanOptions
 from planner.inter.stage_dp.boundaries import BoundaryTable
 from planner.inter.stage_dp.device_blocks import assign_devices
@@ -239,18 +239,8 @@ def _pipeline(
     """The priced candidate under its chosen gradient sync: its estimate, schedule and what the search picked."""
     graph, setup, m, stages = step.graph, step.setup, step.m, step.stages
     ddp = ddp_step(stages[0], graph, setup, m=m, grad_sync=choice.grad_sync) if step.is_ddp else None
-    estimate = pipeline_estimate(
-        full_graph,
-        setup,
-        step.priced,
-        stages,
-        times,
-        step=choice.step_s,
-        m=m,
-        tied_s=tied_s,
-        period=period,
-        ddp=ddp if ddp is not None else step.fsdp,
-    )
+    timing = StepTiming(step_s=choice.step_s, times=tuple(times), m=m, period_s=period, tied_s=tied_s)
+    estimate = pipeline_estimate(full_graph, setup, step.priced, timing, ddp=ddp if ddp is not None else step.fsdp)
     if choice.grad_sync.lossy:
         estimate = replace(
             estimate,

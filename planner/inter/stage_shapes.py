@@ -28,10 +28,9 @@ from dataclasses import dataclass, field, replace
 from planner.costing.setup import CostSetup
 from planner.inter.layer_costs import split_costs
 from planner.intra.ilp import solve_unconstrained
-from planner.intra.problem import StrategySolution, evaluate
-from planner.intra.solve import IntraOpResult
+from planner.intra.problem import evaluate
 from planner.intra.stage_problem import StageProblem, ZeroCosts, kept_bytes, recompute_s, zero_costs
-from planner.intra.to_stage import stage_from_result
+from planner.intra.to_stage import stage_of_choice
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import structural_hash
 from planner.ir.recompute import REMAT_KINDS, remat_runs
@@ -161,28 +160,7 @@ class StageTemplate:
     def stage(self, choice: tuple[int, ...], *, remat: str, explain: Callable[[Stage], tuple], zero: int = 0) -> Stage:
         """The plan stage of ``choice`` on the template's names and canonical ranks, explained by ``explain``."""
         if (choice, remat, zero) not in self._stages:
-            objective = self.costs(choice)[0]
-            solution = StrategySolution(
-                choice=choice,
-                objective=objective,
-                memory_bytes=0.0,
-                optimal=False,
-                num_variables=0,
-                num_constraints=0,
-                build_s=0.0,
-                solve_s=0.0,
-                status="composed",
-            )
-            result = IntraOpResult(
-                stage=self.problem,
-                choice=choice,
-                objective_s=objective,
-                memory_bytes=0.0,
-                solution=solution,
-                incumbent_objectives_s={},
-                build_s=0.0,
-            )
-            base = stage_from_result(result)
+            base = stage_of_choice(self.problem, choice)
             regions = tuple((run[0], run[-1]) for run in self.runs(remat))
             base = replace(base, remat=remat if regions else "none", remat_regions=regions, zero=zero)
             self._stages[choice, remat, zero] = replace(base, explanation=explain(base))

@@ -15,7 +15,6 @@ from planner.intra.problem import StrategySolution, evaluate
 from planner.intra.stage_problem import DEFAULT_OPTIONS, IntraOpOptions, StageProblem, build_stage_problem
 from planner.ir.graph import OpGraph
 from planner.sharding.specs import StageMesh
-from planner.sharding.strategies import NodeStrategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,10 +26,6 @@ class IntraOpResult:
     solution: StrategySolution
     incumbent_objectives_s: dict[str, float]
     build_s: float
-
-    def strategy_of(self, name: str) -> NodeStrategy:
-        variable = self.stage.variables.index(self.stage.representative[name])
-        return self.stage.strategies[variable][self.choice[variable]]
 
 
 def solve_intra_op(

@@ -82,6 +82,11 @@ class StageProblem:
         """Representative node name -> its variable."""
         return {name: index for index, name in enumerate(self.variables)}
 
+    def strategy_of(self, name: str, choice: tuple[int, ...]) -> NodeStrategy:
+        """The strategy ``choice`` picks for node ``name`` (its representative's variable)."""
+        variable = self.variable_of[self.representative[name]]
+        return self.strategies[variable][choice[variable]]
+
 
 def build_stage_problem(
     graph: OpGraph, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions = DEFAULT_OPTIONS
@@ -217,19 +222,14 @@ def _runs_forward_s(problem: StageProblem, choice: tuple[int, ...], inside: list
     return total
 
 
-def _strategy(problem: StageProblem, choice: tuple[int, ...], name: str) -> NodeStrategy:
-    variable = problem.variable_of[problem.representative[name]]
-    return problem.strategies[variable][choice[variable]]
-
-
 def _reshard_into(problem: StageProblem, choice: tuple[int, ...], name: str, grads: frozenset[str]) -> float:
     """Seconds to bring ``name``'s inputs from their producers' specs to the ones its strategy reads."""
     graph, mesh, total = problem.graph, problem.mesh, 0.0
-    node, strategy = graph.node(name), _strategy(problem, choice, name)
+    node, strategy = graph.node(name), problem.strategy_of(name, choice)
     for position, (value, meta) in enumerate(zip(node.inputs, node.input_metas, strict=True)):
         need = strategy.inputs[position]
         if need is not None and graph.value_kind(value) == ValueKind.NODE:
-            produced = _strategy(problem, choice, value).output
+            produced = problem.strategy_of(value, choice).output
             total += reshard_s(produced, need, meta, mesh, requires_grad=value in grads)
     return total
 
@@ -252,7 +252,7 @@ def kept_bytes(problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple
             total += cost(value).output_bytes
         elif graph.value_kind(value) == ValueKind.INPUT:
             reader = next(n for n in graph.nodes if value in n.inputs)
-            spec = _strategy(problem, choice, reader.name).inputs[reader.inputs.index(value)]
+            spec = problem.strategy_of(reader.name, choice).inputs[reader.inputs.index(value)]
             total += (
                 mesh.local_bytes(graph.value(value).meta, spec)
                 if spec is not None

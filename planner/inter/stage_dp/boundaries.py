@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from cost_models.communication import stage_transfer_s
+from cost_models.communication import placed_transfer_s, stage_transfer_s
 from planner.costing.setup import CostSetup
 from planner.inter.stage_dp.device_blocks import Submesh
 from planner.ir.graph import OpGraph
@@ -49,22 +49,25 @@ def boundary_table(graph: OpGraph, layers: Sequence[Sequence[str]], setup: CostS
         """``ranks``: the sender's and receiver's devices once placed (the stage DP knows only their sizes);
         ``longest_direction``: the slower of the two directions alone (each has a link of its own)."""
         if ranks:
-            crosses = cluster.node_of(ranks[0][0]) != cluster.node_of(ranks[1][0])
-            sender_nodes = len({cluster.node_of(rank) for rank in ranks[0]})
+            sender_ranks, receiver_ranks = ranks
+            directions = [
+                placed_transfer_s(num_bytes, cluster=cluster, sender=sender_ranks, receiver=receiver_ranks)
+                for num_bytes in crossing[i]
+            ]
         else:
             one_node = sender.num_nodes == receiver.num_nodes == 1 and sender.size + receiver.size <= per_node
-            crosses, sender_nodes = not one_node and cluster.num_nodes > 1, sender.num_nodes
-        directions = [
-            stage_transfer_s(
-                num_bytes,
-                cluster=cluster,
-                sender_size=sender.size,
-                receiver_size=receiver.size,
-                sender_nodes=sender_nodes,
-                crosses_nodes=crosses,
-            )
-            for num_bytes in crossing[i]
-        ]
+            crosses = not one_node and cluster.num_nodes > 1
+            directions = [
+                stage_transfer_s(
+                    num_bytes,
+                    cluster=cluster,
+                    sender_size=sender.size,
+                    receiver_size=receiver.size,
+                    sender_nodes=sender.num_nodes,
+                    crosses_nodes=crosses,
+                )
+                for num_bytes in crossing[i]
+            ]
         return max(directions) if longest_direction else sum(directions)
 
     return boundary_s
