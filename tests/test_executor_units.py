@@ -15,7 +15,7 @@ from executors.parallel.dtensor_edges import to_placements
 from executors.parallel.pipeline import check_pipeline, stage_segments
 from executors.parity import compare
 from executors.session import split_batch
-from executors.training.program import write_program
+from executors.training.program import describe_program, program_to_run, write_program
 from planner.api import plan_model_file
 from planner.costing.setup import plan_setup
 from planner.errors import AutoplanError
@@ -122,6 +122,30 @@ def test_compiled_program_names_its_launch(tmp_path: Path) -> None:
         assert part in text, part  # the program keeps these in plain sight
     assert (tmp_path / "out" / "plan.json").is_file()
     compile(text, str(program), "exec")
+
+
+def test_plan_run_runs_the_compiled_program_and_says_if_it_was_edited(tmp_path: Path) -> None:
+    """``plan run DIR`` and ``plan run DIR/plan.json`` run DIR/train.py (edits included); a bare plan file runs
+    the stock program; the line printed first says which, and whether the program was edited."""
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    plan = plan_model_file(MLP, cluster, batch_size=16, method="data-parallel")
+    here, moved = tmp_path / "here", tmp_path / "moved"
+    program = write_program(plan, here)
+    for target in (here, here / "plan.json"):
+        chosen = program_to_run(target)
+        assert (chosen.plan_path, chosen.program) == (here / "plan.json", program)
+    assert "(as compiled)" in describe_program(plan, program)
+    here.rename(moved)  # the text does not name its directory: a moved program is still "as compiled"
+    assert "(as compiled)" in describe_program(plan, moved / "train.py")
+    edited = (moved / "train.py").read_text().replace("def make_dataloader", "def make_dataloader  # mine\ndef _x")
+    (moved / "train.py").write_text(edited)
+    assert "edited since `plan compile`" in describe_program(plan, moved / "train.py")
+    (tmp_path / "plan.json").write_text((moved / "plan.json").read_text())
+    bare = program_to_run(tmp_path / "plan.json")  # no train.py beside it: the stock program
+    assert bare.program is None and "stock train.py" in describe_program(plan, None)
+    (moved / "train.py").unlink()
+    with pytest.raises(AutoplanError, match=r"has no train\.py"):
+        program_to_run(moved)
 
 
 def test_a_failed_timing_job_names_the_workers_exception() -> None:

@@ -72,6 +72,13 @@ def test_compiled_program_runs_under_torchrun(mlp_plan: Path, tmp_path: Path) ->
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "parity match" in run.stdout
+    program = out / "train.py"  # edited as a user edits it: `plan run DIR` runs the edit, and says so
+    marker = 'def make_dataloader(rank_info):\n    print("my data loader", flush=True)\n'
+    program.write_text(program.read_text().replace("def make_dataloader(rank_info):\n", marker))
+    edited = plan_cli("run", str(out), "--steps", "1", "--check-parity")
+    assert edited.returncode == 0, edited.stderr[-2000:]
+    assert f"plan run: program: {program} (edited since `plan compile`" in edited.stdout
+    assert "my data loader" in edited.stdout and "parity match" in edited.stdout
 
 
 def test_parity_mismatch_exits_non_zero(tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
 """``plan run``: start one process per device of a plan with torch.distributed's launcher.
 
 :func:`launch` checks everything it can before starting anything (the plan file, the options, the
-model file and its fingerprint — one clear error, exit 2, nothing started), writes the training
-program with :func:`executors.training.program.write_program` into a temporary directory (so ``plan run``
-and a compiled ``train.py`` are the same code path) and runs it under torchrun's elastic agent
+model file and its fingerprint — one clear error, exit 2, nothing started), says which program it runs
+(:func:`executors.training.program.describe_program`) — a compiled directory's own ``train.py``, edits
+included, or for a bare plan file the stock program written by
+:func:`executors.training.program.write_program` into a temporary directory (so ``plan run``
+and a compiled ``train.py`` are the same code path) — and runs it under torchrun's elastic agent
 (``torch.distributed.launcher.api.elastic_launch``) on this machine, one process per device of the
 plan, no restarts. When a rank fails the agent stops every other rank (SIGTERM, then
 SIGKILL) and :func:`launch` prints one line naming the failing rank; ranks that hang are ended by
@@ -28,7 +30,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from executors.training.program import write_program
+from executors.training.program import describe_program, program_to_run, write_program
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, load_plan
@@ -91,21 +93,26 @@ def check_host(plan: Plan, *, backend: str) -> None:
 
 
 def launch(
-    plan_path: str | Path,
+    target: str | Path,
     program_args: Sequence[str],
     *,
     backend: str | None = None,
     check_plan: Callable[[Plan, OpGraph], None] | None = None,
 ) -> int:
-    """Run the plan at ``plan_path`` with its training program on this machine; returns the exit code
-    (0 ok, 1 a rank failed or parity broke, 2 bad input). ``check_plan(plan, graph at the microbatch
-    size)`` raises AutoplanError for a plan that must not start."""
-    plan = load_plan(plan_path)
+    """Run ``target`` on this machine — a compiled program's directory or its ``plan.json`` (that ``train.py``,
+    edits included), or a plan file (the stock program: :func:`executors.training.program.program_to_run`) — and
+    return the exit code (0 ok, 1 a rank failed or parity broke, 2 bad input). Prints which program runs first.
+    ``check_plan(plan, graph at the microbatch size)`` raises AutoplanError for a plan that must not start."""
+    chosen = program_to_run(Path(target))
+    plan = load_plan(chosen.plan_path)
     check_host(plan, backend=backend or backend_for(plan.cluster))
     graph = preflight(plan)
     if check_plan is not None:
         check_plan(plan, graph)
+    print(f"plan run: {describe_program(plan, chosen.program)}", flush=True)
     args = [*program_args, *(["--backend", backend] if backend else [])]
+    if chosen.program is not None:
+        return _elastic_run(chosen.program, args, nproc=plan.cluster.num_devices)
     with tempfile.TemporaryDirectory(prefix="autoplan-run-") as directory:
         program = write_program(plan, Path(directory))
         return _elastic_run(program, args, nproc=plan.cluster.num_devices)

@@ -12,11 +12,11 @@ stages and shards, microbatches, gradient synchronisation, sharded checkpoints. 
 below: the model, the data, the loss, the optimizer, the learning-rate schedule, gradient clipping,
 checkpoints and logging.
 
-Launch one process per device ($devices devices):
+Launch one process per device ($devices devices), from this directory:
 
     $launch
 $launch_note
-Try it first on this machine's CPU processes with `plan run plan.json` (same program).
+Try it first on this machine's CPU processes with `plan run .` here (this program, your edits included).
 Options: python train.py --help
 """
 

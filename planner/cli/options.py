@@ -35,10 +35,15 @@ class UsageParser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def plan_file_parser(*, prog: str, description: str) -> UsageParser:
-    """The parser of a command that reads a plan file (``run``, ``compile``, ``show``): its ``PLAN.json``."""
+def plan_file_parser(*, prog: str, description: str, program_dir: bool = False) -> UsageParser:
+    """The parser of a command that reads a plan file (``run``, ``compile``, ``show``): its ``PLAN.json``
+    (``program_dir``: or a directory ``plan compile`` wrote)."""
     parser = UsageParser(prog=prog, description=description)
-    parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
+    if program_dir:
+        help_text = "a plan written by `plan ... --out PLAN.json`, or a directory `plan compile --out DIR` wrote"
+        parser.add_argument("plan", metavar="PLAN.json|DIR", help=help_text)
+    else:
+        parser.add_argument("plan", metavar="PLAN.json", help="a plan written by `plan ... --out PLAN.json`")
     return parser
 
 

@@ -4,7 +4,8 @@ The executing lives in :mod:`executors` (launch, program); this module parses th
 and, before anything starts, refuses a plan whose stored strategies no sharding rule produces
 (:func:`planner.costing.stage_work.check_plan_strategies`, on the graph the launcher's preflight
 captured: a hand-edited plan is refused, not guessed at). ``run`` starts one process per device of
-the plan on this machine with torch.distributed's launcher and prints loss and step time per step;
+the plan on this machine with torch.distributed's launcher — a compiled directory's own program, edits
+included, or the stock one for a bare plan file — and prints loss and step time per step;
 ``compile`` writes ``DIR/train.py`` and ``DIR/plan.json`` for ``torchrun`` on one machine or many.
 """
 
@@ -20,9 +21,12 @@ def _run_parser() -> argparse.ArgumentParser:
 
     parser = plan_file_parser(
         prog="plan run",
+        program_dir=True,
         description=(
-            "Train the plan's model for a few steps on this machine: `plan compile` writes the plan's training "
-            "program (train.py) into a temporary directory and torchrun starts one process per device of the plan "
+            "Train the plan's model for a few steps on this machine. Given a directory `plan compile` wrote (or its "
+            "plan.json), it runs that directory's train.py, your edits included; given any other plan file, the stock "
+            "program (train.py written into a temporary directory); it says which before it starts. torchrun starts "
+            "one process per device of the plan "
             "(gloo and CPU processes for a CPU plan, nccl and one GPU each for a GPU plan; a GPU plan needs that many "
             "GPUs here and one node). The model file named in the plan is rebuilt with a fixed seed and checked "
             "against the plan's fingerprint. Prints loss, step time, throughput and MFU per step beside the plan's "
@@ -94,14 +98,15 @@ def program_args(args: argparse.Namespace) -> list[str]:
 
 def run_run(argv: Sequence[str]) -> int:
     from executors.training.launch import launch
+    from executors.training.program import program_to_run
     from planner.costing.stage_work import check_plan_strategies
 
     args = _run_parser().parse_args(list(argv))
-    _check_runtime(args.plan, what="plan run")
+    _check_runtime(program_to_run(Path(args.plan)).plan_path, what="plan run")
     return launch(args.plan, program_args(args), backend=args.backend, check_plan=check_plan_strategies)
 
 
-def _check_runtime(path: str, *, what: str) -> None:
+def _check_runtime(path: str | Path, *, what: str) -> None:
     """Refuse a plan whose estimate describes another runtime than our executors (``plan --runtime``)."""
     from planner.costing.runtime_profiles import runtime_profile
     from planner.errors import AutoplanError
@@ -147,7 +152,7 @@ def run_compile(argv: Sequence[str]) -> int:
     program = write_program(plan, out)
     print(f"wrote {program} (yours to edit: data loader, loss, optimizer, schedule) and {out / 'plan.json'}")
     if is_cpu_cluster(plan.cluster):
-        print(f"try it here: plan run {out / 'plan.json'} --steps 10 --check-parity")
+        print(f"try it here: plan run {out} --steps 10 --check-parity   (runs {program}, your edits included)")
     print(f"launch: {torchrun_command(plan.cluster, str(program), args='--steps 100')}")
     note = multi_node_note(plan.cluster)
     if note:
