@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import logging
 import unittest.mock
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -136,6 +137,22 @@ def _val_metas(value: Any) -> tuple[TensorMeta, ...]:
     return tuple(tensor_meta(item) for item in flat if isinstance(item, torch.Tensor))
 
 
+# what torch.export (a guard on an unbacked symbol) and torch.fx (a Proxy in an `if`) say of a branch on data
+_DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent expression", "used as inputs to control flow")
+
+
+def _tracer_error(what: str, error: Exception, *, other: str) -> str:
+    """The one line for a capture that failed: a branch on a tensor's value is named with what to change (no
+    tracer captures it, so the other tracer is no advice); any other failure suggests the other tracer."""
+    text = f"{what} the model ({first_line(error)})"
+    if any(marker in str(error) or marker in type(error).__name__ for marker in _DATA_DEPENDENT):
+        return (
+            f"{text}: the forward branches on a tensor's value, which no tracer can capture; branch on a Python "
+            "flag or on the input's shape instead, or write the branch with torch.cond"
+        )
+    return f"{text}; try --tracer {other}"
+
+
 def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: GraphBuilder) -> None:
     from torch.export import export
     from torch.export.graph_signature import InputKind
@@ -144,9 +161,7 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: Gr
         with contextlib.redirect_stderr(io.StringIO()), _without_stack_traces():
             program = export(model, inputs, strict=False)
     except Exception as error:
-        raise AutoplanError(
-            f"torch.export could not capture the model ({first_line(error)}); try --tracer fx"
-        ) from None
+        raise AutoplanError(_tracer_error("torch.export could not capture", error, other="fx")) from None
     if _has_opaque_calls(program.graph):
         try:  # lowers predispatch vmap (HF transformers 4.5x masks) and higher-order ops to plain ATen
             with warnings.catch_warnings():
@@ -200,9 +215,17 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: Gr
 @contextlib.contextmanager
 def _without_stack_traces() -> Iterator[None]:
     """torch.fx records a Python stack trace per traced node (``fx.config.do_not_emit_stack_traces``);
-    capture reads none, so it is switched off for the export and restored after."""
-    with unittest.mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
-        yield
+    capture reads none, so it is switched off for the export and restored after. The shape solver's warnings
+    (its own log handler, which ``redirect_stderr`` does not reach) are held back too: a failed export is
+    reported in one line."""
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = shapes_log.level
+    shapes_log.setLevel(logging.ERROR)
+    try:
+        with unittest.mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
+            yield
+    finally:
+        shapes_log.setLevel(level)
 
 
 def _has_opaque_calls(graph: fx.Graph) -> bool:
@@ -243,7 +266,7 @@ def _capture_fx(model: torch.nn.Module, inputs: tuple[Any, ...], builder: GraphB
     try:
         graph = _ThroughTracer().trace(model)
     except Exception as error:
-        raise AutoplanError(f"torch.fx could not trace the model ({first_line(error)}); try --tracer export") from None
+        raise AutoplanError(_tracer_error("torch.fx could not trace", error, other="export")) from None
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     env: dict[str, Any] = {}
