@@ -15,6 +15,7 @@ from executors.parallel.dtensor_edges import to_placements
 from executors.parallel.pipeline import check_pipeline, stage_segments
 from executors.parity import compare
 from executors.session import split_batch
+from executors.training.launch import crowded_cores_warning
 from executors.training.program import describe_program, program_to_run, write_program
 from planner.api import plan_model_file
 from planner.costing.setup import plan_setup
@@ -155,3 +156,12 @@ def test_a_failed_timing_job_names_the_workers_exception() -> None:
     assert root_cause(stderr) == "[rank0]: ValueError: too few microbatches"
     assert root_cause("RuntimeError: gloo\nChildFailedError: boom") == "ChildFailedError: boom"
     assert root_cause("") == "no output"
+
+
+def test_cpu_ranks_beyond_the_cores_get_one_warning() -> None:
+    assert crowded_cores_warning(4, cores=2, backend="gloo") == (
+        "4 CPU processes share 2 core(s) here: they take turns, so the step times will not mean much (losses and "
+        "the parity check still do)"
+    )
+    assert crowded_cores_warning(2, cores=2, backend="gloo") is None
+    assert crowded_cores_warning(8, cores=2, backend="nccl") is None  # one GPU per rank: the cores do not bound it

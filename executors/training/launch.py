@@ -14,6 +14,7 @@ the process-group timeout (``--timeout-s``), so no run waits forever and no proc
 :func:`check_host` refuses, in one line, a GPU plan this machine cannot host (too few CUDA devices,
 or several nodes). For several machines, compile the program (``plan compile``) and start it with
 torchrun on each node (the line ``plan compile`` prints; see the README).
+:func:`crowded_cores_warning` is the one warning for CPU ranks that outnumber this machine's cores.
 
 :func:`torchrun_argv` is the command that starts a script or module on this machine's processes under
 torchrun: the timing job (:func:`executors.measure.step_timing.run_timing`), benchmarks and tests launch with it.
@@ -71,6 +72,17 @@ def preflight(plan: Plan) -> OpGraph:
     return load_workload(plan, seed=0, device="cpu").graph_at(plan.batch_size // plan.num_microbatches)
 
 
+def crowded_cores_warning(num_ranks: int, *, cores: int, backend: str | None) -> str | None:
+    """One warning for CPU ranks that outnumber this machine's cores: they take turns, so the measured step
+    says little about the plan (the losses and the parity check are unaffected); None otherwise."""
+    if backend == "nccl" or num_ranks <= cores:
+        return None
+    return (
+        f"{num_ranks} CPU processes share {cores} core(s) here: they take turns, so the step times will not mean "
+        "much (losses and the parity check still do)"
+    )
+
+
 def check_host(plan: Plan, *, backend: str) -> None:
     """This machine can start every rank of the plan (one line naming what to do otherwise)."""
     cluster = plan.cluster
@@ -105,11 +117,15 @@ def launch(
     ``check_plan(plan, graph at the microbatch size)`` raises AutoplanError for a plan that must not start."""
     chosen = program_to_run(Path(target))
     plan = load_plan(chosen.plan_path)
-    check_host(plan, backend=backend or backend_for(plan.cluster))
+    effective = backend or backend_for(plan.cluster)
+    check_host(plan, backend=effective)
     graph = preflight(plan)
     if check_plan is not None:
         check_plan(plan, graph)
     print(f"plan run: {describe_program(plan, chosen.program)}", flush=True)
+    crowded = crowded_cores_warning(plan.cluster.num_devices, cores=os.cpu_count() or 1, backend=effective)
+    if crowded is not None:
+        sys.stderr.write(f"plan run: warning: {crowded}\n")
     args = [*program_args, *(["--backend", backend] if backend else [])]
     if chosen.program is not None:
         return _elastic_run(chosen.program, args, nproc=plan.cluster.num_devices)
