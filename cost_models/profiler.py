@@ -38,7 +38,6 @@ import os
 import platform
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ from torch.utils._pytree import tree_flatten
 from cost_models.compute import NodeTime
 from cost_models.units import GIB
 from planner.atomic_file import write_text_atomic
-from planner.errors import AutoplanError
+from planner.errors import AutoplanError, warn
 from planner.ir.graph import NodeKind, OpGraph, OpNode, TensorMeta
 from planner.ir.node_call import bind_call, resolve_target, torch_dtype
 
@@ -135,7 +134,7 @@ def _read_cache_file(path: Path, *, quiet: bool = False) -> dict[str, dict[str, 
         return _parse_cache(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
         if not quiet:
-            warnings.warn(f"ignoring unreadable profile cache {path}: {type(error).__name__}: {error}", stacklevel=3)
+            warn(f"ignoring unreadable profile cache {path}: {type(error).__name__}: {error}")
         return {}
 
 

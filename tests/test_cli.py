@@ -244,3 +244,20 @@ def test_the_command_leaves_the_warning_handler_as_it_found_it(tmp_path: Path) -
     before = warnings.showwarning
     assert main(["show", str(tmp_path / "missing.json")]) == 2
     assert warnings.showwarning is before
+
+
+def test_a_warning_is_one_line_of_ours_shown_once(capsys: pytest.CaptureFixture) -> None:
+    from planner.cli.options import one_line_warnings
+    from planner.errors import AutoplanWarning, warn
+
+    with one_line_warnings():
+        warn("no sharding rule for aten.x: it is replicated")
+        warn("no sharding rule for aten.x: it is replicated")  # a second stage problem: not repeated
+        warn("could not run aten.y on meta tensors")
+    assert capsys.readouterr().err == (
+        "plan: warning: no sharding rule for aten.x: it is replicated\n"
+        "plan: warning: could not run aten.y on meta tensors\n"
+    )
+    with pytest.warns(AutoplanWarning) as caught:  # from Python: our category, pointing at no line of autoplan
+        warn("ignoring unreadable profile cache")
+    assert caught[0].filename == "autoplan" and caught[0].category is AutoplanWarning

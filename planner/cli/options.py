@@ -327,10 +327,14 @@ def _microbatches(text: str) -> int | None:
 
 @contextlib.contextmanager
 def one_line_warnings() -> Iterator[None]:
-    """Inside, each warning prints as one ``plan: warning: ...`` line; the previous handler is back after."""
+    """Inside, each warning prints once as one ``plan: warning: ...`` line; the previous handler is back after."""
+    shown: set[str] = set()
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        sys.stderr.write(f"plan: warning: {str(message).splitlines()[0]}\n")
+        text = str(message).splitlines()[0]
+        if text not in shown:
+            shown.add(text)
+            sys.stderr.write(f"plan: warning: {text}\n")
 
     with warnings.catch_warnings():  # restores warnings.showwarning and the filters on exit
         warnings.showwarning = show

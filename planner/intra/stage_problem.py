@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 
 from cost_models.memory import kept_under_recompute, saved_values
 from planner.costing.node_cost import NodeCost, grad_values, node_cost, strategy_context
 from planner.costing.setup import CostSetup
+from planner.errors import warn
 from planner.intra.problem import StrategyEdge, StrategyProblem, evaluate
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.layers import collapse_identical_layers
@@ -128,7 +128,7 @@ def build_stage_problem(
         memory_budget=setup.memory_budget_bytes,
     )
     for target in sorted(set(unruled)):
-        warnings.warn(f"no sharding rule for {target}: it is replicated", stacklevel=2)
+        warn(f"no sharding rule for {target}: it is replicated")
     return StageProblem(
         graph=graph,
         mesh=mesh,

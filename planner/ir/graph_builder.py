@@ -3,13 +3,12 @@ each operator's outputs, FLOPs and bytes from a run on meta tensors, once per di
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch.fx as fx
 
-from planner.errors import AutoplanError
+from planner.errors import AutoplanError, warn
 from planner.ir.custom_flops import custom_flops, is_custom
 from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind, op_base_name
 from planner.ir.node_call import MetaResult, trace_on_meta
@@ -73,10 +72,7 @@ class GraphBuilder:
                 flops_fwd, flops_bwd = known, 2 * known
             elif target not in self.unknown_custom:
                 self.unknown_custom.add(target)
-                warnings.warn(
-                    f"no FLOP count for custom operator {target} (node {name}): its time is its bytes moved alone",
-                    stacklevel=2,
-                )
+                warn(f"no FLOP count for custom operator {target} (node {name}): its time is its bytes moved alone")
         node = OpNode(
             name=name,
             target=target,
@@ -103,7 +99,7 @@ class GraphBuilder:
             try:
                 self._meta_cache[key] = trace_on_meta(target, args, kwargs, input_metas, frozen=frozen)
             except Exception as error:
-                warnings.warn(f"could not run {target} on meta tensors ({first_line(error)})", stacklevel=2)
+                warn(f"could not run {target} on meta tensors ({first_line(error)})")
                 self._meta_cache[key] = None
         return self._meta_cache[key]
 
