@@ -101,15 +101,31 @@ class ParityResult:
     rtol: float = RTOL
     atol: float = ATOL
     grad_norm_diff: float = 0.0
+    hint: str = ""  # the likely cause of a mismatch, when the figures point at one (:func:`likely_cause`)
 
     def describe(self) -> str:
         verdict = "match" if self.ok else "MISMATCH"
         missing = f", {len(self.missing)} gradients missing (e.g. {self.missing[0]})" if self.missing else ""
+        hint = f"; likely cause: {self.hint}" if self.hint else ""
         return (
             f"parity {verdict}: loss diff {self.loss_diff:.2e}, largest gradient diff {self.max_grad_diff:.2e} "
             f"({self.worst}){missing}, gradient norm diff {self.grad_norm_diff:.2e} "
-            f"[rtol {self.rtol:g}, atol {self.atol:g}]"
+            f"[rtol {self.rtol:g}, atol {self.atol:g}]{hint}"
         )
+
+
+def likely_cause(loss: float, reference_loss: float) -> str:
+    """A loss ``k`` times the other's (``k`` a whole number ≥ 2) is a loss that sums over the batch's rows: the
+    parallel run averages its microbatches' and replicas' losses, which equals one device's only for a mean."""
+    if loss == 0 or reference_loss == 0 or (loss > 0) != (reference_loss > 0):
+        return ""
+    ratio = max(loss / reference_loss, reference_loss / loss)
+    if round(ratio) >= 2 and abs(ratio - round(ratio)) <= 1e-3 * ratio:
+        return (
+            f"the loss is {round(ratio)}x the other run's: a loss summed over the batch's rows (reduction=\"sum\"); "
+            "the parallel run averages its microbatches' and replicas' losses, so the loss must be a batch mean"
+        )
+    return ""
 
 
 def compare(
@@ -148,4 +164,5 @@ def compare(
         rtol=rtol,
         atol=atol,
         grad_norm_diff=norm_diff,
+        hint="" if ok else likely_cause(loss, reference_loss),
     )

@@ -71,6 +71,15 @@ def test_parity_verdict_names_the_worst_gradient() -> None:
     assert good.ok and not bad.ok and not missing.ok
     assert bad.worst == "b" and abs(bad.max_grad_diff - 1e-2) < 1e-6
     assert "MISMATCH" in bad.describe() and "missing" in missing.describe()
+    assert "likely cause" not in bad.describe()  # equal losses: nothing points at the loss
+
+
+def test_a_summed_loss_is_named_as_the_likely_cause() -> None:
+    reference = {"w": torch.full((2,), 4.0)}
+    summed = compare(1.5, 6.0, {"w": torch.ones(2)}, reference)  # one device sums 4 microbatches' rows
+    assert not summed.ok and 'reduction="sum"' in summed.describe() and "4x" in summed.describe()
+    other = compare(1.37, 1.0, {"w": torch.ones(2)}, {"w": torch.ones(2)})
+    assert not other.ok and "likely cause" not in other.describe()
 
 
 def test_placements_in_dtensor_words() -> None:
