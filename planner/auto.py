@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from cost_models.units import GIB
 from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, least_memory
 from planner.baselines.handwritten_plan import megatron_at_scale, pure_data_parallel
-from planner.baselines.method_options import gib_text
+from planner.baselines.method_options import gib_text, state_too_large_message
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.planning_input import PlanningInput
@@ -108,7 +108,11 @@ def _add_schedule_variants(
 
 
 def _does_not_fit(settings: list[PipelineChoice], setup: CostSetup, options: PlanOptions) -> str:
-    """Why no candidate fits, with what the smallest hand-written plan under the asked choices needs."""
+    """Why no candidate fits: the model state alone (:func:`state_too_large_message`), or what the smallest
+    hand-written plan under the asked choices needs."""
+    state = state_too_large_message(setup, settings[0].graph.num_params) if settings else None
+    if state is not None:
+        return state
     failure = next((s.failure for s in reversed(settings) if s.failure), "")
     found = [least_memory(settings, setup, options=options, method=method) for method in HANDWRITTEN]
     smallest = min((candidate.memory_bytes for candidate in found if candidate is not None), default=None)

@@ -152,6 +152,19 @@ BAD_CASES = {
             "--model-arg",
             "size=39b",
         ],
+        # the state alone exceeds every device: only more devices help, and the message says how many
+        r"alone need 73.6 GiB per device even split over all 8 devices, the budget is 13.7 GiB .*at least 43 devices",
+    ),
+    "does not fit (the batch)": (
+        lambda t: [
+            str(EXAMPLES / "gpt.py"),
+            "--cluster",
+            "p3.16xlarge",
+            "--batch-size",
+            "8192",
+            "--model-arg",
+            "size=2.6b",
+        ],
         r"does not fit in 13.7 GiB per device with any pipeline, sharding or recomputation.*--zero",  # 16 less 2.3
     ),
     "does not fit (data parallel)": (

@@ -12,6 +12,7 @@ from cost_models.cluster import load_cluster
 from cost_models.communication import axis_groups
 from planner.auto import auto_plan
 from planner.baselines.handwritten import megatron_grid
+from planner.errors import AutoplanError
 from planner.inter.planning_input import PlanningInput
 from planner.inter.pricing import price_stages
 from planner.inter.search import (
@@ -260,3 +261,14 @@ def test_the_simulator_charges_a_tied_weights_gradient_sync_as_the_estimate_does
     without = lowering.lower_plan(plan, graph, setup)
     assert [a - b for a, b in zip(charged.step_s, without.step_s, strict=True)] == pytest.approx([tied, tied])
     assert with_tied - lowering.simulate_lowered(without).step_time_s == pytest.approx(tied)
+
+
+def test_a_model_whose_state_alone_exceeds_every_device_is_told_to_add_devices() -> None:
+    """No batch, recomputation or ZeRO level helps when weights, gradients and optimizer state split over every
+    device exceed the budget: the message says how many devices would hold them, and gives no advice that cannot
+    help."""
+    graphs = graphs_for("gpt", 16, size="tiny", layers=4)
+    setup = cluster_setup("dgx-a100", 1, 2, memory_gib=0.0005)
+    with pytest.raises(AutoplanError, match=r"alone need .* use at least \d+ devices") as raised:
+        auto_plan(PlanningInput(graphs=graphs, setup=setup, options=PlanOptions()))
+    assert "lower the batch" not in str(raised.value) and "--zero" not in str(raised.value)

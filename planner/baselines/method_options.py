@@ -15,6 +15,9 @@ Every method plans with every option it is given or refuses it before any work (
 
 from __future__ import annotations
 
+import math
+
+from cost_models.memory import model_state_bytes
 from cost_models.units import GIB
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
@@ -79,6 +82,22 @@ def does_not_fit_message(method: str, options: PlanOptions, setup: CostSetup, ne
     return (
         f"does not fit: the smallest {plan_words} needs {gib_text(needed_bytes)} GiB per device, the budget is "
         f"{setup.describe_budget()}: add devices, lower the batch, or allow more (--zero, --remat)"
+    )
+
+
+def state_too_large_message(setup: CostSetup, num_params: int) -> str | None:
+    """When the weights, gradients and optimizer state alone exceed the budget even split over every device (the
+    least any layout holds: :func:`cost_models.memory.model_state_bytes` over ``N`` shards), the one change that
+    helps — more devices, at least how many — since no batch, recomputation or ZeRO level can; None otherwise."""
+    num_devices, budget = setup.cluster.num_devices, setup.memory_budget_bytes
+    total = model_state_bytes(num_params, optimizer=setup.optimizer)
+    if total / num_devices <= budget:
+        return None
+    return (
+        f"does not fit: the weights, gradients and optimizer state ({setup.optimizer}) alone need "
+        f"{gib_text(total / num_devices)} GiB per device even split over all {num_devices} devices, the budget is "
+        f"{setup.describe_budget()}: no batch, recomputation or ZeRO level changes that; use at least "
+        f"{math.ceil(total / budget)} devices at this budget"
     )
 
 
