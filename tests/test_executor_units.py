@@ -174,3 +174,19 @@ def test_cpu_ranks_beyond_the_cores_get_one_warning() -> None:
     )
     assert crowded_cores_warning(2, cores=2, backend="gloo") is None
     assert crowded_cores_warning(8, cores=2, backend="nccl") is None  # one GPU per rank: the cores do not bound it
+
+
+def test_a_moved_model_file_stops_the_program_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The compiled program loads its plan and model file at import: a file that moved is one line, exit 2."""
+    from executors.training import runtime
+
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    plan = plan_model_file(MLP, cluster, batch_size=16, method="data-parallel")
+    moved = replace(plan, model=replace(plan.model, file=str(tmp_path / "gone.py")))
+    with pytest.raises(SystemExit) as stopped:
+        runtime.load_model_file(moved)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and "gone.py" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit):
+        runtime.load_plan(tmp_path / "missing.json")

@@ -71,14 +71,33 @@ __all__ = [
 
 
 def load_plan(path: str | Path) -> Plan:
-    return _load_plan(path)
+    """The plan beside the program; one line and exit code 2 when it cannot be read (the program's first lines
+    call this, before :func:`run` can turn errors into lines)."""
+    with _bad_input_exits():
+        return _load_plan(path)
 
 
 def load_model_file(plan: Plan) -> ModelFile:
-    """The plan's model file, imported (``build_model``, ``example_inputs``, ``loss_fn``, ...)."""
-    if plan.model.file is None:
-        raise AutoplanError("the plan has no model file (it was planned from Python): plan it with the `plan` command")
-    return _load_model_file(plan.model.file)
+    """The plan's model file, imported (``build_model``, ``example_inputs``, ``loss_fn``, ...); a missing or
+    moved file is one line and exit code 2, as in :func:`load_plan`."""
+    with _bad_input_exits():
+        if plan.model.file is None:
+            raise AutoplanError(
+                "the plan has no model file (it was planned from Python): plan it with the `plan` command"
+            )
+        return _load_model_file(plan.model.file)
+
+
+@contextlib.contextmanager
+def _bad_input_exits() -> Iterator[None]:
+    """An AutoplanError inside is the user's to fix: one ``train.py: error: ...`` line (from rank 0 only, as every
+    rank hits it), exit code 2, no traceback."""
+    try:
+        yield
+    except AutoplanError as error:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"train.py: error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 @dataclass(frozen=True, kw_only=True)
