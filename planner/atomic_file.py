@@ -26,12 +26,13 @@ def write_text_atomic(path: Path, text: str, *, what: str = "file") -> None:
         Path(temp_name).unlink(missing_ok=True)
 
 
-def save_figure_atomic(figure: Any, path: Path, *, dpi: int = 120) -> None:
-    """Save a matplotlib figure as PNG beside ``path``, then rename it over ``path``; closes nothing."""
+def save_figure_atomic(figure: Any, path: Path, *, dpi: int = 120, tight: bool = False) -> None:
+    """Save a matplotlib figure as PNG beside ``path``, then rename it over ``path``; closes nothing. ``tight``:
+    crop or grow the page to every artist drawn (``bbox_inches="tight"``), so a legend outside the axes is kept."""
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
     os.close(handle)
     try:
-        figure.savefig(temp_name, dpi=dpi)
+        figure.savefig(temp_name, dpi=dpi, bbox_inches="tight" if tight else None)
         os.replace(temp_name, path)
     except OSError as error:
         raise AutoplanError(f"cannot write figure {path}: {error.strerror or error}") from None

@@ -16,7 +16,8 @@ from cost_models.cluster import load_cluster
 from cost_models.simulator import Span
 from planner.api import plan_model_file
 from planner.cli.main import main
-from planner.cli.plan_figure import classify, device_label, mesh_position, timeline_rows
+from planner.cli.plan_figure_grid import device_label, mesh_position
+from planner.cli.plan_figure_timeline import classify, timeline_rows
 from planner.plan import Plan, Stage, save_plan
 from tests.conftest import EXAMPLES, ROOT
 
