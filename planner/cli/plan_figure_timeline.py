@@ -13,7 +13,9 @@ microbatch 3, chunk 2), ``B3 c2`` (backward, ``B3 c2 part 1`` where its gradient
 :func:`timeline_rows`: one row per device of each rank (``dev 0 (S0,S4)``: the stages it hosts), or one
 per rank on more than :data:`MAX_DEVICE_ROWS` devices, then one per link (one per sending rank beyond
 :data:`MAX_LINK_ROWS`). :func:`timeline_bars` puts each span on its rows as a :class:`Bar` of a kind
-(:func:`classify`): forward, backward, backward for inputs, backward for weights (hatched), step, transfer.
+(:func:`classify`): forward, backward, backward for inputs, backward for weights (hatched), step, transfer, and
+a bucket's gradient all-reduce (``sync bucket k``) on the rows of the rank whose gradients it sums
+(:func:`bucket_owners`), drawn as a line above the row.
 :func:`draw_timeline` draws them, a thin strip in the stage's colour under each compute bar when a rank
 holds several stages, and a legend of the kinds present outside the axes.
 """
