@@ -66,7 +66,7 @@ def run(size: str, batch_size: int, tracer: str) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| size | parameters | nodes | build s | capture s | peak RSS MiB |",
+        "| size | parameters | operators | build s | capture s | peak RSS MiB |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:

@@ -64,7 +64,7 @@ def run_case(size: str, overrides: dict, num_nodes: int, batch_size: int) -> lis
             )
             continue
         total = time.perf_counter() - started
-        case = f"{size}, {overrides.get('layers', model.cfg.layers)} layers, {len(graph)} nodes"
+        case = f"{size}, {overrides.get('layers', model.cfg.layers)} layers, {len(graph)} operators"
         rows.append(
             _solved_row(result, case=case, devices=cluster.num_devices, shape=shape, total_s=total, setup=setup)
         )
