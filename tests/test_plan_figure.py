@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from cost_models.simulator import SimResult, Span
 from planner.api import plan_model_file
 from planner.cli.plan_figure import DPI, draw_plan, plan_figure
 from planner.cli.plan_figure_grid import stage_legend, stages_by_device
-from planner.cli.plan_figure_timeline import bucket_owners, classify, timeline_bars
+from planner.cli.plan_figure_timeline import bucket_owners, classify, timeline_bars, timeline_rows
 from planner.cli.show import simulate_recorded
 from planner.plan import Plan
 from tests.conftest import EXAMPLES
@@ -122,3 +123,12 @@ def test_the_split_backward_and_bucket_syncs_are_told_apart() -> None:
     spans = [span("W3 c4", "rank 0"), span("W3 c5", "rank 1", 5.0), span("sync bucket 0", "sync after 99", 1.0)]
     spans += [span("sync bucket 0", "B3 c5 sync", 2.0), span("sync bucket 0", "sync after 7", 3.0)]
     assert bucket_owners(plan, spans) == {"sync after 99": "rank 0", "B3 c5 sync": "rank 1"}
+
+
+def test_large_clusters_get_a_row_per_rank_naming_its_virtual_stages() -> None:
+    plan, _ = planned("interleaved")
+    low, high = tuple(range(32)), tuple(range(32, 64))
+    stages = [replace(stage, devices=low if stage.index % 2 == 0 else high, mesh_shape=(32,)) for stage in plan.stages]
+    rows, rows_of = timeline_rows(replace(plan, stages=tuple(stages)), [])
+    assert rows == ["S0,S2 (dev 0..31)", "S1,S3 (dev 32..63)"]
+    assert rows_of == {"rank 0": ["S0,S2 (dev 0..31)"], "rank 1": ["S1,S3 (dev 32..63)"]}
