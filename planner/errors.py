@@ -26,11 +26,14 @@ class AutoplanWarning(UserWarning):
     it as ``warnings.filterwarnings("ignore", category=AutoplanWarning)``)."""
 
 
-# each message once per process, unless the user's own filters say otherwise (theirs come first: appended)
-warnings.filterwarnings("once", category=AutoplanWarning, append=True)
-
-
 def warn(message: str) -> None:
     """Issue ``message`` as an :class:`AutoplanWarning` in one line: it concerns the user's input, so it points at
-    no line of autoplan's source (shown as ``autoplan: AutoplanWarning: ...``). ``plan`` prints each once."""
-    warnings.warn_explicit(message, AutoplanWarning, filename="autoplan", lineno=0, module="autoplan")
+    no line of autoplan's source (shown as ``autoplan: AutoplanWarning: ...``). ``plan`` prints each once.
+
+    Under Python's default action for a UserWarning each message is shown once: the registry is this module's
+    ``__warningregistry__``, the one ``warnings.warn`` keeps for every module, so no filter of ours is installed and
+    the user's filters decide ("always", "ignore", "error")."""
+    registry = globals().setdefault("__warningregistry__", {})
+    warnings.warn_explicit(
+        message, AutoplanWarning, filename="autoplan", lineno=0, module="autoplan", registry=registry
+    )

@@ -274,3 +274,20 @@ def test_a_warning_is_one_line_of_ours_shown_once(capsys: pytest.CaptureFixture)
     with pytest.warns(AutoplanWarning) as caught:  # from Python: our category, pointing at no line of autoplan
         warn("ignoring unreadable profile cache")
     assert caught[0].filename == "autoplan" and caught[0].category is AutoplanWarning
+
+
+def test_a_warning_from_python_is_shown_once_under_the_default_filters() -> None:
+    from planner.errors import AutoplanWarning, warn
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own action for a UserWarning: once per place
+        warn("capture fell back to fx")
+        warn("capture fell back to fx")
+        warn("another message")
+    assert [str(w.message) for w in caught] == ["capture fell back to fx", "another message"]
+    assert all(w.category is AutoplanWarning for w in caught)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # the user's filter wins: no filter of ours overrides it
+        warn("capture fell back to fx")
+        warn("capture fell back to fx")
+    assert len(caught) == 2

@@ -1,4 +1,4 @@
-"""``plan profile MODEL_FILE``: a per-node table of shapes, FLOPs, time and memory.
+"""``plan profile MODEL_FILE``: a per-operator table of shapes, FLOPs, time and memory.
 
 Times are measured on this machine (one thread, as one local device) when the cluster's
 device is this machine's CPU, and come from the roofline of the cluster's device otherwise.
@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = UsageParser(
         prog="plan profile",
-        description="Per-node table: name, target, kind, output shape, FLOPs, forward/backward time, memory.",
+        description="Per-operator table: name, target, kind, output shape, FLOPs, forward/backward time, memory.",
     )
     add_model_options(parser)
     add_cluster_options(parser, required=False)
@@ -37,10 +37,12 @@ def _parser() -> argparse.ArgumentParser:
         "--measure",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="time nodes on this machine (auto: when the cluster's device is this CPU)",
+        help="time operators on this machine (auto: when the cluster's device is this CPU)",
     )
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per node (median is reported)")
-    parser.add_argument("--top", type=int, default=0, metavar="N", help="only the N slowest nodes (0: all, in order)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per operator (median is reported)")
+    parser.add_argument(
+        "--top", type=int, default=0, metavar="N", help="only the N slowest operators (0: all, in order)"
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     return parser
 
@@ -89,7 +91,7 @@ def run_profile(argv: Sequence[str]) -> int:
     )
     graph = capture(model, inputs, tracer=options.tracer)
     console = Console(stderr=True)
-    with console.status(f"timing {len(graph)} nodes"):
+    with console.status(f"timing {len(graph)} operators"):
         compute = _compute_model(graph, cluster, measure=options.measure, repeats=options.repeats)
     rows = profile_rows(graph, compute)
     shown = sorted(rows, key=lambda r: -(r["fwd_s"] + r["bwd_s"]))[: options.top] if options.top > 0 else rows
@@ -102,7 +104,7 @@ def run_profile(argv: Sequence[str]) -> int:
 
 def _table(shown: list[dict], rows: list[dict], cluster: Cluster, graph: OpGraph) -> Table:
     source = "measured here" if any(r["measured"] for r in rows) else f"roofline of {cluster.device.name}"
-    table = Table(title=f"{len(rows)} nodes, {graph.num_params / 1e6:,.2f}M parameters; times {source}")
+    table = Table(title=f"{len(rows)} operators, {graph.num_params / 1e6:,.2f}M parameters; times {source}")
     for column in ("name", "target", "kind", "output", "GFLOP f+b", "fwd ms", "bwd ms", "out MiB", "saved MiB"):
         table.add_column(
             column, justify="right" if column[0].isupper() or "ms" in column or "MiB" in column else "left"
