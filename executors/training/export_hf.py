@@ -17,6 +17,7 @@ so a buffer the forward updates (batch-norm running statistics) is written as th
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -101,6 +102,8 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, build_mode
         raise AutoplanError(f"{checkpoint} is not a checkpoint: name a step-N directory --checkpoint-dir wrote")
     model = build_model()
     state = {f"model.{name}": param.detach().clone() for name, param in model.named_parameters()}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    with warnings.catch_warnings():  # DCP's "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
     load_whole_parameters(model, {name.removeprefix("model."): tensor for name, tensor in state.items()})
     return write_model(model, out_dir)

@@ -31,7 +31,7 @@ from torch.distributed.tensor.placement_types import Placement
 from planner.errors import AutoplanError
 from planner.plan import GATHERED, Plan, Stage
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES, Schedule, check_schedule
-from planner.plan.shape import axis_roles
+from planner.plan.shape import axis_roles, stage_degrees
 
 
 class LayoutEdit(AutoplanError):
@@ -273,9 +273,10 @@ def _with_schedule(plan: Plan, written: ScheduleSpec) -> Plan:
 
 
 def _check_microbatches(plan: Plan, *, name: Schedule, microbatches: int) -> None:
-    replicas = len(plan.stages[0].devices) if plan.is_pure_data_parallel else 1
+    """The checks the plan's own microbatches passed: each microbatch splits over every stage's data axes."""
+    replicas = max(stage_degrees(stage).data for stage in plan.stages)
     if microbatches < 1 or plan.batch_size % (microbatches * replicas):
-        shares = f" x {replicas} data-parallel shares" if replicas > 1 else ""
+        shares = f" of {replicas} data-parallel shares each" if replicas > 1 else ""
         raise AutoplanError(f"the batch of {plan.batch_size} does not split into {microbatches} microbatches{shares}")
     if name == Schedule.ONE_F_ONE_B and microbatches < len(plan.stages):
         raise AutoplanError(f"1f1b needs at least as many microbatches as stages ({len(plan.stages)}): or use gpipe")
