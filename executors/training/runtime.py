@@ -47,6 +47,7 @@ from executors.training.feed import RankInfo
 from executors.training.feed import synthetic_batches as _synthetic
 from executors.training.layout import (
     GradSyncSpec,
+    LayoutEdit,
     ScheduleSpec,
     StageSpec,
     gradient_sync,
@@ -170,7 +171,12 @@ def parallelize(
     check_optimizer(optimizer)
     plan = session.plan
     if stages is not None and schedule is not None and grad_sync is not None:
-        plan = resolve_layout(plan, stages=stages, schedule=schedule, grad_sync=grad_sync)
+        try:
+            plan = resolve_layout(plan, stages=stages, schedule=schedule, grad_sync=grad_sync)
+        except LayoutEdit as refused:  # every rank reads the same section: rank 0 says it, once
+            if session.rank == 0:
+                print(refused, file=sys.stderr, flush=True)
+            _exit_now(2)
     if session.rank == 0:
         _say_schedule(planned=session.plan, running=plan, where=schedule.where.text() if schedule else "")
         if compile:
