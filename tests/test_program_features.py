@@ -3,7 +3,7 @@
 * A pipeline plan's program with its schedule edited (1F1B with 2 microbatches -> GPipe with 4) runs the edit (it
   says so) and still matches one process; its steps go to a CSV file (the header once, one row per step); an edit of
   a stage's module range stops it with one line naming the line to change back; ``--tensorboard`` without the
-  tensorboard package is one line.
+  tensorboard package, and ``--export-hf`` naming a file, are one line each.
 * ``--compile`` trains a data-parallel plan with ``torch.compile`` on each stage and matches one process.
 * A Hugging Face GPT-2 trained 2 steps as a 2-stage pipeline is exported (``--export-hf``), read back with
   ``transformers.AutoModelForCausalLM.from_pretrained``, and every parameter equals (relative norm) the one-device
@@ -92,6 +92,11 @@ def test_schedule_edit_runs_structural_edit_is_refused_and_steps_go_to_csv(tmp_p
         no_board = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
         assert no_board.returncode == 2 and "--tensorboard needs the tensorboard package" in no_board.stderr
         assert "Traceback" not in no_board.stderr
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    command = [sys.executable, str(program), "--steps", "1", "--export-hf", str(in_the_way)]
+    refused_export = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    assert refused_export.returncode == 2 and "a file is in the way" in refused_export.stderr
 
 
 def test_compile_trains_each_stage_compiled_with_parity(tmp_path: Path) -> None:

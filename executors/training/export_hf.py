@@ -17,6 +17,7 @@ so a buffer the forward updates (batch-norm running statistics) is written as th
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,6 +30,12 @@ from executors.training.parallel_model import ParallelModel
 from planner.errors import AutoplanError
 
 MODEL_FILE_NAME = "model.safetensors"
+
+
+def check_safetensors() -> None:
+    """``--export-hf`` writes with the ``safetensors`` package (transformers installs it); one line when missing."""
+    if importlib.util.find_spec("safetensors") is None:
+        raise AutoplanError("--export-hf needs the safetensors package, not installed here: pip install safetensors")
 
 
 def find_pretrained(model: nn.Module) -> tuple[str, nn.Module] | None:

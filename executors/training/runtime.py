@@ -42,7 +42,7 @@ from torch import nn
 from executors.precision import Precision, check_optimizer, deviation, make_optimizer
 from executors.session import default_loss, init_distributed
 from executors.training.checkpoint import load_checkpoint, save_checkpoint
-from executors.training.export_hf import export_parallel_model
+from executors.training.export_hf import check_safetensors, export_parallel_model
 from executors.training.feed import RankInfo
 from executors.training.feed import synthetic_batches as _synthetic
 from executors.training.layout import (
@@ -253,6 +253,8 @@ def _check_run_args(args: Any) -> None:
     export_dir = getattr(args, "export_hf", None)
     if export_dir is not None and Path(export_dir).exists() and not Path(export_dir).is_dir():
         raise AutoplanError(f"--export-hf {export_dir}: a file is in the way; name a directory")
+    if export_dir is not None:
+        check_safetensors()
     log_csv = getattr(args, "log_csv", None)
     if log_csv is not None and Path(log_csv).is_dir():
         raise AutoplanError(f"--log-csv {log_csv} is a directory: name a file")
