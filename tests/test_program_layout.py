@@ -140,6 +140,22 @@ def test_structural_edits_are_refused_naming_the_line(
         assert named in range(start - 3, start + 1)  # the stage's call
 
 
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ('gradient_sync("exact")', 'gradient_sync("bf16")', "gradient sync 'bf16' is not the plan's 'exact'"),
+        ("virtual_stages=1)", "virtual_stages=2)", "virtual_stages=2 but the plan has 1 per rank"),
+        ('schedule("1f1b"', 'schedule("interleaved"', "interleaved needs at least 2 virtual stages"),
+    ],
+)
+def test_sync_and_virtual_stage_edits_are_refused(
+    pipeline_tensor_plan: Plan, tmp_path: Path, old: str, new: str, message: str
+) -> None:
+    text = parallelize_section(pipeline_tensor_plan).replace(old, new)
+    with pytest.raises(layout.LayoutEdit, match=rf"^train\.py line {_line_number(text, new)}: .*{re.escape(message)}"):
+        _run_section(text, pipeline_tensor_plan, tmp_path)
+
+
 def test_a_schedule_the_plan_cannot_run_is_refused(pipeline_tensor_plan: Plan, tmp_path: Path) -> None:
     text = parallelize_section(pipeline_tensor_plan).replace("microbatches=2", "microbatches=3")
     with pytest.raises(layout.LayoutEdit, match=r"train\.py line \d+: the batch of 8 does not split into 3"):
