@@ -143,3 +143,32 @@ def test_export_hf_reads_back_as_the_one_device_model_after_the_same_steps(tmp_p
         assert _relative_gap(param, dict(from_checkpoint.named_parameters())[name]) <= 1e-6, name
     trained = [name for name, param in exported.named_parameters() if _relative_gap(param, initial[name]) > 1e-4]
     assert len(trained) == len(initial)  # every parameter moved: the export holds the trained model
+
+
+def test_export_of_a_tensor_parallel_model_gathers_its_shards(tmp_path: Path) -> None:
+    """A plain torch model sharded over 2 ranks: model.safetensors holds every parameter whole by the model's own
+    names, equal to the run's checkpoint put back together in one process (DCP's resharding)."""
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+
+    from executors.training.export_hf import export_checkpoint
+    from planner.ir.model_file import load_model_file
+
+    model_args = {"size": "tiny", "vocab": 64, "seq": 16}
+    program = _program(tmp_path, "tp", "gpt.py", world=2, batch_size=8, model_args=model_args, degrees=(2, 1, 1))
+    assert "Shard(" in program.read_text()
+    out, checkpoints = tmp_path / "export", tmp_path / "ck"
+    run = _torchrun(
+        program, 2, "--steps", "1", "--lr", "0.01", "--export-hf", str(out), "--checkpoint-dir", str(checkpoints)
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    model_file = load_model_file(ROOT / "examples" / "gpt.py")
+    build = lambda: model_file.build_model(**model_args)  # noqa: E731
+    export_checkpoint(checkpoints, tmp_path / "from-checkpoint", build_model=build)
+    exported = load_file(out / "model.safetensors")
+    expected = load_file(tmp_path / "from-checkpoint" / "model.safetensors")
+    names = {name for name, _ in build().named_parameters()}
+    assert names <= set(exported) and set(exported) == set(expected)
+    for name, tensor in exported.items():
+        assert tensor.shape == expected[name].shape, name
+        assert _relative_gap(tensor, expected[name]) <= 1e-6, name
