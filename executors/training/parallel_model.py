@@ -14,7 +14,12 @@ executor the plan needs (:func:`executors.runner.make_runner`) and returns a :cl
 * :meth:`ParallelModel.named_parameters` — what this rank holds, by the model's parameter names
   (DTensors where the plan shards or replicates over a mesh);
 * :meth:`ParallelModel.after_optimizer_step` — called after every ``optimizer.step()`` (local SGD averages
-  the replicas' parameters there).
+  the replicas' parameters there);
+* :meth:`ParallelModel.full_state_dict` — every parameter whole, by the model's names, on rank 0 (for
+  :mod:`executors.training.export_hf`).
+
+``compile=True`` (``train.py --compile``) runs ``torch.compile`` on each stage's graph module
+(:func:`compile_stages`); the plan's estimate assumes eager kernels as profiled, so a compiled run may beat it.
 
 Each parameter name has one *reporter*: the lowest rank holding it. The gradient norm counts a
 parameter on its reporter only; checkpoints (:mod:`executors.training.checkpoint`) are written by the
@@ -38,16 +43,19 @@ from executors.session import Workload, load_workload
 from executors.training.feed import RankInfo, assemble, check_batch, data_feeders, rank_info, synthetic_batches
 from executors.training.memory_probe import ActivationMeter, AllocatorPeak, allocator_peak, model_state_bytes
 from executors.training.train_log import Throughput, throughput_unit
+from planner.errors import AutoplanError
 from planner.ir.model_file import ModelFile
 from planner.plan import Plan
+from planner.plan.schedules import Schedule
 
 LossFn = Callable[[Any, Sequence[Any]], torch.Tensor]
 
 
 class ParallelModel:
-    def __init__(self, *, plan: Plan, workload: Workload, model: nn.Module) -> None:
+    def __init__(self, *, plan: Plan, workload: Workload, model: nn.Module, compile: bool = False) -> None:
         self.plan, self.workload = plan, workload
         self.runner: Runner = make_runner(plan, workload, model)
+        self.compiled_modules = compile_stages(self.runner) if compile else 0
         self.rank = dist.get_rank()
         self.activation_peak_bytes: int | None = None  # set by train_step(measure_memory=True)
         feeders, self.feeds_share = data_feeders(plan)
@@ -151,6 +159,20 @@ class ParallelModel:
     def gradients(self) -> dict[str, torch.Tensor]:
         return self.runner.gradients()
 
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter whole, by the model's names, on CPU on rank 0 (``{}`` on the others; a collective):
+        a DTensor is gathered from its shards by every rank of its mesh, in the same (sorted) order, and each
+        parameter comes from its reporter."""
+        mine = {}
+        for name in sorted(self.held):
+            param = self.held[name]
+            whole = param.full_tensor() if isinstance(param, DTensor) else param
+            if self.reporter[name] == self.rank:
+                mine[name] = whole.detach().to("cpu", copy=True)
+        pieces: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(mine, pieces, dst=0)
+        return {name: tensor for piece in pieces or [] for name, tensor in piece.items()}
+
     def after_optimizer_step(self) -> None:
         """What the plan's gradient sync does after each optimizer step (local SGD's parameter average;
         nothing for the other executors)."""
@@ -172,6 +194,36 @@ def _squared_norm(grad: torch.Tensor) -> torch.Tensor:
     return squared
 
 
+def stage_modules(runner: Runner) -> list[nn.Module]:
+    """The graph module of each stage this rank runs (inside its DTensor wrapper, or under DDP/FSDP)."""
+    parts = list(getattr(runner, "parts", None) or [])
+    single = getattr(runner, "part", None)
+    if single is not None:
+        parts.append(single)
+    if parts:
+        return [part.module.inner for part in parts]
+    module = getattr(runner, "module", None)
+    return [module] if isinstance(module, nn.Module) else []
+
+
+def compile_stages(runner: Runner) -> int:
+    """``torch.compile`` each stage's graph module in place (``nn.Module.compile``: parameters, hooks and wrappers
+    stay); returns how many. The plan's estimate assumes eager kernels, as profiled."""
+    modules = stage_modules(runner)
+    for module in modules:
+        module.compile()
+    return len(modules)
+
+
+def check_compile(plan: Plan) -> None:
+    """--compile needs stage modules: operator placements (schedule dataflow) run operator by operator."""
+    if plan.schedule == Schedule.DATAFLOW:
+        raise AutoplanError(
+            "--compile compiles each stage's module, and this plan's operator placements (schedule dataflow) run "
+            "operator by operator: leave --compile off"
+        )
+
+
 def parallelize(
     plan: Plan,
     *,
@@ -182,10 +234,13 @@ def parallelize(
     loss_fn: LossFn | None = None,
     build_model: Callable[[], nn.Module] | None = None,
     model_file: ModelFile | None = None,
+    compile: bool = False,
 ) -> ParallelModel:
     """This rank's part of ``plan``'s model (the process group must be up). ``build_model`` and ``loss_fn``
     replace the model file's (the loss takes the output and the targets, or the inputs for files without
-    targets); the model built must still have the plan's fingerprint."""
+    targets); the model built must still have the plan's fingerprint. ``compile``: :func:`compile_stages`."""
+    if compile:
+        check_compile(plan)
     workload = load_workload(
         plan,
         seed=seed,
@@ -197,4 +252,4 @@ def parallelize(
         loss_fn=loss_fn,
     )
     model, _ = workload.build()
-    return ParallelModel(plan=plan, workload=workload, model=model)
+    return ParallelModel(plan=plan, workload=workload, model=model, compile=compile)

@@ -16,6 +16,7 @@ from string import Template
 from typing import Any
 
 from executors.precision import describe_optimizer
+from executors.training.layout_text import parallelize_section
 from executors.training.program_template import TEMPLATE
 from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
@@ -91,6 +92,7 @@ def program_text(plan: Plan, *, model_file: Any) -> str:
         model_file=plan.model.file,
         model_args=repr(build_kwargs(model_file, dict(plan.model.args))),
         optimizer=plan.optimizer,
+        parallelize_section=parallelize_section(plan),
         optimizer_text=describe_optimizer(plan.optimizer),
         loss_call="MODEL_FILE.loss_fn(output, targets)"
         if has_loss

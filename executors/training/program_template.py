@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import Partial, Replicate, Shard  # noqa: F401 (the placements parallelize names)
 
 from executors.training import runtime
 
@@ -43,6 +44,9 @@ def build_model():
     """The model the plan was made for. Every rank builds it with the same seed; the runtime checks it
     against the plan's fingerprint, so change the model by re-planning it."""
     return MODEL_FILE.build_model(**MODEL_ARGS)
+
+
+$parallelize_section
 
 
 def loss_fn(output, targets):
@@ -104,6 +108,16 @@ def parse_args(argv=None):
     parser.add_argument("--backend", default=None, help="nccl (GPU plans) or gloo (CPU plans) by default")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and synthetic data")
     parser.add_argument("--timeout-s", type=float, default=60.0, help="seconds a collective may wait for a peer")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each stage's module (off by default; the plan's estimate assumes eager "
+                             "kernels as profiled)")
+    parser.add_argument("--log-csv", type=Path, default=None, metavar="PATH",
+                        help="also write each logged step to this CSV file (rank 0; a resumed run appends)")
+    parser.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                        help="also log each logged step to TensorBoard in DIR (needs the tensorboard package)")
+    parser.add_argument("--export-hf", type=Path, default=None, metavar="DIR",
+                        help="at the end, write the model to DIR as safetensors with its own parameter names "
+                             "(and config.json for a Hugging Face model)")
     args = parser.parse_args(argv)
     runtime.check_run_args(args)
     return args
@@ -111,8 +125,7 @@ def parse_args(argv=None):
 
 def main(args):
     session = runtime.start(PLAN, backend=args.backend, timeout_s=args.timeout_s)
-    model = runtime.parallelize(session, optimizer=args.optimizer, seed=args.seed, build_model=build_model,
-                                loss_fn=loss_fn, check_parity=args.check_parity, model_file=MODEL_FILE)
+    model = parallelize(build_model, session, args)
     optimizer = make_optimizer(model.parameters(), args)
     schedule = make_lr_schedule(optimizer, args)
     start = 0
@@ -125,7 +138,8 @@ def main(args):
         parity = runtime.ParityCheck(model, make_optimizer=lambda params: make_optimizer(params, args),
                                      make_lr_schedule=lambda opt: make_lr_schedule(opt, args),
                                      max_grad_norm=args.max_grad_norm or None)
-    log = runtime.StepLogger(PLAN, every=args.log_every, throughput=model.throughput)
+    log = runtime.StepLogger(PLAN, every=args.log_every, throughput=model.throughput, csv_path=args.log_csv,
+                             tensorboard_dir=args.tensorboard)
     if session.rank == 0:
         print(log.header(), flush=True)
     timer, failed = runtime.StepTimer(session), False
@@ -153,6 +167,8 @@ def main(args):
         if args.checkpoint_dir and ((args.checkpoint_every and done % args.checkpoint_every == 0) or done == end):
             runtime.save_checkpoint(args.checkpoint_dir, model=model, optimizer=optimizer, step=done,
                                     scheduler=schedule)
+    if args.export_hf:
+        runtime.export_hf(model, args.export_hf)
     return 1 if failed else 0
 
 

@@ -6,7 +6,13 @@ gradient clipping, checkpoints and logging in plain sight; this module gives it 
 * :func:`start` — join the job torchrun started, with the plan's backend (nccl and one CUDA device
   per local rank for a GPU plan, gloo for CPU processes) unless told otherwise;
 * :func:`parallelize` — this rank's part of the model (:class:`executors.training.parallel_model.ParallelModel`)
-  in the run's precision (the plan's optimizer unless overridden; :mod:`executors.precision`);
+  in the run's precision (the plan's optimizer unless overridden; :mod:`executors.precision`), built from the
+  program's ``parallelize`` section (:func:`executors.training.layout.stage`, :func:`~executors.training.layout.mesh`,
+  :func:`~executors.training.layout.schedule`, :func:`~executors.training.layout.gradient_sync`) as
+  :func:`executors.training.layout.resolve_layout` honours or refuses its edits; ``compile=True`` compiles each
+  stage (:func:`executors.training.parallel_model.compile_stages`);
+* :func:`export_hf` — ``--export-hf DIR``: the trained model as safetensors by the model's own names
+  (:mod:`executors.training.export_hf`);
 * :func:`synthetic_batches` — the default data: a new batch every step from the model file;
 * :class:`StepTimer`, :class:`executors.training.train_log.StepLogger` — step time (slowest rank) and the log line;
 * :func:`executors.training.checkpoint.save_checkpoint` / :func:`executors.training.checkpoint.load_checkpoint` —
@@ -24,7 +30,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -36,12 +42,24 @@ from torch import nn
 from executors.precision import Precision, check_optimizer, deviation, make_optimizer
 from executors.session import default_loss, init_distributed
 from executors.training.checkpoint import load_checkpoint, save_checkpoint
+from executors.training.export_hf import check_safetensors, export_parallel_model
 from executors.training.feed import RankInfo
 from executors.training.feed import synthetic_batches as _synthetic
+from executors.training.layout import (
+    GradSyncSpec,
+    LayoutEdit,
+    ScheduleSpec,
+    StageSpec,
+    gradient_sync,
+    mesh,
+    resolve_layout,
+    schedule,
+    stage,
+)
 from executors.training.parallel_model import LossFn, ParallelModel
 from executors.training.parallel_model import parallelize as _parallelize
 from executors.training.parity_check import ParityCheck
-from executors.training.train_log import StepLogger, throughput_unit
+from executors.training.train_log import StepLogger, check_tensorboard, throughput_unit
 from planner.errors import AutoplanError
 from planner.ir.model_file import ModelFile
 from planner.ir.model_file import load_model_file as _load_model_file
@@ -57,13 +75,18 @@ __all__ = [
     "StepTimer",
     "check_run_args",
     "default_loss",
+    "export_hf",
+    "gradient_sync",
     "load_checkpoint",
     "load_model_file",
     "load_plan",
     "make_optimizer",
+    "mesh",
     "parallelize",
     "run",
     "save_checkpoint",
+    "schedule",
+    "stage",
     "start",
     "synthetic_batches",
     "throughput_unit",
@@ -137,12 +160,27 @@ def parallelize(
     loss_fn: LossFn | None = None,
     check_parity: bool = False,
     model_file: ModelFile | None = None,
+    stages: Sequence[StageSpec] | None = None,
+    schedule: ScheduleSpec | None = None,
+    grad_sync: GradSyncSpec | None = None,
+    compile: bool = False,
 ) -> ParallelModel:
-    """This rank's part of the plan's model, in the precision ``optimizer`` trains with. Says (rank 0) when
-    the optimizer is not the plan's, and that dropout is off when checking parity."""
+    """This rank's part of the plan's model, in the precision ``optimizer`` trains with, as the program's
+    ``parallelize`` section says (``stages``, ``schedule``, ``grad_sync``; None: the plan's as it is). Says (rank 0)
+    when the optimizer or the schedule is not the plan's, and that dropout is off when checking parity."""
     check_optimizer(optimizer)
     plan = session.plan
+    if stages is not None and schedule is not None and grad_sync is not None:
+        try:
+            plan = resolve_layout(plan, stages=stages, schedule=schedule, grad_sync=grad_sync)
+        except LayoutEdit as refused:  # every rank reads the same section: rank 0 says it, once
+            if session.rank == 0:
+                print(refused, file=sys.stderr, flush=True)
+            _exit_now(2)
     if session.rank == 0:
+        _say_schedule(planned=session.plan, running=plan, where=schedule.where.text() if schedule else "")
+        if compile:
+            print("compiling each stage with torch.compile (the plan's estimate assumes eager kernels)", flush=True)
         print(f"training with {optimizer}: {Precision.for_optimizer(optimizer).describe()}", flush=True)
         note = deviation(planned=plan.optimizer, running=optimizer)
         if note:
@@ -155,6 +193,7 @@ def parallelize(
             )
     return _parallelize(
         plan,
+        compile=compile,
         device=session.device,
         seed=seed,
         precision=Precision.for_optimizer(optimizer),
@@ -163,6 +202,23 @@ def parallelize(
         build_model=build_model,
         model_file=model_file,
     )
+
+
+def _say_schedule(*, planned: Plan, running: Plan, where: str) -> None:
+    if (planned.schedule, planned.num_microbatches) != (running.schedule, running.num_microbatches):
+        print(
+            f"{where}: running schedule {running.schedule} with {running.num_microbatches} microbatches, edited from "
+            f"the plan's {planned.schedule} with {planned.num_microbatches} (the plan's estimate is for the plan's)",
+            flush=True,
+        )
+
+
+def export_hf(model: ParallelModel, out_dir: str | Path) -> Path | None:
+    """``--export-hf DIR``: every rank calls it at the end of the run; rank 0 writes DIR and says so."""
+    written = export_parallel_model(model, out_dir)
+    if written is not None:
+        print(f"exported the model to {written} (safetensors, the model's own parameter names)", flush=True)
+    return written
 
 
 def synthetic_batches(plan: Plan, info: RankInfo, *, model_file: ModelFile | None = None) -> Iterator[tuple[Any, ...]]:
@@ -192,6 +248,16 @@ def _check_run_args(args: Any) -> None:
         raise AutoplanError("--check-parity starts both sides from the initial weights: it cannot follow --resume")
     if args.backend not in (None, "gloo", "nccl"):
         raise AutoplanError(f"--backend must be gloo or nccl, got {args.backend!r}")
+    if getattr(args, "tensorboard", None):
+        check_tensorboard()
+    export_dir = getattr(args, "export_hf", None)
+    if export_dir is not None and Path(export_dir).exists() and not Path(export_dir).is_dir():
+        raise AutoplanError(f"--export-hf {export_dir}: a file is in the way; name a directory")
+    if export_dir is not None:
+        check_safetensors()
+    log_csv = getattr(args, "log_csv", None)
+    if log_csv is not None and Path(log_csv).is_dir():
+        raise AutoplanError(f"--log-csv {log_csv} is a directory: name a file")
 
 
 class StepTimer:
