@@ -11,7 +11,9 @@ torchrun's c10d rendezvous at the first node (``--nnodes N --nproc-per-node M``)
 environment variables named in comments) and ``train.sbatch`` (Slurm: one torchrun agent per node via
 ``srun``, the rendezvous on the job's first node). Both restart a failed job ``--max-restarts N`` times
 (torchrun's own restarts, default :data:`DEFAULT_MAX_RESTARTS`): every process of the job is stopped and
-started again, and ``train.py`` resumes from its newest complete checkpoint.
+started again, and ``train.py`` resumes from its newest complete checkpoint. Both export
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (unless set): torchrun's shared rendezvous store keeps the failed
+attempt's keys, and a restarted rank may read its peer's old address and time out connecting.
 """
 
 from __future__ import annotations
@@ -64,7 +66,10 @@ fi
 if [[ "${1:-}" == -- ]]; then
   shift
 fi
-read -r -a TORCHRUN <<< "${TORCHRUN:-torchrun}"  # or e.g. TORCHRUN="python -m torch.distributed.run\""""
+read -r -a TORCHRUN <<< "${TORCHRUN:-torchrun}"  # or e.g. TORCHRUN="python -m torch.distributed.run"
+# A fresh store for each attempt: with the rendezvous store shared (torch's default), a restarted job can read
+# the failed attempt's addresses and time out connecting (gloo's "connectFullMesh failed", torch 2.13).
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}\""""
 
 _NCCL = """# NCCL's environment (set what your network needs before launching, on every node):
 #   export NCCL_SOCKET_IFNAME=eth0   # the interface NCCL bootstraps over and its socket transport uses (ip -br addr)
