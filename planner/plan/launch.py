@@ -101,7 +101,7 @@ _SINGLE = (
 _MULTI = (
     "# Several nodes: run it on each of the @NODES@ nodes with the same MASTER_ADDR (the first node's address).\n"
     "# RDZV_ID (default autoplan) names the job; RDZV_PORT (default @PORT@) is the rendezvous port on that node.",
-    ': "${MASTER_ADDR:?set MASTER_ADDR to the first node\'s address, the same on every node}"\n'
+    ': "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node, the same on every node}"\n'
     'exec "${TORCHRUN[@]}" --nnodes @NODES@ --nproc-per-node @PER_NODE@ --max-restarts "$MAX_RESTARTS" \\\n'
     '  --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:${RDZV_PORT:-@PORT@}" --rdzv-id "${RDZV_ID:-autoplan}" \\\n'
     '  "$HERE/train.py" "$@"',
