@@ -9,7 +9,9 @@ once (the reference losses). Then:
 * a rank is SIGKILLed while it writes the checkpoint of step 4 (the test hook ``AUTOPLAN_TEST_KILL_DURING_SAVE``
   of :mod:`executors.training.checkpoint`): ``step-4`` holds a shard but no DCP metadata and ``latest`` still
   names ``step-2``; launched again, the program resumes from ``step-2``, never the half-written one, and
-  the losses again equal the uninterrupted run's.
+  the losses again equal the uninterrupted run's;
+* ``train.sbatch``, run as Slurm runs it (a copy of the script, ``srun`` and ``scontrol`` stood in for on
+  ``PATH``), finds the program by ``SLURM_SUBMIT_DIR`` and trains to the same losses.
 
 The program's data loader is edited (as a user edits it) to take 0.3 s per batch, so the kill from outside
 lands mid-run.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import load_cluster
+from executors.training.launch import free_port
 from planner.api import plan_model_file
 from planner.cli.main import main
 from planner.plan import save_plan
@@ -162,3 +166,33 @@ def test_a_checkpoint_cut_short_is_never_loaded(program: Path, reference: dict[i
     assert sorted(got) == list(range(3, STEPS + 1))
     _assert_same_losses({**_losses(killed.stdout), **got}, reference)
     assert (half / ".metadata").is_file() and (tmp_path / "latest").read_text().strip() == f"step-{STEPS}"
+
+
+FAKE_SRUN = '#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n'  # one task: this node
+FAKE_SCONTROL = "#!/usr/bin/env bash\necho 127.0.0.1\n"  # `scontrol show hostnames`: the job's one node
+
+
+def test_the_slurm_script_runs_under_srun_from_a_copy(
+    program: Path, reference: dict[int, float], tmp_path: Path
+) -> None:
+    """Slurm runs a copy of the batch script: it finds the program by SLURM_SUBMIT_DIR, and srun's torchrun
+    meets at the rendezvous on the job's first node (here a stand-in srun and scontrol on PATH)."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (shims / name).write_text(text)
+        (shims / name).chmod(0o755)
+    copy = tmp_path / "spool" / "slurm_script"
+    copy.parent.mkdir()
+    shutil.copyfile(program / "train.sbatch", copy)
+    slurm = {
+        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_SUBMIT_DIR": str(program),
+        "RDZV_PORT": str(free_port()),
+    }
+    command = ["bash", str(copy), "--max-restarts", "0", "--", *RUN, "--checkpoint-dir", str(tmp_path / "ck")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_env(**slurm), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _assert_same_losses(_losses(done.stdout), reference)
