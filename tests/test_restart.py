@@ -1,7 +1,8 @@
 """Faults: a compiled program restarted by its launch.sh resumes from its last complete checkpoint.
 
-A 2-rank data-parallel MLP (gloo, one thread per rank) is compiled; its ``launch.sh`` runs it uninterrupted
-once (the reference losses). Then:
+A 2-rank data-parallel GPT with dropout 0.1 (a tiny one; gloo, one thread per rank) is compiled; its
+``launch.sh`` runs it uninterrupted once (the reference losses). Then (the dropout masks after a resume are the
+uninterrupted run's only because each checkpoint keeps every rank's random generators):
 
 * one rank is SIGKILLed from outside in the middle of the run under ``launch.sh --max-restarts 1``: torchrun
   restarts the job, ``train.py`` resumes from its newest complete checkpoint by itself (``--auto-resume``), and
@@ -69,11 +70,10 @@ def _env(**more: str) -> dict[str, str]:
 def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     here = tmp_path_factory.mktemp("restart")
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
-    plan = plan_model_file(
-        EXAMPLES / "mlp.py", cluster, batch_size=8, method="data-parallel", model_args={"hidden": 16, "layers": 2}
-    )
-    save_plan(plan, here / "mlp.json")
-    assert main(["compile", str(here / "mlp.json"), "--out", str(here / "program")]) == 0
+    args = {"size": "tiny", "layers": 1, "vocab": 64, "seq": 8, "dropout": 0.1}
+    plan = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, method="data-parallel", model_args=args)
+    save_plan(plan, here / "gpt.json")
+    assert main(["compile", str(here / "gpt.json"), "--out", str(here / "program")]) == 0
     train = here / "program" / "train.py"
     text = train.read_text()
     loader = re.compile(r"def make_dataloader\(rank_info\):.*?\ndef make_optimizer\(", re.S)

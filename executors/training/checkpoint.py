@@ -7,8 +7,12 @@ One checkpoint is a directory ``DIR/step-N`` that every rank writes together (:f
   reporter's mesh, each its shard (DCP stores shards and de-duplicates replicas);
 * ``optim.<name>.<key>`` — the optimizer state of that parameter (``exp_avg``, ``exp_avg_sq``,
   ``step``, ``momentum_buffer``), laid out like the parameter;
-* ``progress`` — the number of steps done, the optimizer's hyper-parameters per parameter group
-  (the learning rate a schedule has set among them) and the schedule's state, as JSON.
+* ``progress`` — the number of steps done, the world size, the optimizer's hyper-parameters per parameter
+  group (the learning rate a schedule has set among them) and the schedule's state, as JSON;
+* ``rng-rank<r>.pt`` beside DCP's files — rank r's random generators (CPU, and CUDA's on a GPU rank), written
+  before ``latest`` names the checkpoint (:func:`_save_rng`): restored on load into the same world size
+  (:func:`_restore_rng`), dropout draws after a resume the masks an uninterrupted run draws, so its losses
+  are the uninterrupted run's.
 
 :func:`load_checkpoint` reads it back into every rank's parameters and optimizer state, whatever
 rank wrote them (DCP reshards on load), and returns the step to resume at (``required=False``: 0 when there
@@ -74,9 +78,15 @@ def save_checkpoint(
     target = root / f"step-{step}"
     state = _state(model, optimizer, writing=True)
     groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    progress = {"step": step, "scheduler": scheduler.state_dict() if scheduler is not None else None, "groups": groups}
+    progress = {
+        "step": step,
+        "world_size": dist.get_world_size(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "groups": groups,
+    }
     state["progress"] = json.dumps(progress)  # one object, not flattened by DCP
     dcp.save(state, storage_writer=_writer(target, step=step))
+    _save_rng(target)
     dist.barrier()
     if dist.get_rank() == 0:
         write_text_atomic(root / LATEST, f"step-{step}\n", what="checkpoint pointer")
@@ -138,9 +148,34 @@ def load_checkpoint(
         group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in saved.items()})
     if scheduler is not None and progress["scheduler"] is not None:
         scheduler.load_state_dict(progress["scheduler"])
+    if progress.get("world_size") == dist.get_world_size():
+        _restore_rng(path)
     if dist.get_rank() == 0:
         print(f"resuming from {path} (step {progress['step']} done)", flush=True)
     return int(progress["step"])
+
+
+def _rng_path(checkpoint: Path) -> Path:
+    return checkpoint / f"rng-rank{dist.get_rank()}.pt"
+
+
+def _save_rng(checkpoint: Path) -> None:
+    """This rank's generators, written whole (a temporary file renamed) before ``latest`` names the checkpoint."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    path = _rng_path(checkpoint)
+    partial = path.with_name(f"{path.name}.partial")
+    torch.save({"cpu": torch.get_rng_state(), "cuda": cuda}, partial)
+    os.replace(partial, path)
+
+
+def _restore_rng(checkpoint: Path) -> None:
+    path = _rng_path(checkpoint)
+    if not path.is_file():  # a checkpoint written before generators were saved: the weights still load
+        return
+    states = torch.load(path, weights_only=True)
+    torch.set_rng_state(states["cpu"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
 
 
 def _init_optimizer_state(model: ParallelModel, optimizer: torch.optim.Optimizer) -> None:
