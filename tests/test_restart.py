@@ -155,7 +155,7 @@ def test_a_rank_killed_mid_run_restarts_and_resumes_to_the_same_losses(
 
 def test_a_checkpoint_cut_short_is_never_loaded(program: Path, reference: dict[int, float], tmp_path: Path) -> None:
     killed = _launch(program, "--max-restarts", "0", checkpoints=tmp_path, AUTOPLAN_TEST_KILL_DURING_SAVE="4")
-    assert killed.returncode != 0 and "exitcode: -9" in killed.stderr
+    assert killed.returncode != 0  # which rank torchrun reports first is a race: the files below tell what happened
     assert (tmp_path / "latest").read_text().strip() == "step-2"
     half = tmp_path / "step-4"
     assert any(half.glob("*.distcp")) and not (half / ".metadata").exists()  # a shard written, the save unfinished
