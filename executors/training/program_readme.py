@@ -126,6 +126,7 @@ def _resume_section() -> str:
 A rank that fails stops the job; torchrun starts every process again, up to `--max-restarts` times. With
 `--checkpoint-dir DIR`, `train.py` then resumes from the newest complete checkpoint there by itself
 (`--auto-resume`, on by default): `DIR/latest` names a checkpoint only after every rank finished writing it, so
-a checkpoint cut short by the failure is never loaded. The data loader restarts at `rank_info.start_step`: the
+a checkpoint cut short by the failure is never loaded; every rank's random generators are restored with it, so
+dropout draws the masks an uninterrupted run draws. The data loader restarts at `rank_info.start_step`: the
 default synthetic batches are a function of the step, and your `make_dataloader` must serve batch `k` of the run
 whether or not it was resumed (skip or seek to `start_step`), so no batch is skipped or seen twice."""
