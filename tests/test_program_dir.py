@@ -52,6 +52,8 @@ def test_the_directory_holds_the_program_and_names_its_model_relative_to_itself(
     assert set(record["model_files"]) == {"model/mlp.py"} and record["autoplan"]
     assert all((moved / name).stat().st_mode & 0o111 for name in ("launch.sh", "train.sbatch"))
     assert "(as compiled)" in describe_program(load_plan(moved / "plan.json"), moved / "train.py")
+    write_program(load_plan(moved / "plan.json"), moved)  # re-compiled in place: its model is its own copy
+    assert json.loads((moved / RECORD).read_text())["model_files"] == record["model_files"]
 
 
 def test_the_readme_lists_train_py_s_own_flags_and_what_to_install(tmp_path: Path) -> None:

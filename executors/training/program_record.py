@@ -96,7 +96,8 @@ def copy_model_files(model_path: Path, out_dir: Path) -> dict[str, str]:
         for file in files:
             relative = file.relative_to(model_path.parent)
             (target / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(file, target / relative)
+            if file.resolve() != (target / relative).resolve():  # re-compiling a directory in place keeps it
+                shutil.copyfile(file, target / relative)
             copied[f"{MODEL_FOLDER}/{relative.as_posix()}"] = file_sha256(file)
     return copied
 
