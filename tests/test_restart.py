@@ -14,6 +14,8 @@ uninterrupted run's only because each checkpoint keeps every rank's random gener
 * ``train.sbatch``, run as Slurm runs it (a copy of the script, ``srun`` and ``scontrol`` stood in for on
   ``PATH``), finds the program by ``SLURM_SUBMIT_DIR`` and trains to the same losses.
 
+And the multi-node ``launch.sh`` of a two-node plan, started twice on loopback with one ``MASTER_ADDR``, trains.
+
 The program's data loader is edited (as a user edits it) to take 0.3 s per batch, so the kill from outside
 lands mid-run.
 """
@@ -196,3 +198,23 @@ def test_the_slurm_script_runs_under_srun_from_a_copy(
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_env(**slurm), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     _assert_same_losses(_losses(done.stdout), reference)
+
+
+def test_the_multi_node_launch_script_meets_at_master_addr(tmp_path: Path) -> None:
+    """A plan for two nodes of one process: launch.sh started twice (two "nodes" on loopback) with the same
+    MASTER_ADDR meets at the c10d rendezvous and trains."""
+    cluster = load_cluster("local-cpu", num_nodes=2, devices_per_node=1)
+    plan = plan_model_file(
+        EXAMPLES / "mlp.py", cluster, batch_size=8, method="data-parallel", model_args={"hidden": 16}
+    )
+    save_plan(plan, tmp_path / "two.json")
+    assert main(["compile", str(tmp_path / "two.json"), "--out", str(tmp_path / "program")]) == 0
+    nodes = _env(MASTER_ADDR="127.0.0.1", RDZV_PORT=str(free_port()), RDZV_ID="loopback")
+    command = [str(tmp_path / "program" / "launch.sh"), "--max-restarts", "0", "--", "--steps", "2"]
+    agents = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=nodes, cwd=tmp_path)
+        for _ in range(2)
+    ]
+    outputs = [agent.communicate(timeout=600) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(err[-2000:] for _, err in outputs)
+    assert sorted(_losses("".join(out for out, _ in outputs))) == [1, 2]
