@@ -7,25 +7,39 @@ One checkpoint is a directory ``DIR/step-N`` that every rank writes together (:f
   reporter's mesh, each its shard (DCP stores shards and de-duplicates replicas);
 * ``optim.<name>.<key>`` — the optimizer state of that parameter (``exp_avg``, ``exp_avg_sq``,
   ``step``, ``momentum_buffer``), laid out like the parameter;
-* ``progress`` — the number of steps done, the optimizer's hyper-parameters per parameter group
-  (the learning rate a schedule has set among them) and the schedule's state, as JSON.
+* ``progress`` — the number of steps done, the world size, the optimizer's hyper-parameters per parameter
+  group (the learning rate a schedule has set among them) and the schedule's state, as JSON;
+* ``rng-rank<r>.pt`` beside DCP's files — rank r's random generators (CPU, and CUDA's on a GPU rank), written
+  before ``latest`` names the checkpoint (:func:`_save_rng`): restored on load into the same world size
+  (:func:`_restore_rng`), dropout draws after a resume the masks an uninterrupted run draws, so its losses
+  are the uninterrupted run's.
 
 :func:`load_checkpoint` reads it back into every rank's parameters and optimizer state, whatever
-rank wrote them (DCP reshards on load), and returns the step to resume at. Parameter names, not
-ranks, key the checkpoint, so a checkpoint of one plan loads into any plan of the same model that
-holds the same parameters. ``DIR/latest`` names the newest complete checkpoint: it is written after
-DCP's save returns on every rank, so an interrupted save is never resumed from.
+rank wrote them (DCP reshards on load), and returns the step to resume at (``required=False``: 0 when there
+is no checkpoint yet, how ``train.py``'s ``--auto-resume`` starts a fresh run and resumes a restarted one).
+Parameter names, not ranks, key the checkpoint, so a checkpoint of one plan loads into any plan of the same
+model that holds the same parameters. ``DIR/latest`` names the newest complete checkpoint: it is written after
+DCP's save returns on every rank, so an interrupted save is never resumed from (a ``step-N`` directory
+without ``latest`` naming it, or without DCP's ``.metadata``, is never loaded).
+
+Test hook: with the environment variable ``AUTOPLAN_TEST_KILL_DURING_SAVE=N`` (:data:`KILL_DURING_SAVE`) the
+last rank SIGKILLs itself in the middle of saving ``step-N`` — after writing its shard, before DCP's metadata
+and ``latest`` — on the job's first attempt only (torchrun's ``TORCHELASTIC_RESTART_COUNT`` unset or 0), so a
+test can leave a half-written checkpoint deterministically (``tests/test_restart.py``). Never set it otherwise.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.tensor import DTensor
 
 from executors.training.parallel_model import ParallelModel
@@ -33,6 +47,8 @@ from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 
 LATEST = "latest"
+DCP_METADATA = ".metadata"  # DCP writes it last, once every rank's shard is written
+KILL_DURING_SAVE = "AUTOPLAN_TEST_KILL_DURING_SAVE"  # the test hook of the module docstring
 
 
 def _writes(model: ParallelModel, name: str, param: torch.Tensor) -> bool:
@@ -62,31 +78,67 @@ def save_checkpoint(
     target = root / f"step-{step}"
     state = _state(model, optimizer, writing=True)
     groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    progress = {"step": step, "scheduler": scheduler.state_dict() if scheduler is not None else None, "groups": groups}
+    progress = {
+        "step": step,
+        "world_size": dist.get_world_size(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "groups": groups,
+    }
     state["progress"] = json.dumps(progress)  # one object, not flattened by DCP
-    dcp.save(state, checkpoint_id=str(target))
+    dcp.save(state, storage_writer=_writer(target, step=step))
+    _save_rng(target)
     dist.barrier()
     if dist.get_rank() == 0:
         write_text_atomic(root / LATEST, f"step-{step}\n", what="checkpoint pointer")
     return target
 
 
+class _KilledMidSave(FileSystemWriter):
+    """The test hook's writer: writes this rank's shard, then the rank SIGKILLs itself."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        written = super().write_data(plan, planner)
+        written.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+        return written
+
+
+def _writer(target: Path, *, step: int) -> FileSystemWriter:
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    last_rank = dist.get_rank() == dist.get_world_size() - 1
+    if os.environ.get(KILL_DURING_SAVE) == str(step) and first_attempt and last_rank:
+        return _KilledMidSave(str(target))
+    return FileSystemWriter(str(target))
+
+
 def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The checkpoint ``directory/latest`` names (None: no complete checkpoint yet)."""
     pointer = Path(directory) / LATEST
     if not pointer.is_file():
         return None
-    return Path(directory) / pointer.read_text().strip()
+    path = Path(directory) / pointer.read_text().strip()
+    if not (path / DCP_METADATA).is_file():
+        raise AutoplanError(f"{pointer} names {path}, which is not a complete checkpoint (no {DCP_METADATA})")
+    return path
 
 
 def load_checkpoint(
-    directory: str | Path | None, *, model: ParallelModel, optimizer: torch.optim.Optimizer, scheduler: Any = None
+    directory: str | Path | None,
+    *,
+    model: ParallelModel,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    required: bool = True,
 ) -> int:
-    """Load the newest checkpoint under ``directory`` into this rank; returns the step to resume at."""
-    if directory is None:
+    """Load the newest complete checkpoint under ``directory`` into this rank; returns the step to resume at.
+    With ``required=False`` a missing directory or checkpoint is a fresh start (0), else an AutoplanError."""
+    if directory is None and required:
         raise AutoplanError("--resume needs --checkpoint-dir DIR")
-    path = latest_checkpoint(directory)
-    if path is None or not path.is_dir():
-        raise AutoplanError(f"--resume: no checkpoint in {directory} (no {LATEST} file naming a step-N directory)")
+    path = latest_checkpoint(directory) if directory is not None else None
+    if path is None:
+        if required:
+            raise AutoplanError(f"--resume: no checkpoint in {directory} (no {LATEST} file naming a step-N directory)")
+        return 0
     _init_optimizer_state(model, optimizer)
     state = _state(model, optimizer, writing=False)
     state["progress"] = ""
@@ -96,7 +148,34 @@ def load_checkpoint(
         group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in saved.items()})
     if scheduler is not None and progress["scheduler"] is not None:
         scheduler.load_state_dict(progress["scheduler"])
+    if progress.get("world_size") == dist.get_world_size():
+        _restore_rng(path)
+    if dist.get_rank() == 0:
+        print(f"resuming from {path} (step {progress['step']} done)", flush=True)
     return int(progress["step"])
+
+
+def _rng_path(checkpoint: Path) -> Path:
+    return checkpoint / f"rng-rank{dist.get_rank()}.pt"
+
+
+def _save_rng(checkpoint: Path) -> None:
+    """This rank's generators, written whole (a temporary file renamed) before ``latest`` names the checkpoint."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    path = _rng_path(checkpoint)
+    partial = path.with_name(f"{path.name}.partial")
+    torch.save({"cpu": torch.get_rng_state(), "cuda": cuda}, partial)
+    os.replace(partial, path)
+
+
+def _restore_rng(checkpoint: Path) -> None:
+    path = _rng_path(checkpoint)
+    if not path.is_file():  # a checkpoint written before generators were saved: the weights still load
+        return
+    states = torch.load(path, weights_only=True)
+    torch.set_rng_state(states["cpu"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
 
 
 def _init_optimizer_state(model: ParallelModel, optimizer: torch.optim.Optimizer) -> None:

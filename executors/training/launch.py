@@ -123,6 +123,8 @@ def launch(
     if check_plan is not None:
         check_plan(plan, graph)
     print(f"plan run: {describe_program(plan, chosen.program)}", flush=True)
+    if chosen.warning:
+        sys.stderr.write(f"plan run: warning: {chosen.warning}\n")
     crowded = crowded_cores_warning(plan.cluster.num_devices, cores=os.cpu_count() or 1, backend=effective)
     if crowded is not None:
         sys.stderr.write(f"plan run: warning: {crowded}\n")

@@ -59,6 +59,7 @@ from executors.training.layout import (
 from executors.training.parallel_model import LossFn, ParallelModel
 from executors.training.parallel_model import parallelize as _parallelize
 from executors.training.parity_check import ParityCheck
+from executors.training.program_record import check_program_dir
 from executors.training.train_log import StepLogger, check_tensorboard, throughput_unit
 from planner.errors import AutoplanError
 from planner.ir.model_file import ModelFile
@@ -94,9 +95,14 @@ __all__ = [
 
 
 def load_plan(path: str | Path) -> Plan:
-    """The plan beside the program; one line and exit code 2 when it cannot be read (the program's first lines
-    call this, before :func:`run` can turn errors into lines)."""
+    """The plan beside the program, after checking the directory's model files and autoplan's version against
+    its ``compiled.json`` (:func:`executors.training.program_record.check_program_dir`); one line and exit code 2
+    when it cannot be read or the check fails (the program's first lines call this, before :func:`run` can turn
+    errors into lines)."""
     with _bad_input_exits():
+        warning = check_program_dir(Path(path).parent)
+        if warning and os.environ.get("RANK", "0") == "0":
+            print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
         return _load_plan(path)
 
 

@@ -6,7 +6,9 @@ and, before anything starts, refuses a plan whose stored strategies no sharding 
 captured: a hand-edited plan is refused, not guessed at). ``run`` starts one process per device of
 the plan on this machine with torch.distributed's launcher — a compiled directory's own program, edits
 included, or the stock one for a bare plan file — and prints loss and step time per step;
-``compile`` writes ``DIR/train.py`` and ``DIR/plan.json`` for ``torchrun`` on one machine or many.
+``compile`` writes the program's directory (:func:`executors.training.program.write_program`: ``train.py``,
+``plan.json``, the model file copied into ``model/``, ``launch.sh``, ``train.sbatch``, ``compiled.json``,
+``README.md``) for ``torchrun`` on one machine or many.
 """
 
 from __future__ import annotations
@@ -123,20 +125,26 @@ def _compile_parser() -> argparse.ArgumentParser:
     parser = plan_file_parser(
         prog="plan compile",
         description=(
-            "Write the plan's training program: DIR/train.py, a page of plain Python you own and edit (model build, "
-            "data loader, loss, optimizer, learning-rate schedule, gradient clipping, checkpoints, logging), beside "
-            "a copy of the plan as DIR/plan.json. Prints the torchrun line for the plan's cluster: `torchrun "
-            "--standalone --nproc-per-node M` on one node, `--nnodes N --nproc-per-node M` with a c10d rendezvous "
-            "on several. `plan run` runs the same program here."
+            "Write the plan's training program as a directory you can copy to the cluster: DIR/train.py, a page of "
+            "plain Python you own and edit (model build, data loader, loss, optimizer, learning-rate schedule, "
+            "gradient clipping, checkpoints, logging); DIR/plan.json; the model file and the files beside it that it "
+            "imports, copied into DIR/model/; DIR/launch.sh (torchrun for the plan's nodes) and DIR/train.sbatch "
+            "(Slurm), both restarting a failed job (--max-restarts, default 3) that train.py then resumes from its "
+            "newest complete checkpoint; DIR/compiled.json (the autoplan version and the model files' sha256, "
+            "checked when the program starts); DIR/README.md (what to install on every node, how to run, the "
+            "flags). Prints the torchrun line for the plan's cluster: `torchrun --standalone --nproc-per-node M` on "
+            "one node, `--nnodes N --nproc-per-node M` with a c10d rendezvous on several. `plan run DIR` runs the "
+            "same program here."
         ),
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="directory to write train.py and plan.json into")
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory to write the program into")
     return parser
 
 
 def run_compile(argv: Sequence[str]) -> int:
     from executors.training.launch import preflight
     from executors.training.program import write_program
+    from executors.training.program_record import MODEL_FOLDER, read_record
     from planner.costing.stage_work import check_plan_strategies
     from planner.errors import AutoplanError
     from planner.plan import load_plan
@@ -150,11 +158,17 @@ def run_compile(argv: Sequence[str]) -> int:
         raise AutoplanError(f"--out {out} exists and is not a directory")
     check_plan_strategies(plan, preflight(plan))
     program = write_program(plan, out)
+    record = read_record(out)
+    models = ", ".join(name.removeprefix(f"{MODEL_FOLDER}/") for name in record.model_files) if record else ""
     print(f"wrote {program} (yours to edit: data loader, loss, optimizer, schedule) and {out / 'plan.json'}")
+    print(f"      {out / MODEL_FOLDER}/ ({models}), launch.sh, train.sbatch, compiled.json, README.md")
     if is_cpu_cluster(plan.cluster):
         print(f"try it here: plan run {out} --steps 10 --check-parity   (runs {program}, your edits included)")
     print(f"launch: {torchrun_command(plan.cluster, str(program), args='--steps 100')}")
     note = multi_node_note(plan.cluster)
     if note:
         print(f"        ({note})")
+    print(
+        f"    or: {out / 'launch.sh'} -- --steps 100   (torchrun restarting a failed job; Slurm: sbatch train.sbatch)"
+    )
     return 0
