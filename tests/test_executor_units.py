@@ -190,3 +190,10 @@ def test_a_moved_model_file_stops_the_program_in_one_line(tmp_path: Path, capsys
     assert err.startswith("train.py: error: ") and "gone.py" in err and len(err.splitlines()) == 1
     with pytest.raises(SystemExit):
         runtime.load_plan(tmp_path / "missing.json")
+
+
+def test_plan_run_passes_what_follows_a_double_dash_to_the_program() -> None:
+    from planner.cli.run import split_passthrough
+
+    assert split_passthrough(["DIR", "--steps", "2"]) == (["DIR", "--steps", "2"], [])
+    assert split_passthrough(["DIR", "--", "--export-hf", "hf", "--"]) == (["DIR"], ["--export-hf", "hf", "--"])

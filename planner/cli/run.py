@@ -33,7 +33,8 @@ def _run_parser() -> argparse.ArgumentParser:
             "GPUs here and one node). The model file named in the plan is rebuilt with a fixed seed and checked "
             "against the plan's fingerprint. Prints loss, step time, throughput and MFU per step beside the plan's "
             "estimate. The run uses the plan's optimizer and precision unless --optimizer overrides them. For "
-            "several machines use `plan compile` and torchrun."
+            "several machines use `plan compile` and torchrun. Options after `--` go to train.py as they are, e.g. "
+            "`plan run DIR --steps 4 -- --checkpoint-dir ckpt --export-hf hf` (see `python DIR/train.py --help`)."
         ),
     )
     parser.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps (default 3)")
@@ -103,9 +104,19 @@ def run_run(argv: Sequence[str]) -> int:
     from executors.training.program import program_to_run
     from planner.costing.stage_work import check_plan_strategies
 
-    args = _run_parser().parse_args(list(argv))
+    ours, passed = split_passthrough(argv)
+    args = _run_parser().parse_args(ours)
     _check_runtime(program_to_run(Path(args.plan)).plan_path, what="plan run")
-    return launch(args.plan, program_args(args), backend=args.backend, check_plan=check_plan_strategies)
+    return launch(args.plan, [*program_args(args), *passed], backend=args.backend, check_plan=check_plan_strategies)
+
+
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``plan run``'s own options, and those after ``--`` that go to the training program unchanged."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
 
 
 def _check_runtime(path: str | Path, *, what: str) -> None:
