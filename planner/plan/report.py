@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_models.cluster import PRESET_NAMES, Cluster, reserved_bytes
 from cost_models.units import GIB
@@ -22,7 +22,9 @@ from planner.plan.megatron_terms import megatron_terms_text
 from planner.plan.method import Method
 from planner.plan.shape import count_of, plan_shape, stage_degrees
 from planner.plan.stage import Saving, Stage
-from planner.plan.value import Estimate, Plan
+
+if TYPE_CHECKING:  # annotations only: Plan.summary and print(plan) give this module's summary
+    from planner.plan.value import Estimate, Plan
 
 COMPARED_NOTE = "compared under the same cost model: "  # planner.api's note on the auto-family candidates
 CHOSEN_MARK = "; chosen: "
