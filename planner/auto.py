@@ -35,7 +35,6 @@ from planner.baselines.method_options import (
     fit_advice,
     gib_text,
     parts_text,
-    pinned_text,
     state_too_large_message,
 )
 from planner.costing.setup import CostSetup
@@ -137,10 +136,9 @@ def _does_not_fit(settings: list[PipelineChoice], tables: LayerTables, *, batch_
     text += f" ({failure})" if failure else ""
     if smallest is None:
         return f"{text}: add devices, lower the batch" + ("" if choices else ", or try --zero")
-    pinned = pinned_text(smallest.method, parts, setup.memory_budget_bytes)
     advice = fit_advice(smallest.method, options, setup, parts=parts, batch_size=batch_size)
     generic = "add devices, lower the batch" + ("" if choices else ", or try --zero")
-    return f"{text}: {pinned or advice_text(advice, otherwise=generic)}"
+    return f"{text}: {advice_text(advice, otherwise=generic)}"
 
 
 @dataclass(frozen=True, kw_only=True)

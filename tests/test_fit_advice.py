@@ -106,46 +106,14 @@ def test_the_zero_level_a_data_parallel_refusal_advises_fits() -> None:
     assert made.zero == int(level[1]) and made.estimate.memory_per_device_bytes <= made.memory_budget_bytes
 
 
-def test_the_batch_a_megatron_refusal_advises_fits_with_the_options_it_names() -> None:
-    """GPT-350M at batch 2048 on 8 V100s: the batch advised fits by the estimate; megatron prices only its fastest
-    plans there, none of which fits, and says which options plan its smallest, which fits."""
+def test_the_batch_a_megatron_refusal_advises_is_within_the_budget_by_the_estimate() -> None:
+    """GPT-350M at batch 2048 on 8 V100s: at the batch advised, the smallest megatron plan needs no more than the
+    budget by the same estimate (megatron prices only its fastest plans exactly, so it may still refuse)."""
     text = _refusal(batch_size=2048, method="megatron")
     batch = re.search(r"--batch-size (\d+) or less", text)
     assert batch is not None and "state" in text and "activations" in text, text
     try:
-        made = plan_model_file(GPT, "p3.16xlarge", model_args=SIZE, batch_size=int(batch[1]), method="megatron")
+        plan_model_file(GPT, "p3.16xlarge", model_args=SIZE, batch_size=int(batch[1]), method="megatron")
     except AutoplanError as error:
-        pinned = re.search(
-            r"that plan fits: --method megatron --degrees (\d+),(\d+),(\d+) --microbatches (\d+) --remat (\w+)",
-            str(error),
-        )
-        assert pinned is not None, str(error)
-        made = plan_model_file(
-            GPT,
-            "p3.16xlarge",
-            model_args=SIZE,
-            batch_size=int(batch[1]),
-            method="megatron",
-            degrees=tuple(int(pinned[i]) for i in (1, 2, 3)),
-            microbatches=int(pinned[4]),
-            remat=pinned[5],
-        )
-    assert made.estimate.memory_per_device_bytes <= made.memory_budget_bytes
-
-
-def test_a_smallest_plan_that_fits_after_all_is_named_by_the_options_that_plan_it() -> None:
-    setup = setup_for(12.0)
-    small = MemoryParts(
-        state_bytes=2 * GIB,
-        activation_bytes=9 * GIB,
-        zero=0,
-        data_degree=1,
-        num_microbatches=64,
-        pinned="--degrees 8,1,1 --microbatches 64 --remat full",
-    )
-    text = does_not_fit_message("megatron", PlanOptions(), setup, 11 * GIB, parts=small, batch_size=64)
-    assert text.endswith(
-        "that plan fits: --method megatron --degrees 8,1,1 --microbatches 64 --remat full plans it (only the "
-        "fastest plans were priced exactly)"
-    )
-    assert "fits with" not in text
+        needed = re.search(r"needs ([\d.]+) GiB per device", str(error))
+        assert needed is not None and float(needed[1]) <= 13.7, str(error)

@@ -121,37 +121,29 @@ def _stage_memory(setting: PipelineChoice, index: tuple[int, int, int, int], *, 
     return float(arrays.state_bytes[index]), float(arrays.activation_bytes[index] * in_flight)
 
 
-def memory_parts(candidate: Candidate, setup: CostSetup, *, exact: list[float]) -> MemoryParts | None:
-    """The candidate's fullest stage's memory in parts (:class:`planner.baselines.method_options.MemoryParts`):
-    ``exact``, each stage's memory as priced (:func:`planner.inter.pricing.stage_memory_bytes`), split by the span
-    options :func:`approximate` reads into the state and the rest (activations; the model outputs and loss a stage
-    holds once, :func:`planner.inter.layer_costs.loss_and_output_bytes`, in the options' state, count with them, as
-    they grow with the rows). None when a stage has no option."""
+def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
+    """The candidate's fullest stage's memory in parts (:class:`planner.baselines.method_options.MemoryParts`), by
+    the span options :func:`approximate` reads: the state and the rest (activations; the model outputs and loss a
+    stage holds once, :func:`planner.inter.layer_costs.loss_and_output_bytes`, in the options' state, count with
+    them, as they grow with the rows). None when a stage has no option."""
     setting, specs, fullest = candidate.setting, candidate.specs, None
     for s, spec in enumerate(specs):
         index = _span_index(setting, spec)
         if index is None:
             return None
-        state = _stage_memory(setting, index, in_flight=_in_flight(setting, s, len(specs)))[0]
+        state, activations = _stage_memory(setting, index, in_flight=_in_flight(setting, s, len(specs)))
         names = [name for layer in setting.layers.layers[spec.first : spec.last + 1] for name in layer]
-        state = min(state - loss_and_output_bytes(setting.graph, names, setup), exact[s])
-        activations = exact[s] - state
+        outputs = loss_and_output_bytes(setting.graph, names, setup)
+        state, activations = state - outputs, activations + outputs
         if fullest is None or state + activations > fullest[0] + fullest[1]:
             fullest = (state, activations, SLOTS[spec.slot][2])
     assert fullest is not None, "a candidate has stages"
-    kinds = {SLOTS[spec.slot][1] for spec in specs}
-    pinned = [
-        *([f"--degrees {','.join(map(str, candidate.degrees))}"] if candidate.method == "megatron" else []),
-        f"--microbatches {setting.num_microbatches}",
-        *([f"--remat {'off' if kinds == {'none'} else kinds.pop()}"] if len(kinds) == 1 else []),
-    ]
     return MemoryParts(
         state_bytes=fullest[0],
         activation_bytes=fullest[1],
         zero=fullest[2],
         data_degree=max(1, candidate.degrees[2]),
         num_microbatches=setting.num_microbatches,
-        pinned=" ".join(pinned),
     )
 
 

@@ -41,7 +41,6 @@ from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
 from planner.inter.data_parallel_step import reprice_data_parallel
 from planner.inter.planning_input import PlanningInput
-from planner.inter.pricing import stage_memory_bytes
 from planner.inter.schedule_variants import (
     Candidate,
     best_rescheduled,
@@ -123,10 +122,9 @@ def handwritten_plan(method: str, inputs: PlanningInput) -> HandwrittenResult:
 
 
 def smallest_plan_memory(candidate: GridCandidate, tables: LayerTables) -> tuple[float, MemoryParts | None]:
-    """What the plan of least memory (:func:`planner.baselines.handwritten.least_memory`, on the span options) needs
-    per device as it is priced (:func:`planner.inter.pricing.stage_memory_bytes`), and its fullest device in parts."""
-    exact = stage_memory_bytes(candidate.setting, list(candidate.specs), tables=tables)
-    return max(exact), memory_parts(candidate, tables.setup, exact=exact)
+    """What the plan of least memory (:func:`planner.baselines.handwritten.least_memory`) needs per device by the
+    span options, and its fullest device in parts (:func:`planner.baselines.handwritten.memory_parts`)."""
+    return candidate.memory_bytes, memory_parts(candidate, tables.setup)
 
 
 def pure_data_parallel(inputs: PlanningInput) -> PricedPipeline | None:

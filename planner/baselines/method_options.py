@@ -26,9 +26,7 @@ split into its state ``S`` (weights, gradients, optimizer state) and activations
   ``d`` replicas (:func:`cost_models.memory.zero_shards`);
 * a smaller batch, when ``S`` fits: activations scale with the rows per replica, so the largest batch
   ``B' ≤ B·(budget − S)/A`` that the plan's ``m`` microbatches and ``d`` replicas divide;
-* recomputation (``--remat``) when it was turned off and ``S`` fits (it cuts ``A``);
-* the options that plan the smallest plan itself (:func:`pinned_text`) when, priced, it fits after all: a
-  hand-written method prices only its fastest candidates by the layer tables exactly, and those may not fit.
+* recomputation (``--remat``) when it was turned off and ``S`` fits (it cuts ``A``).
 """
 
 from __future__ import annotations
@@ -98,7 +96,6 @@ class MemoryParts:
     num_microbatches: int
     # the plan's whole memory re-priced at other ZeRO levels where the caller can (FSDP's, as the estimate holds it)
     at_zero: Mapping[int, float] = field(default_factory=dict)
-    pinned: str = ""  # the options that make the method plan exactly this plan (--degrees, --microbatches, --remat)
 
     @property
     def total_bytes(self) -> float:
@@ -140,14 +137,16 @@ def _batch_advice(parts: MemoryParts, setup: CostSetup, batch_size: int) -> str 
     return f"--batch-size {largest} or less" if 0 < largest < batch_size else None
 
 
-def _devices_advice(parts: MemoryParts, setup: CostSetup) -> str | None:
+def _devices_advice(parts: MemoryParts, setup: CostSetup, batch_size: int) -> str | None:
     """``about 24 devices``: more replicas, fewer rows each, until the activations fit beside the state (the
-    activations scale with the rows per replica); None when the state alone is over the budget."""
+    activations scale with the rows per replica); None when the state alone is over the budget, or when it would
+    take less than one row per replica and microbatch."""
     room, devices = setup.memory_budget_bytes - parts.state_bytes, setup.cluster.num_devices
     if room <= 0 or parts.activation_bytes <= 0:
         return None
     needed = math.ceil(devices * parts.activation_bytes / room)
-    return f"about {needed} devices" if needed > devices else None
+    rows = batch_size / (parts.num_microbatches * parts.data_degree)  # per replica and microbatch
+    return f"about {needed} devices" if devices < needed <= devices * rows else None
 
 
 def fit_advice(
@@ -159,7 +158,7 @@ def fit_advice(
     advice = [
         _zero_advice(method, options, setup, parts),
         _batch_advice(parts, setup, batch_size),
-        _devices_advice(parts, setup),
+        _devices_advice(parts, setup, batch_size),
     ]
     if options.remat == RematChoice.OFF and parts.state_bytes < setup.memory_budget_bytes:
         advice.append("recomputation (--remat full) to cut the activations")
@@ -173,14 +172,6 @@ def advice_text(advice: list[str], *, otherwise: str) -> str:
         return otherwise
     listed = advice[0] if len(advice) == 1 else f"{', '.join(advice[:-1])} or {advice[-1]}"
     return f"by its estimate it fits with {listed}"
-
-
-def pinned_text(method: str, parts: MemoryParts | None, budget: float) -> str | None:
-    """When the plan of least memory fits after all (the method priced only its fastest plans exactly, and those
-    did not fit): the options that plan it; None otherwise."""
-    if parts is None or parts.total_bytes > budget or not parts.pinned:
-        return None
-    return f"that plan fits: --method {method} {parts.pinned} plans it (only the fastest plans were priced exactly)"
 
 
 def parts_text(parts: MemoryParts | None) -> str:
@@ -225,11 +216,9 @@ def does_not_fit_message(
     if needed_bytes is None:
         return f"cannot make a {plan_words} for this model and cluster"
     advice = fit_advice(method, options, setup, parts=parts, batch_size=batch_size)
-    pinned = pinned_text(method, parts, setup.memory_budget_bytes)
     return (
         f"does not fit: the smallest {plan_words} needs {gib_text(needed_bytes)} GiB per device{parts_text(parts)}, "
-        f"the budget is {setup.describe_budget()}: "
-        + (pinned or advice_text(advice, otherwise=_otherwise(parts, options)))
+        f"the budget is {setup.describe_budget()}: " + advice_text(advice, otherwise=_otherwise(parts, options))
     )
 
 

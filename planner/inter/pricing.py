@@ -116,28 +116,6 @@ def price_stages(
     return _pipeline(full_graph, step, choice, times=times, period=longest, tied_s=tied_s)
 
 
-def stage_memory_bytes(setting: PipelineChoice, specs: list[StageSpec], *, tables: LayerTables) -> list[float]:
-    """Each stage's memory per device as :func:`price_stages` prices it (``refine=False``), fitting or not: what a
-    does-not-fit message names (:func:`planner.baselines.method_options.does_not_fit_message`)."""
-    m, schedule = setting.num_microbatches, setting.schedule
-    if schedule == Schedule.ONE_F_ONE_B and m < len(specs):  # as price_stages runs it
-        schedule = Schedule.GPIPE
-    line = _price_each(
-        setting.graph,
-        setting.layers,
-        tables,
-        specs,
-        boundary_s=setting.boundary_s,
-        m=m,
-        schedule=schedule,
-        refine=False,
-        shapes=StageShapes(),
-        fit=False,
-    )
-    assert line is not None, "every stage is priced when fit=False"
-    return [stage.memory_bytes for stage in line.priced]
-
-
 def _fastest_sync(step: _PipelineStep, tables: LayerTables) -> SyncChoice | None:
     """The fastest gradient sync the options offer that the candidate can run and fits (None: none)."""
     options, setup = tables.options, tables.setup
@@ -170,10 +148,8 @@ def _price_each(
     schedule: str,
     refine: bool,
     shapes: StageShapes,
-    fit: bool = True,
 ) -> _StageLine | None:
-    """Each stage priced on its ranks with its in-flight microbatches; None when one does not fit (``fit=False``:
-    every stage priced, fitting or not)."""
+    """Each stage priced on its ranks with its in-flight microbatches; None when one does not fit."""
     setup = tables.setup
     cluster = setup.cluster
     ranks = assign_devices(
@@ -196,7 +172,7 @@ def _price_each(
             shapes=shapes,
             index=s,
         )
-        if fit and stage.memory_bytes > setup.memory_budget_bytes:
+        if stage.memory_bytes > setup.memory_budget_bytes:
             return None
         overhead = cluster.device.microbatch_overhead_s if count > 1 else 0.0
         after = link = 0.0
