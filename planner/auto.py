@@ -29,8 +29,14 @@ from dataclasses import dataclass
 
 from cost_models.units import GIB
 from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, least_memory
-from planner.baselines.handwritten_plan import megatron_at_scale, pure_data_parallel
-from planner.baselines.method_options import gib_text, state_too_large_message
+from planner.baselines.handwritten_plan import megatron_at_scale, pure_data_parallel, smallest_plan_memory
+from planner.baselines.method_options import (
+    advice_text,
+    fit_advice,
+    gib_text,
+    parts_text,
+    state_too_large_message,
+)
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.planning_input import PlanningInput
@@ -107,22 +113,32 @@ def _add_schedule_variants(
             del priced[method]
 
 
-def _does_not_fit(settings: list[PipelineChoice], setup: CostSetup, options: PlanOptions) -> str:
+def _does_not_fit(settings: list[PipelineChoice], tables: LayerTables, *, batch_size: int) -> str:
     """Why no candidate fits: the model state alone (:func:`state_too_large_message`), or what the smallest
-    hand-written plan under the asked choices needs."""
+    hand-written plan under the asked choices needs and the changes that fit it by its estimate
+    (:func:`planner.baselines.method_options.fit_advice`)."""
+    setup, options = tables.setup, tables.options
     state = state_too_large_message(setup, settings[0].graph.num_params) if settings else None
     if state is not None:
         return state
     failure = next((s.failure for s in reversed(settings) if s.failure), "")
     found = [least_memory(settings, setup, options=options, method=method) for method in HANDWRITTEN]
-    smallest = min((candidate.memory_bytes for candidate in found if candidate is not None), default=None)
+    smallest = min((c for c in found if c is not None), key=lambda c: c.memory_bytes, default=None)
+    needed, parts = (0.0, None) if smallest is None else smallest_plan_memory(smallest, tables)
     choices = options.asked_choices()
     text = f"does not fit in {setup.memory_budget_bytes / GIB:.1f} GiB per device with any pipeline, sharding or "
     text += "recomputation" + (f" under {choices}" if choices else "")
     if smallest is not None:
-        text += f": the smallest data-parallel, Megatron or uniform-pipeline plan needs {gib_text(smallest)} GiB"
+        text += (
+            f": the smallest data-parallel, Megatron or uniform-pipeline plan (a {smallest.method} plan) needs "
+            f"{gib_text(needed)} GiB{parts_text(parts)}"
+        )
     text += f" ({failure})" if failure else ""
-    return text + ": add devices, lower the batch" + ("" if choices else ", or try --zero")
+    if smallest is None:
+        return f"{text}: add devices, lower the batch" + ("" if choices else ", or try --zero")
+    advice = fit_advice(smallest.method, options, setup, parts=parts, batch_size=batch_size)
+    generic = "add devices, lower the batch" + ("" if choices else ", or try --zero")
+    return f"{text}: {advice_text(advice, otherwise=generic)}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +174,7 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
             "equal size and, for interleaved, twice as many layers): try --schedule auto"
         )
     if not priced:
-        raise AutoplanError(_does_not_fit(settings, setup, options))
+        raise AutoplanError(_does_not_fit(settings, tables, batch_size=inputs.graphs.batch_size))
     chosen_by = min(priced, key=lambda method: priced[method].estimate.step_time_s)  # the figure every command prints
     return AutoResult(
         best=priced[chosen_by],

@@ -98,7 +98,17 @@ def _handwritten(method: Method, run: HandwrittenRun, prepared: Prepared) -> Met
     options = prepared.options
     found = run(prepared.inputs)
     if found.best is None:
-        raise AutoplanError(does_not_fit_message(method, options, prepared.setup, found.least_memory_bytes))
+        raise AutoplanError(
+            does_not_fit_message(
+                method,
+                options,
+                prepared.setup,
+                found.least_memory_bytes,
+                parts=found.least_memory_parts,
+                batch_size=prepared.batch_size,
+                num_params=prepared.graph.num_params,
+            )
+        )
     stats = SearchStats(
         time_s=time.perf_counter() - started,
         ilp_solves=found.num_solves,

@@ -90,6 +90,7 @@ def prepare_model(
         file=ref.get("file"),
         args=ref.get("args", {}),
         tracer=options.tracer,
+        sequence_length=token_sequence_length(graphs.full),
     )
     return Prepared(
         graph=graphs.full,
@@ -104,6 +105,14 @@ def prepare_model(
         notes=(f"compute times: {options.cost_model}",),
         progress=progress,
     )
+
+
+def token_sequence_length(graph: OpGraph) -> int | None:
+    """The second dim of the graph's first input when it is ``batch × sequence`` integer token ids, else None."""
+    first = graph.inputs[0].meta if graph.inputs else None
+    if first is not None and len(first.shape) == 2 and first.dtype.startswith("int"):
+        return int(first.shape[1])
+    return None
 
 
 def _cost_setup(

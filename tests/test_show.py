@@ -85,7 +85,8 @@ def test_show_prints_summary_and_simulated_step(plans: dict[str, Path], capsys: 
     assert main(["show", str(plans["mlp"])]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[1].startswith("autoplan auto plan for") and "stage 0: devices 0..3" in out
+    assert lines[1].startswith("Megatron-LM terms: global batch 16, ")
+    assert lines[2].startswith("autoplan auto plan for") and "stage 0: devices 0..3" in out
     assert "simulated: step" in out and "pipeline bubble" in out and lines[-2].startswith("next: plan run ")
 
 

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.baselines.method_options import MemoryParts
 from planner.costing.setup import CostSetup
-from planner.inter.layer_costs import SLOTS
+from planner.inter.layer_costs import SLOTS, loss_and_output_bytes
 from planner.inter.search import MAX_LAYERS, PipelineChoice, allowed_slots, mesh_choices
 from planner.inter.stage_pricing import StageSpec
 from planner.options import Method, PlanOptions
@@ -81,25 +82,69 @@ def approximate_step_s(setting: PipelineChoice, setup: CostSetup, specs: list[St
 def approximate(setting: PipelineChoice, specs: list[StageSpec]) -> tuple[float, float]:
     """Latency ``Σ t_s + (m − 1)·max t_s`` of fixed stages on the span options and the most bytes a stage holds
     (1F1B's or GPipe's in-flight microbatches); (inf, inf) if a stage has no option."""
-    arrays, m, count = setting.spans.arrays, setting.num_microbatches, len(specs)
+    m, count = setting.num_microbatches, len(specs)
     boundary = setting.boundary_s
     times, memory = [], 0.0
     for s, spec in enumerate(specs):
-        if spec.submesh not in setting.spans.meshes:
+        index = _span_index(setting, spec)
+        if index is None:
             return math.inf, math.inf
-        j = setting.spans.index(spec.submesh)
-        labels = setting.spans.labels[j]
-        if (spec.mesh_shape, spec.slot) not in labels:
-            return math.inf, math.inf
-        column = labels.index((spec.mesh_shape, spec.slot))
-        index = (spec.first, spec.last, j, column)
-        if not math.isfinite(arrays.time_s[index]):
-            return math.inf, math.inf
-        in_flight = m if setting.schedule == Schedule.GPIPE else min(count - s, m)
-        memory = max(memory, float(arrays.state_bytes[index] + arrays.activation_bytes[index] * in_flight))
+        state, activations = _stage_memory(setting, index, in_flight=_in_flight(setting, s, count))
+        memory = max(memory, state + activations)
         after = boundary(spec.last, spec.submesh, specs[s + 1].submesh) if s < count - 1 else 0.0
-        times.append(float(arrays.time_s[index]) + after)
+        times.append(float(setting.spans.arrays.time_s[index]) + after)
     return math.fsum(times) + (m - 1) * max(times), memory
+
+
+def _span_index(setting: PipelineChoice, spec: StageSpec) -> tuple[int, int, int, int] | None:
+    """Where ``spec``'s option sits in the span arrays; None when it has none (or an infinite time)."""
+    if spec.submesh not in setting.spans.meshes:
+        return None
+    j = setting.spans.index(spec.submesh)
+    labels = setting.spans.labels[j]
+    if (spec.mesh_shape, spec.slot) not in labels:
+        return None
+    index = (spec.first, spec.last, j, labels.index((spec.mesh_shape, spec.slot)))
+    return index if math.isfinite(setting.spans.arrays.time_s[index]) else None
+
+
+def _in_flight(setting: PipelineChoice, stage: int, count: int) -> int:
+    """Microbatches stage ``stage`` of ``count`` holds at once: all under GPipe, at most ``count − stage`` in 1F1B."""
+    m = setting.num_microbatches
+    return m if setting.schedule == Schedule.GPIPE else min(count - stage, m)
+
+
+def _stage_memory(setting: PipelineChoice, index: tuple[int, int, int, int], *, in_flight: int) -> tuple[float, float]:
+    """(state, activations) bytes per device of a stage: its weights, gradients and optimizer state, and what its
+    ``in_flight`` microbatches hold."""
+    arrays = setting.spans.arrays
+    return float(arrays.state_bytes[index]), float(arrays.activation_bytes[index] * in_flight)
+
+
+def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
+    """The candidate's fullest stage's memory in parts (:class:`planner.baselines.method_options.MemoryParts`), by
+    the span options :func:`approximate` reads: the state and the rest (activations; the model outputs and loss a
+    stage holds once, :func:`planner.inter.layer_costs.loss_and_output_bytes`, in the options' state, count with
+    them, as they grow with the rows). None when a stage has no option."""
+    setting, specs, fullest = candidate.setting, candidate.specs, None
+    for s, spec in enumerate(specs):
+        index = _span_index(setting, spec)
+        if index is None:
+            return None
+        state, activations = _stage_memory(setting, index, in_flight=_in_flight(setting, s, len(specs)))
+        names = [name for layer in setting.layers.layers[spec.first : spec.last + 1] for name in layer]
+        outputs = loss_and_output_bytes(setting.graph, names, setup)
+        state, activations = state - outputs, activations + outputs
+        if fullest is None or state + activations > fullest[0] + fullest[1]:
+            fullest = (state, activations, SLOTS[spec.slot][2])
+    assert fullest is not None, "a candidate has stages"
+    return MemoryParts(
+        state_bytes=fullest[0],
+        activation_bytes=fullest[1],
+        zero=fullest[2],
+        data_degree=max(1, candidate.degrees[2]),
+        num_microbatches=setting.num_microbatches,
+    )
 
 
 def _submesh_of(setup: CostSetup, size: int):

@@ -32,7 +32,10 @@ from dataclasses import dataclass, replace
 
 from cost_models.memory import model_state_bytes, zero_shards
 from planner.baselines.data_parallel import check_batch, data_parallel, with_zero
-from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_points, least_memory
+from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_points, least_memory, memory_parts
+from planner.baselines.handwritten import Candidate as GridCandidate
+from planner.baselines.method_options import MemoryParts
+from planner.costing.estimate import ddp_bucket_bytes
 from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
@@ -78,6 +81,7 @@ class HandwrittenResult:
     stages_built: int  # stage problems built for pricing (the others reused by shape)
     stages_reused: int
     least_memory_bytes: float | None = None  # no plan fits: the least a plan of the method needs per device
+    least_memory_parts: MemoryParts | None = None  # and that plan's fullest device in parts (its does-not-fit advice)
 
 
 def mesh_choices_of(method: str, setup: CostSetup, options: PlanOptions, num_layers: int) -> MeshChoices:
@@ -111,8 +115,16 @@ def handwritten_plan(method: str, inputs: PlanningInput) -> HandwrittenResult:
     result = _priced(found, inputs, tables, times=(started, tabled, time.perf_counter()), method=method)
     if result.best is None:
         smallest = least_memory(settings, setup, options=options, method=method)
-        result = replace(result, least_memory_bytes=None if smallest is None else smallest.memory_bytes)
+        if smallest is not None:
+            needed, parts = smallest_plan_memory(smallest, tables)
+            result = replace(result, least_memory_bytes=needed, least_memory_parts=parts)
     return result
+
+
+def smallest_plan_memory(candidate: GridCandidate, tables: LayerTables) -> tuple[float, MemoryParts | None]:
+    """What the plan of least memory (:func:`planner.baselines.handwritten.least_memory`) needs per device by the
+    span options, and its fullest device in parts (:func:`planner.baselines.handwritten.memory_parts`)."""
+    return candidate.memory_bytes, memory_parts(candidate, tables.setup)
 
 
 def pure_data_parallel(inputs: PlanningInput) -> PricedPipeline | None:
@@ -159,11 +171,45 @@ def data_parallel_plan(inputs: PlanningInput) -> HandwrittenResult:
     pure = pure_data_parallel(inputs)
     if pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s):
         return replace(grid, best=pure, graph=inputs.full_graph)
-    if grid.best is None:  # the smallest of the grid's plans and the one-microbatch plan as DDP or FSDP holds it
+    if grid.best is None:  # the smaller of the grid's smallest plan and the one-microbatch plan as DDP or FSDP holds it
         unfit = _pure_data_parallel(inputs)
-        sizes = [size for size in (grid.least_memory_bytes, unfit and unfit.estimate.memory_per_device_bytes) if size]
-        return replace(grid, least_memory_bytes=min(sizes, default=None))
+        pure_bytes = unfit and unfit.estimate.memory_per_device_bytes
+        if pure_bytes and (grid.least_memory_bytes is None or pure_bytes < grid.least_memory_bytes):
+            parts = pure_memory_parts(unfit, inputs)
+            return replace(grid, least_memory_bytes=pure_bytes, least_memory_parts=parts)
     return grid
+
+
+def pure_memory_parts(plan: PricedPipeline, inputs: PlanningInput) -> MemoryParts:
+    """The one-microbatch data-parallel plan's memory in parts: every replica's state at its ZeRO level (with DDP's
+    gradient buckets at level 0: they do not scale with the batch), the rest its activations; and the plan at each
+    higher ZeRO level as FSDP holds it (:func:`planner.baselines.data_parallel.with_zero`)."""
+    (stage,) = plan.stages
+    replicas, setup = len(stage.devices), inputs.setup
+    weights, grads, state = zero_shards(stage.zero, replicas)
+    held = model_state_bytes(
+        inputs.full_graph.num_params,
+        optimizer=setup.optimizer,
+        weight_shards=weights,
+        grad_shards=grads,
+        state_shards=state,
+    )
+    if stage.zero == 0:
+        held += ddp_bucket_bytes(inputs.full_graph, setup, num_devices=replicas)
+    total = plan.estimate.memory_per_device_bytes
+    graph = inputs.full_graph
+    at_zero = {
+        level: with_zero(plan.stages, plan.estimate, graph, setup, level=level, check=False)[1].memory_per_device_bytes
+        for level in range(stage.zero + 1, 4)
+    }
+    return MemoryParts(
+        state_bytes=min(held, total),
+        activation_bytes=max(0.0, total - held),
+        zero=stage.zero,
+        data_degree=replicas,
+        num_microbatches=1,
+        at_zero=at_zero,
+    )
 
 
 def megatron_at_scale(inputs: PlanningInput) -> HandwrittenResult:

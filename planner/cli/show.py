@@ -9,6 +9,10 @@ saved (:mod:`planner.plan.choices`), or as JSON with ``--json``. The
 pipeline bubble printed is the plan's, the one ``plan`` and ``plan compare`` print. ``--figure``
 draws the plan on its device grid and the simulated step as a Gantt chart
 (:mod:`planner.cli.plan_figure`). Bad input is one error line and exit 2, and writes nothing.
+
+A plan made from Python (:func:`planner.api.plan`) names no model file to rebuild: ``plan show`` prints its
+summary and choices, says first that it cannot replay it (:data:`NO_MODEL_FILE`), gives ``null`` simulated figures
+with ``--json`` and refuses ``--figure`` (the timeline is the replay's).
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ from planner.plan.report import headroom_bytes
 
 if TYPE_CHECKING:
     from planner.ir.model_file import ModelFile
+
+NO_MODEL_FILE = (
+    "the plan names no model file (it was planned from Python), so it cannot be replayed: no simulated step, peak "
+    "memory or figure; its summary and choices follow (plan the model with `plan MODEL_FILE ...` to replay it)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,6 +67,8 @@ def run_show(argv: Sequence[str]) -> int:
     options = _parser().parse_args(list(argv))
     figure = figure_path(options.figure)
     plan = load_plan(options.plan)
+    if plan.model.file is None:
+        return _show_without_model(plan, plan_path=options.plan, figure=figure, as_json=options.json)
     result = simulate_recorded(plan)
     if figure is not None:
         from planner.cli.plan_figure import draw_plan
@@ -76,6 +87,24 @@ def run_show(argv: Sequence[str]) -> int:
             choices=choices_text(plan_choices(plan)),
         )
     )
+    return 0
+
+
+def _show_without_model(plan: Plan, *, plan_path: str, figure: Path | None, as_json: bool) -> int:
+    """``plan show`` of a plan with no model file: everything but the replay (:data:`NO_MODEL_FILE`)."""
+    from planner.cli.choices_table import choices_text
+    from planner.plan.report import plan_summary
+
+    if figure is not None:
+        raise AutoplanError(
+            "--figure draws the plan's replay, and the plan names no model file to replay (it was planned from "
+            "Python): plan the model with `plan MODEL_FILE ...`, or drop --figure"
+        )
+    if as_json:
+        print(json.dumps(show_json(plan, None), indent=2))
+        return 0
+    print(f"plan show: {NO_MODEL_FILE}")
+    print(plan_summary(plan, plan_path=plan_path, choices=choices_text(plan_choices(plan))))
     return 0
 
 
@@ -147,18 +176,20 @@ def stage_json(stage: Stage) -> dict[str, Any]:
     }
 
 
-def show_json(plan: Plan, result: SimResult) -> dict[str, Any]:
+def show_json(plan: Plan, result: SimResult | None) -> dict[str, Any]:
+    """The stages, estimate, Megatron-LM terms and choices; the simulated figures None without a replay."""
     return {
         "method": plan.method,
         "num_microbatches": plan.num_microbatches,
         "schedule": plan.schedule,
         "stages": [stage_json(stage) for stage in sorted(plan.stages, key=lambda s: s.index)],
         "estimated_step_time_s": plan.estimate.step_time_s,
-        "simulated_step_time_s": result.step_time_s,
+        "simulated_step_time_s": None if result is None else result.step_time_s,
         "bubble_fraction": plan.estimate.bubble_fraction,  # the plan's pipeline bubble, as plan prints it
-        "peak_memory_bytes": result.max_memory_bytes,
+        "peak_memory_bytes": None if result is None else result.max_memory_bytes,
         "headroom_bytes": headroom_bytes(plan),  # the budget less the estimate, on the fullest device
         "choices": plan_choices(plan).to_json(),  # each stage's choices and savings (planner.plan.choices)
+        "megatron": plan.megatron.to_json(),  # the plan in Megatron-LM's terms (planner.plan.megatron_terms)
     }
 
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from planner.plan.codec import JsonCoded
 from planner.plan.stage import Remat, Saving, Stage
-from planner.plan.value import Plan
+
+if TYPE_CHECKING:  # annotations only: Plan.summary prints the choices' text (planner.plan.report)
+    from planner.plan.value import Plan
 
 EXACT_SYNC = "exact (bucketed, overlapped with the last backward)"
 REMAT_WORDS = {Remat.NONE: "none", Remat.ATTENTION: "selective (attention)", Remat.FULL: "full"}

@@ -1,6 +1,8 @@
-"""Human-readable text about plans: the short summary ``plan`` and ``plan show`` print.
+"""Human-readable text about plans: the short summary ``plan``, ``plan show`` and ``print(plan)`` print.
 
-The summary opens with the plan's shape (:func:`planner.plan.shape.plan_shape`), says what was
+The summary opens with the plan's shape (:func:`planner.plan.shape.plan_shape`) and the same plan in
+Megatron-LM's terms (:func:`planner.plan.megatron_terms.megatron_terms_text`: global batch, micro-batch
+size per data-parallel replica, TP/PP/DP/VPP, sequence length, tokens/s per GPU, MFU), says what was
 planned, the stages (graph nodes are *operators* here; *nodes* are the cluster's machines), the
 estimate with its pipeline bubble (:func:`cost_models.simulator.bubble_fraction`), why the
 method's candidate was chosen, in words, and ends with the next command to run.
@@ -10,16 +12,19 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_models.cluster import PRESET_NAMES, Cluster, reserved_bytes
 from cost_models.units import GIB
 from planner.plan.choices import memory_saving_of
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
+from planner.plan.megatron_terms import megatron_terms_text
 from planner.plan.method import Method
 from planner.plan.shape import count_of, plan_shape, stage_degrees
 from planner.plan.stage import Saving, Stage
-from planner.plan.value import Estimate, Plan
+
+if TYPE_CHECKING:  # annotations only: Plan.summary and print(plan) give this module's summary
+    from planner.plan.value import Estimate, Plan
 
 COMPARED_NOTE = "compared under the same cost model: "  # planner.api's note on the auto-family candidates
 CHOSEN_MARK = "; chosen: "
@@ -215,8 +220,12 @@ def next_step_lines(plan: Plan, *, plan_path: str | None = None) -> list[str]:
 
 
 def _batch_text(plan: Plan) -> str:
+    """``batch 32 in 8 microbatches of 4 rows (over the replicas)``: a microbatch's rows across the data-parallel
+    replicas; Megatron's micro-batch size (per replica) is on the Megatron-LM terms line."""
     m = plan.num_microbatches
-    return f"batch {plan.batch_size}" + (f" in {m} microbatches of {plan.batch_size // m}" if m > 1 else "")
+    return f"batch {plan.batch_size}" + (
+        f" in {m} microbatches of {plan.batch_size // m} rows (over the replicas)" if m > 1 else ""
+    )
 
 
 def plan_summary(
@@ -229,6 +238,7 @@ def plan_summary(
     args = ", ".join(f"{k}={v}" for k, v in model.args.items())
     lines = [
         plan_shape(plan),
+        megatron_terms_text(plan.megatron, per="device" if cluster.device.is_cpu() else "GPU"),
         f"autoplan {plan.method} plan for {model.file or 'model'}{f' ({args})' if args else ''}: "
         f"{model.num_params / 1e6:,.1f}M parameters",
         f"cluster {cluster.name}: {count_of(cluster.num_nodes, 'node')} × {cluster.devices_per_node} "

@@ -14,10 +14,13 @@ microbatches flow.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage
-from planner.plan.value import Plan
+
+if TYPE_CHECKING:  # planner.plan.value writes the plan's Megatron terms, which read the degrees here
+    from planner.plan.value import Plan
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B", "zero-bubble": "zero bubble"}
 

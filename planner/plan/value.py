@@ -4,7 +4,8 @@ JSON layout (``format_version`` 3): the fields of :class:`Plan`, each nested dat
 (:mod:`planner.plan.codec`; the schema, generated from these types, is ``docs/plan-schema.json``,
 :mod:`planner.plan.schema`)::
 
-    {format_version, method, model: {fingerprint, num_params, file, args, tracer}, cluster: {...Cluster.to_json()},
+    {format_version, method, model: {fingerprint, num_params, file, args, tracer, sequence_length},
+     cluster: {...Cluster.to_json()},
      batch_size, num_microbatches, schedule, optimizer,
      stages: [{index, nodes, devices, mesh_shape,
                strategies: {node: {split, input_specs, output_spec, compute_shards,
@@ -18,9 +19,14 @@ JSON layout (``format_version`` 3): the fields of :class:`Plan`, each nested dat
                 savings: {schedule_saved_s, schedule_saved_bytes, grad_sync_saved_s}},
      search: {time_s, capture_s, ...}, notes, batch_stat_rows, memory_fraction,
      grad_sync: {kind, rank, period, warmup_steps} (planner.plan.grad_sync),
-     runtime (planner.costing.runtime_profiles)}
+     runtime (planner.costing.runtime_profiles),
+     megatron: {global_batch_size, micro_batch_size, num_microbatches, tensor_parallel, pipeline_parallel, ...}}
 
-A field with a default may be left out (it takes the default); an unknown field is an error.
+A field with a default may be left out (it takes the default); an unknown field is an error. ``megatron`` is
+derived, read-only: the plan in Megatron-LM's terms (:func:`planner.plan.megatron_terms.megatron_terms`), written
+by :meth:`Plan.to_json` on every save and ignored by :meth:`Plan.from_json`, which recomputes it from the plan
+(``Plan.megatron``): a derived value that is not read cannot disagree with the plan it describes. ``print(plan)``
+and :meth:`Plan.summary` give the summary ``plan`` prints (:func:`planner.plan.report.plan_summary`).
 
 The plan is the program: every node's :class:`NodeSharding` is the strategy the search chose, and
 the simulator, ``plan show``, ``plan run`` and the executors read it as it is — the spec each
@@ -52,6 +58,7 @@ from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 from planner.plan.codec import Codec, CodecError, External, JsonCoded
 from planner.plan.grad_sync import GradSync
+from planner.plan.megatron_terms import MegatronTerms, megatron_terms
 from planner.plan.method import Method
 from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage
@@ -66,6 +73,7 @@ class PlanError(AutoplanError):
     """A plan that breaks a rule: the message names the offending values."""
 
 
+DERIVED_KEY = "megatron"  # the read-only block Plan.to_json writes and Plan.from_json ignores
 BREAKDOWN_TOLERANCE = 1e-9  # relative: float rounding between a step and the sum of its parts
 
 
@@ -132,6 +140,8 @@ class ModelRef(JsonCoded):
     file: str | None = None
     args: Mapping[str, Any] = field(default_factory=dict)
     tracer: str = "export"
+    # the second dim of the first input when it is batch × sequence integer token ids; None: not tokens
+    sequence_length: int | None = None
 
 
 LINK_SCHEMA: dict[str, Any] = {
@@ -230,9 +240,24 @@ class Plan:
         """Bytes per device the plan was made to fit in: (capacity - reserve) x memory_fraction."""
         return memory_budget_bytes(self.cluster, memory_fraction=self.memory_fraction)
 
+    @property
+    def megatron(self) -> MegatronTerms:
+        """The plan in Megatron-LM's terms (global batch, micro-batch size per replica, TP/PP/DP/VPP, tokens/s per
+        GPU, MFU), derived from the plan (:mod:`planner.plan.megatron_terms`)."""
+        return megatron_terms(self)
+
+    def summary(self, *, plan_path: str | None = None) -> str:
+        """The summary ``plan`` prints (its next steps name ``plan_path``, else ``PLAN.json``)."""
+        from planner.plan.report import plan_summary  # the report reads Plan: imported when asked
+
+        return plan_summary(self, plan_path=plan_path)
+
+    def __str__(self) -> str:
+        return self.summary()
+
     def to_json(self) -> dict[str, Any]:
-        """The plan as JSON data (:data:`PLAN_CODEC`)."""
-        return PLAN_CODEC.encode(self)
+        """The plan as JSON data (:data:`PLAN_CODEC`), with its derived ``megatron`` block last."""
+        return {**PLAN_CODEC.encode(self), DERIVED_KEY: PLAN_CODEC.encode(self.megatron)}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
@@ -246,8 +271,9 @@ class Plan:
                 f"plan format_version {version!r} is not one this autoplan reads ({FORMAT_VERSION}): "
                 "re-plan the model with `plan MODEL_FILE ...` to get a plan it can run"
             )
+        stored = {key: value for key, value in data.items() if key != DERIVED_KEY}  # derived: recomputed, not read
         try:
-            return PLAN_CODEC.decode(cls, data)
+            return PLAN_CODEC.decode(cls, stored)
         except (CodecError, TypeError, ValueError) as error:
             raise PlanError(f"plan JSON is malformed: {error}") from None
 
