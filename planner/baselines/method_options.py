@@ -215,6 +215,15 @@ def does_not_fit_message(
         return state
     if needed_bytes is None:
         return f"cannot make a {plan_words} for this model and cluster"
+    if needed_bytes <= setup.memory_budget_bytes:  # the approximate smallest fits: the exact pricing refused them
+        return (
+            f"cannot make a {plan_words}: by the layer-table estimate its smallest configuration needs "
+            f"{gib_text(needed_bytes)} GiB per device, within the budget of {gib_text(setup.memory_budget_bytes)} GiB, "
+            "but the configurations priced exactly could not be laid out on this model (fewer layers than pipeline "
+            "stages × virtual stages, or a batch its microbatches and replicas do not divide) or needed more once "
+            "priced exactly: try fewer pipeline stages, another --schedule or --microbatches, a smaller batch, or "
+            "--method auto"
+        )
     advice = fit_advice(method, options, setup, parts=parts, batch_size=batch_size)
     return (
         f"does not fit: the smallest {plan_words} needs {gib_text(needed_bytes)} GiB per device{parts_text(parts)}, "
