@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from cost_models.memory import model_state_bytes, zero_shards
 from planner.baselines.data_parallel import check_batch, data_parallel, with_zero
 from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_points, least_memory
+from planner.baselines.offloaded import with_offload
 from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError
@@ -157,6 +158,11 @@ def data_parallel_plan(inputs: PlanningInput) -> HandwrittenResult:
     check_batch(inputs.graphs.batch_size, inputs.setup.cluster.num_devices)
     grid = handwritten_plan("data-parallel", inputs)
     pure = pure_data_parallel(inputs)
+    faster = pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s)
+    fitting = pure if faster else grid.best
+    offloaded = with_offload(fitting, inputs)  # CPU offload: --offload on, or auto when nothing else fits
+    if offloaded is not fitting:
+        return replace(grid, best=offloaded, graph=inputs.full_graph if offloaded else grid.graph)
     if pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s):
         return replace(grid, best=pure, graph=inputs.full_graph)
     if grid.best is None:  # the smallest of the grid's plans and the one-microbatch plan as DDP or FSDP holds it
