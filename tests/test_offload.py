@@ -1,0 +1,138 @@
+"""CPU offload under FSDP2 (``--offload``, ``Stage.offload``): the host link, its price, the choice, the plan JSON,
+the executors' CPUOffloadPolicy against one process (``-k offload_parity``), and a model that only fits with it."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cost_models.cluster import load_cluster
+from cost_models.memory import optimizer_bytes
+from planner.api import plan_prepared, prepare_model_file
+from planner.baselines.data_parallel import data_parallel_stage
+from planner.baselines.method_options import method_option_refusal
+from planner.cli.main import main
+from planner.costing.ddp import fsdp_step
+from planner.costing.offload import host_optimizer_s
+from planner.costing.zero import fsdp_memory
+from planner.errors import AutoplanError
+from planner.options import PlanOptions
+from planner.plan import Plan, save_plan
+from tests.conftest import EXAMPLES, captured, setup_for, torchrun
+
+BATCH = 8
+
+
+def test_host_links_follow_the_pcie_generation_and_cpu_ranks_copy_in_memory() -> None:
+    """PCIe 3.0 (V100), 4.0 (A100), 5.0 (H100) x16 at 80% pinned; a CPU rank's "copy" is a memcpy (half its
+    streaming bandwidth), its optimizer streams at the rank's own bandwidth."""
+    assert load_cluster("p3.16xlarge").host().bandwidth == pytest.approx(0.8 * 15.75e9)
+    assert load_cluster("dgx-a100").host().bandwidth == pytest.approx(0.8 * 31.5e9)
+    assert load_cluster("dgx-h100").host().bandwidth == pytest.approx(0.8 * 63e9)
+    a100 = load_cluster("dgx-a100").host()
+    assert a100.per_device_memory_bandwidth == pytest.approx(0.75 * 2 * 8 * 3200e6 * 8 / 8)
+    cpu = load_cluster("local-cpu")
+    streaming = cpu.device.memory_bandwidth * cpu.device.memory_efficiency
+    assert cpu.host().bandwidth == pytest.approx(streaming / 2)
+    assert cpu.host().per_device_memory_bandwidth == pytest.approx(streaming)
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_offload_moves_the_shards_off_the_device_and_prices_copies_and_the_cpu_step(level: int) -> None:
+    """Per device: the weight and optimizer-state shards (and at levels 2, 3 the gradient shards) leave the
+    device; the step pays the copies over PCIe and Adam on the CPU instead of on the device."""
+    graph, setup = captured("gpt", BATCH), setup_for()
+    stage = replace(data_parallel_stage(graph, setup, batch_size=BATCH, devices=tuple(range(8))), zero=level)
+    offloaded = replace(stage, offload=True)
+    kept, moved = fsdp_memory(stage, graph, setup), fsdp_memory(offloaded, graph, setup)
+    per, n = optimizer_bytes(setup.optimizer), graph.num_params
+    shards = n * (per.weights / (8 if level == 3 else 1) + per.state / 8)
+    assert kept.state_bytes == pytest.approx(shards)  # one microbatch: the gradients are in the tape
+    assert moved.state_bytes == 0
+    assert moved.total_bytes < kept.total_bytes
+    if level >= 2:  # the gradient shards too: they leave the tape
+        assert kept.total_bytes - moved.total_bytes > shards
+    before, after = fsdp_step(stage, graph, setup, m=1), fsdp_step(offloaded, graph, setup, m=1)
+    host = host_optimizer_s(offloaded, graph, setup)
+    expected = n / 8 * (2 * (per.weights + per.state) + per.grads) / setup.cluster.host().per_device_memory_bandwidth
+    assert host == pytest.approx(expected)
+    assert after.breakdown_s["host_optimizer_s"] == pytest.approx(host)
+    assert "optimizer_s" not in after.breakdown_s and "host_optimizer_s" not in before.breakdown_s
+    assert after.step_s > before.step_s  # offload never saves time
+    assert after.whole_sync_s > before.whole_sync_s  # the copies ride with the collectives
+
+
+def test_offload_options_are_checked_in_one_line() -> None:
+    with pytest.raises(AutoplanError, match="--offload must be one of auto, off, on"):
+        PlanOptions(offload="always")
+    with pytest.raises(AutoplanError, match="--offload on runs under FSDP"):
+        PlanOptions(offload="on", zero="0")
+    refusal = method_option_refusal("megatron", PlanOptions(offload="on"))
+    assert refusal is not None and "data-parallel plans only" in refusal
+    assert method_option_refusal("data-parallel", PlanOptions(offload="on")) is None
+    assert "CPU offload" in PlanOptions(offload="on").asked_choices()
+
+
+def _offloaded_mlp_plan(world: int = 2) -> Plan:
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=world)
+    prepared = prepare_model_file(EXAMPLES / "mlp.py", cluster, batch_size=16, zero="3", offload="on")
+    return plan_prepared(prepared, "data-parallel")
+
+
+def test_offload_on_plans_it_and_the_json_round_trips_and_old_plans_load_without_it() -> None:
+    plan = _offloaded_mlp_plan()
+    (stage,) = plan.stages
+    assert stage.offload and stage.zero == 3
+    assert "CPU offload" in stage.memory_saving.choice and stage.memory_saving.saved_s < 0
+    assert "host_optimizer_s" in plan.estimate.breakdown_s
+    data = plan.to_json()
+    assert data["stages"][0]["offload"] is True
+    assert Plan.from_json(data) == plan
+    del data["stages"][0]["offload"]  # a plan written before offload existed
+    data["stages"][0]["memory_saving"] = None
+    assert Plan.from_json(data).stages[0].offload is False
+
+
+def test_offload_parity(tmp_path: Path) -> None:
+    """ZeRO-3 with FSDP2's CPUOffloadPolicy on 2 gloo ranks against one process: the loss and every gradient of
+    two AdamW steps, and the optimizer state after them, by relative norm (on CPU ranks the policy runs, its
+    copies no-ops: host and device are the same memory)."""
+    path = tmp_path / "mlp-fsdp3-offload.json"
+    save_plan(_offloaded_mlp_plan(), path)
+    out = tmp_path / "report.json"
+    done = torchrun(2, "offload_worker.py", out, [path])
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["offloaded"], "the stage did not run under CPUOffloadPolicy"
+    assert all(step["ok"] for step in report["steps"]), report["steps"]
+    assert report["state"] and all(
+        excess <= 0 for moments in report["state"].values() for excess in moments.values()
+    ), report["state"]
+
+
+def test_a_model_whose_state_only_fits_offloaded_is_planned_with_offload(tmp_path: Path, capsys) -> None:
+    """GPT-2.6B on 2 V100 16 GB: Adam's state alone is 21 GiB per device split over both, so no plan fits without
+    offload; auto picks ZeRO with CPU offload and says what it saved and cost. ``--offload off`` does not fit."""
+    args = [
+        str(EXAMPLES / "gpt.py"),
+        *("--cluster", "p3.16xlarge", "--devices-per-node", "2", "--batch-size", "2", "--model-arg", "size=2.6b"),
+    ]
+    assert main([*args, "--out", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert "sharded over the data axes; their shards in host memory, the optimizer on the CPU" in out
+    line = next(line for line in out.splitlines() if "memory:" in line)
+    assert ", CPU offload:" in line and "s more per step and" in line and "(does not fit)" in line
+    assert "host optimizer" in out
+    plan = Plan.from_json(json.loads((tmp_path / "plan.json").read_text()))
+    (stage,) = plan.stages
+    assert stage.offload and stage.zero >= 1
+    assert plan.estimate.memory_per_device_bytes <= plan.cluster.device.memory_bytes
+    assert math.isfinite(plan.estimate.step_time_s)
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main([*args, "--offload", "off", "--out", str(tmp_path / "off.json")]))
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "off.json").exists()
