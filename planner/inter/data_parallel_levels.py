@@ -61,16 +61,20 @@ def best_level(
     if not others:
         return chosen, None
     other = min(others, key=lambda price: (price.memory_bytes > budget, price.step_s))
-    line = MemorySaving(
-        choice=memory_choice_label(stage.remat, chosen.level),
-        next_best=memory_choice_label(stage.remat, other.level)
-        + (" (does not fit)" if other.memory_bytes > budget else ""),
+    return chosen, _line(stage, chosen, other, budget_bytes=budget)
+
+
+def _line(stage: Stage, chosen: LevelPrice, other: LevelPrice, *, budget_bytes: float) -> MemorySaving:
+    """The stage's line: ``chosen`` against ``other`` at the stage's recomputation."""
+    return MemorySaving(
+        choice=memory_choice_label(stage.remat, chosen.level, offload=chosen.offload),
+        next_best=memory_choice_label(stage.remat, other.level, offload=other.offload)
+        + (" (does not fit)" if other.memory_bytes > budget_bytes else ""),
         saved_s=other.step_s - chosen.step_s,
         saved_bytes=other.memory_bytes - chosen.memory_bytes,
         next_best_remat=stage.remat,
         next_best_zero=other.level,
     )
-    return chosen, line
 
 
 def best_offloaded_level(
@@ -98,13 +102,4 @@ def best_offloaded_level(
     chosen = min(fitting, key=lambda price: (price.step_s, price.memory_bytes))
     without = [priced(level, False) for level in allowed_levels(zero)]
     other = min(without, key=lambda price: (price.memory_bytes > budget, price.step_s))
-    line = MemorySaving(
-        choice=memory_choice_label(stage.remat, chosen.level, offload=True),
-        next_best=memory_choice_label(stage.remat, other.level)
-        + (" (does not fit)" if other.memory_bytes > budget else ""),
-        saved_s=other.step_s - chosen.step_s,
-        saved_bytes=other.memory_bytes - chosen.memory_bytes,
-        next_best_remat=stage.remat,
-        next_best_zero=other.level,
-    )
-    return chosen, line
+    return chosen, _line(stage, chosen, other, budget_bytes=budget)
