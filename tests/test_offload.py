@@ -22,6 +22,7 @@ from planner.costing.zero import fsdp_memory
 from planner.errors import AutoplanError
 from planner.options import PlanOptions
 from planner.plan import Plan, save_plan
+from planner.plan.choices import plan_choices
 from tests.conftest import EXAMPLES, captured, setup_for, torchrun
 
 BATCH = 8
@@ -89,6 +90,7 @@ def test_offload_on_plans_it_and_the_json_round_trips_and_old_plans_load_without
     assert stage.offload and stage.zero == 3
     assert "CPU offload" in stage.memory_saving.choice and stage.memory_saving.saved_s < 0
     assert "host_optimizer_s" in plan.estimate.breakdown_s
+    assert plan_choices(plan).stages[0].zero == "ZeRO-3, CPU offload"  # plan explain's choices
     data = plan.to_json()
     assert data["stages"][0]["offload"] is True
     assert Plan.from_json(data) == plan
@@ -136,3 +138,29 @@ def test_a_model_whose_state_only_fits_offloaded_is_planned_with_offload(tmp_pat
         raise SystemExit(main([*args, "--offload", "off", "--out", str(tmp_path / "off.json")]))
     assert exit_info.value.code == 2
     assert not (tmp_path / "off.json").exists()
+
+
+@pytest.mark.parametrize("zero", ["1", "3", "auto"])
+def test_an_offloaded_plan_has_one_price_in_the_estimate_and_the_simulator(zero: str) -> None:
+    """The copies ride on FSDP's collectives and the CPU step replaces the device's, in the simulator as in the
+    estimate: the simulated step equals the estimate."""
+    from planner.costing.lowering import simulate_plan
+    from planner.costing.setup import plan_setup
+
+    cluster = load_cluster("dgx-a100", num_nodes=1, devices_per_node=4)
+    prepared = prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=8, zero=zero, offload="on")
+    plan = plan_prepared(prepared, "data-parallel")
+    (stage,) = plan.stages
+    assert stage.offload and (stage.zero == int(zero) if zero != "auto" else stage.zero >= 1)
+    simulated = simulate_plan(plan, captured("gpt", 8), plan_setup(plan))
+    assert simulated.step_time_s == pytest.approx(plan.estimate.step_time_s, rel=1e-9)
+
+
+def test_auto_with_offload_on_plans_only_the_offloaded_data_parallel_plan() -> None:
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    plan = plan_prepared(prepare_model_file(EXAMPLES / "mlp.py", cluster, batch_size=16, offload="on"), "auto")
+    (stage,) = plan.stages
+    assert stage.offload and stage.zero >= 1 and stage.is_pure_data_parallel
+    fits = plan_prepared(prepare_model_file(EXAMPLES / "mlp.py", cluster, batch_size=16), "auto")
+    assert not any(stage.offload for stage in fits.stages)  # auto: it fits without, so no offload
+    assert plan.estimate.step_time_s > fits.estimate.step_time_s
