@@ -33,7 +33,7 @@ from cost_models.units import GIB
 from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, least_memory
 from planner.baselines.handwritten_plan import megatron_at_scale, pure_data_parallel
 from planner.baselines.method_options import gib_text, state_too_large_message
-from planner.baselines.offloaded import with_offload
+from planner.baselines.offloaded import offload_hint, with_offload
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.planning_input import PlanningInput
@@ -173,7 +173,7 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
             "equal size and, for interleaved, twice as many layers): try --schedule auto"
         )
     if not priced:
-        raise AutoplanError(_does_not_fit(settings, setup, options))
+        raise AutoplanError(_does_not_fit(settings, setup, options) + offload_hint(inputs))
     chosen_by = min(priced, key=lambda method: priced[method].estimate.step_time_s)  # the figure every command prints
     return AutoResult(
         best=priced[chosen_by],

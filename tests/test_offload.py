@@ -118,7 +118,8 @@ def test_offload_parity(tmp_path: Path) -> None:
 
 def test_a_model_whose_state_only_fits_offloaded_is_planned_with_offload(tmp_path: Path, capsys) -> None:
     """GPT-2.6B on 2 V100 16 GB: Adam's state alone is 21 GiB per device split over both, so no plan fits without
-    offload; auto picks ZeRO with CPU offload and says what it saved and cost. ``--offload off`` does not fit."""
+    offload; auto picks ZeRO with CPU offload and says what it saved and cost. ``--offload off`` does not fit, and
+    the error says that offload would."""
     args = [
         str(EXAMPLES / "gpt.py"),
         *("--cluster", "p3.16xlarge", "--devices-per-node", "2", "--batch-size", "2", "--model-arg", "size=2.6b"),
@@ -138,6 +139,8 @@ def test_a_model_whose_state_only_fits_offloaded_is_planned_with_offload(tmp_pat
         raise SystemExit(main([*args, "--offload", "off", "--out", str(tmp_path / "off.json")]))
     assert exit_info.value.code == 2
     assert not (tmp_path / "off.json").exists()
+    error = capsys.readouterr().err
+    assert "does not fit" in error and "CPU offload fits it (ZeRO-" in error and "drop --offload off" in error
 
 
 @pytest.mark.parametrize("zero", ["1", "3", "auto"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from cost_models.units import GIB
 from planner.baselines.data_parallel import data_parallel
 from planner.costing.ddp import ddp_estimate, ddp_step, fsdp_step
 from planner.costing.plan_memory import sharded_stage_memory
@@ -37,6 +38,21 @@ def with_offload(fitting: PricedPipeline | None, inputs: PlanningInput) -> Price
     if choice == OffloadChoice.OFF or (choice == OffloadChoice.AUTO and fitting is not None):
         return fitting
     return offloaded_data_parallel(inputs)
+
+
+def offload_hint(inputs: PlanningInput) -> str:
+    """Under ``--offload off``, when the offloaded data-parallel plan would fit: the clause saying so (else "")."""
+    if inputs.options.offload != OffloadChoice.OFF or str(inputs.options.zero) == "0":
+        return ""
+    found = offloaded_data_parallel(replace(inputs, options=replace(inputs.options, offload=OffloadChoice.ON)))
+    if found is None:
+        return ""
+    (stage,) = found.stages
+    return (
+        f"; CPU offload fits it (ZeRO-{stage.zero} with the shards in host memory, "
+        f"{found.estimate.memory_per_device_bytes / GIB:.1f} GiB per device, step {found.estimate.step_time_s:.3g} s): "
+        "drop --offload off"
+    )
 
 
 def offloaded_data_parallel(inputs: PlanningInput) -> PricedPipeline | None:
