@@ -20,6 +20,9 @@ per device kind, :class:`HostLink`:
   channels, 256 GB/s; DGX A100 2 × EPYC 7742, 8 DDR4-3200 channels, 409.6 GB/s; DGX H100 2 × Xeon Platinum 8480C,
   8 DDR5-4800 channels, 614.4 GB/s.
 
+* ``host_memory_bytes``: the node's DRAM, which holds every device's offloaded shards: p3.16xlarge 488 GiB (AWS EC2
+  instance types page), DGX-2H 1.5 TB, DGX A100 1 TB, DGX H100 2 TB (NVIDIA's DGX data sheets).
+
 A CPU process (``local-cpu``, calibrated clusters) is its own host: a "copy" is a memcpy within its memory
 (reading and writing: half the device's streaming bandwidth) and the step streams at the device's own bandwidth.
 Another device (a cluster file's) is taken as PCIe 4.0 with the DGX A100 host, an assumption stated here.
@@ -30,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.device import DeviceSpec
+from cost_models.units import GIB
 
 PINNED_PCIE_SHARE = 0.8  # pinned cudaMemcpyAsync against the link's line rate (module docstring)
 STREAM_SHARE = 0.75  # STREAM triad against the DRAM channels' peak (module docstring)
@@ -47,7 +51,8 @@ class HostLink:
 
     bandwidth: float
     host_memory_bandwidth: float
-    devices_per_host: int = 1  # the devices whose optimizer steps share the host memory
+    host_memory_bytes: float  # the node's DRAM, shared by its devices' offloaded shards
+    devices_per_host: int = 1  # the devices whose optimizer steps and offloaded shards share the host memory
 
     def copy_s(self, num_bytes: float) -> float:
         """Seconds to copy ``num_bytes`` between the device and its host, one direction."""
@@ -59,24 +64,26 @@ class HostLink:
         return self.host_memory_bandwidth / self.devices_per_host
 
 
-# device name -> (PCIe generation, the node's DRAM peak): the module docstring's table
+# device name -> (PCIe generation, the node's DRAM peak bandwidth, the node's DRAM): the module docstring's table
 _GPU_HOSTS = {
-    "V100-SXM2-16GB": (3, _dram(sockets=2, channels=4, megatransfers=2400)),
-    "V100-SXM3-32GB": (3, _dram(sockets=2, channels=6, megatransfers=2666)),
-    "A100-SXM-80GB": (4, _dram(sockets=2, channels=8, megatransfers=3200)),
-    "H100-SXM-80GB": (5, _dram(sockets=2, channels=8, megatransfers=4800)),
+    "V100-SXM2-16GB": (3, _dram(sockets=2, channels=4, megatransfers=2400), 488 * GIB),
+    "V100-SXM3-32GB": (3, _dram(sockets=2, channels=6, megatransfers=2666), 1.5e12),
+    "A100-SXM-80GB": (4, _dram(sockets=2, channels=8, megatransfers=3200), 1e12),
+    "H100-SXM-80GB": (5, _dram(sockets=2, channels=8, megatransfers=4800), 2e12),
 }
 _OTHER_GPU_HOST = _GPU_HOSTS["A100-SXM-80GB"]
 
 
 def host_link(device: DeviceSpec, *, devices_per_node: int) -> HostLink:
-    """The host link of ``device`` on a node of ``devices_per_node`` devices (module docstring)."""
+    """The host link of ``device`` on a node of ``devices_per_node`` devices (module docstring). A CPU process's
+    host is its own memory (offload moves nothing off it)."""
     if device.is_cpu():
         streaming = device.memory_bandwidth * device.memory_efficiency
-        return HostLink(bandwidth=streaming / 2, host_memory_bandwidth=streaming)
-    generation, dram = _GPU_HOSTS.get(device.name, _OTHER_GPU_HOST)
+        return HostLink(bandwidth=streaming / 2, host_memory_bandwidth=streaming, host_memory_bytes=device.memory_bytes)
+    generation, bandwidth, memory = _GPU_HOSTS.get(device.name, _OTHER_GPU_HOST)
     return HostLink(
         bandwidth=PINNED_PCIE_SHARE * PCIE_X16[generation],
-        host_memory_bandwidth=STREAM_SHARE * dram,
+        host_memory_bandwidth=STREAM_SHARE * bandwidth,
+        host_memory_bytes=memory,
         devices_per_host=devices_per_node,
     )

@@ -12,12 +12,13 @@ import pytest
 
 from cost_models.cluster import load_cluster
 from cost_models.memory import optimizer_bytes
+from cost_models.units import GIB
 from planner.api import plan_prepared, prepare_model_file
 from planner.baselines.data_parallel import data_parallel_stage
 from planner.baselines.method_options import method_option_refusal
 from planner.cli.main import main
 from planner.costing.ddp import fsdp_step
-from planner.costing.offload import host_optimizer_s
+from planner.costing.offload import host_bytes, host_optimizer_s
 from planner.costing.zero import fsdp_memory
 from planner.errors import AutoplanError
 from planner.options import PlanOptions
@@ -40,6 +41,22 @@ def test_host_links_follow_the_pcie_generation_and_cpu_ranks_copy_in_memory() ->
     streaming = cpu.device.memory_bandwidth * cpu.device.memory_efficiency
     assert cpu.host().bandwidth == pytest.approx(streaming / 2)
     assert cpu.host().per_device_memory_bandwidth == pytest.approx(streaming)
+    assert load_cluster("p3.16xlarge").host().host_memory_bytes == 488 * GIB
+    assert load_cluster("dgx-h100").host().host_memory_bytes == 2e12
+
+
+def test_offload_on_cpu_ranks_saves_no_memory_and_the_host_must_hold_every_shard() -> None:
+    """A CPU rank's host is its own memory: its offloaded plan holds what the plan without offload holds. The
+    node's DRAM holds each device's shards, N·(w + g + s)/d, for the node's devices."""
+    graph = captured("gpt", BATCH)
+    cpu = setup_for(cluster=load_cluster("local-cpu", num_nodes=1, devices_per_node=2))
+    stage = replace(data_parallel_stage(graph, cpu, batch_size=BATCH, devices=(0, 1)), zero=3)
+    offloaded = replace(stage, offload=True)
+    assert fsdp_memory(offloaded, graph, cpu).total_bytes == fsdp_memory(stage, graph, cpu).total_bytes
+    a100 = setup_for()
+    stage = replace(data_parallel_stage(graph, a100, batch_size=BATCH, devices=tuple(range(8))), zero=3, offload=True)
+    per = optimizer_bytes(a100.optimizer)
+    assert host_bytes(stage, graph, a100) == pytest.approx(graph.num_params * (per.weights + per.grads + per.state))
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
@@ -167,3 +184,11 @@ def test_auto_with_offload_on_plans_only_the_offloaded_data_parallel_plan() -> N
     fits = plan_prepared(prepare_model_file(EXAMPLES / "mlp.py", cluster, batch_size=16), "auto")
     assert not any(stage.offload for stage in fits.stages)  # auto: it fits without, so no offload
     assert plan.estimate.step_time_s > fits.estimate.step_time_s
+
+
+def test_no_offloaded_plan_when_the_host_cannot_hold_the_shards(monkeypatch) -> None:
+    import planner.baselines.offloaded as offloaded
+
+    monkeypatch.setattr(offloaded, "host_bytes", lambda *args: math.inf)
+    with pytest.raises(AutoplanError, match="no data-parallel plan with ZeRO-3, CPU offload"):
+        _offloaded_mlp_plan()

@@ -2,7 +2,8 @@
 
 :func:`offloaded_data_parallel` is the one-microbatch data-parallel plan
 (:func:`planner.baselines.data_parallel.data_parallel`) run under FSDP with torch's ``CPUOffloadPolicy`` at the
-fastest ZeRO level of ``--zero`` (auto: 1, 2 or 3) that fits
+fastest ZeRO level of ``--zero`` (auto: 1, 2 or 3) that fits, its devices' shards in the node's host memory
+(:func:`planner.costing.offload.host_bytes`)
 (:func:`planner.inter.data_parallel_levels.best_offloaded_level`), each level priced as it runs
 (:func:`planner.costing.ddp.fsdp_step`, :func:`planner.costing.zero.fsdp_memory`; what offload changes:
 :mod:`planner.costing.offload`). Its stage line says what offload saved in memory and what it cost in time
@@ -16,11 +17,13 @@ model that fits stays what it was; ``off``, never.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from cost_models.units import GIB
 from planner.baselines.data_parallel import data_parallel
 from planner.costing.ddp import ddp_estimate, ddp_step, fsdp_step
+from planner.costing.offload import host_bytes
 from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.zero import fsdp_memory
 from planner.errors import AutoplanError
@@ -77,6 +80,8 @@ def offloaded_data_parallel(inputs: PlanningInput) -> PricedPipeline | None:
 
     def memory_at(level: int, offload: bool) -> float:
         at = replace(stage, zero=level, offload=offload)
+        if offload and host_bytes(at, graph, setup) > setup.cluster.host().host_memory_bytes:
+            return math.inf  # the node's DRAM cannot hold its devices' shards
         if level:
             return fsdp_memory(at, graph, setup).total_bytes
         data = frozenset(value.name for value in graph.inputs)

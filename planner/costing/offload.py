@@ -14,7 +14,9 @@ do the gradients before their reduce-scatter. Per device, with ``d`` replicas, `
   the step's last backward only), so only their shard after the reduce-scatter moves. Every other charge of
   :func:`planner.costing.zero.fsdp_memory` stays: the gathered groups, the unsharded gradients, the activations.
   The host-to-device copy of the shard being gathered (``1/d`` of a group, FSDP2's all-gather input) is not
-  charged.
+  charged. On CPU ranks the host is the rank's own memory: nothing leaves it (:func:`offloads_memory`). The host
+  holds every device's shards, ``N·(w + g + s)/d`` each (:func:`host_bytes`), against the node's DRAM
+  (:attr:`cost_models.host_link.HostLink.host_memory_bytes`).
 * copies (:func:`host_copy_s`): each group's all-gather waits for its shard's copy in, ``bytes_w/d / H.bandwidth``,
   and each reduce-scatter is followed by its shard's copy out, ``bytes_g/d / H.bandwidth``; they run on FSDP's
   communication streams before and after the collective, so :func:`planner.costing.zero.fsdp_groups` adds them to
@@ -50,6 +52,20 @@ def offloaded_shards(level: int, num_devices: int, *, offload: bool) -> tuple[fl
     if not offload:
         return weights, grads, state
     return ON_HOST, ON_HOST if level >= 2 else grads, ON_HOST
+
+
+def offloads_memory(stage: Stage, setup: CostSetup) -> bool:
+    """Whether the stage's offload moves memory off its devices: not on CPU ranks, whose host is their own memory
+    (the policy runs there, its copies no-ops, and nothing is saved)."""
+    return stage.offload and not setup.cluster.device.is_cpu()
+
+
+def host_bytes(stage: Stage, graph: OpGraph, setup: CostSetup) -> float:
+    """What the offloaded shards of every device of a node take in its host memory: each device's shards of the
+    weights, gradients and optimizer state, ``N·(w + g + s)/d``, times the node's devices on the stage."""
+    per, n = optimizer_bytes(setup.optimizer), len(stage.devices)
+    on_node = min(n, setup.cluster.devices_per_node)
+    return on_node * graph.num_params * (per.weights + per.grads + per.state) / n
 
 
 def host_copy_s(num_bytes: float, setup: CostSetup) -> float:

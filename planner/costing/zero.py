@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 from cost_models.communication import DDP_BUCKET_BYTES, all_gather_s, reduce_scatter_s
 from cost_models.memory import optimizer_bytes
-from planner.costing.offload import host_copy_s, offloaded_shards
+from planner.costing.offload import host_copy_s, offloaded_shards, offloads_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_memory import StageMemory
 from planner.ir.graph import OpGraph, ValueKind
@@ -233,7 +233,7 @@ def fsdp_memory(stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatc
     while each node runs (:func:`fsdp_node_bytes`) and for the whole step (:func:`fsdp_held_bytes`)."""
     from planner.costing.estimate import replica_memory
 
-    weights, grads, state = offloaded_shards(stage.zero, len(stage.devices), offload=stage.offload)
+    weights, grads, state = offloaded_shards(stage.zero, len(stage.devices), offload=offloads_memory(stage, setup))
     memory = replica_memory(
         graph,
         setup,
