@@ -163,7 +163,7 @@ def data_parallel_plan(inputs: PlanningInput) -> HandwrittenResult:
     offloaded = with_offload(fitting, inputs)  # CPU offload: --offload on, or auto when nothing else fits
     if offloaded is not fitting:
         return replace(grid, best=offloaded, graph=inputs.full_graph if offloaded else grid.graph)
-    if pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s):
+    if faster:
         return replace(grid, best=pure, graph=inputs.full_graph)
     if grid.best is None:  # the smallest of the grid's plans and the one-microbatch plan as DDP or FSDP holds it
         unfit = _pure_data_parallel(inputs)
