@@ -192,3 +192,14 @@ def test_no_offloaded_plan_when_the_host_cannot_hold_the_shards(monkeypatch) -> 
     monkeypatch.setattr(offloaded, "host_bytes", lambda *args: math.inf)
     with pytest.raises(AutoplanError, match="no data-parallel plan with ZeRO-3, CPU offload"):
         _offloaded_mlp_plan()
+
+
+def test_a_plan_that_offloads_without_fsdp_is_refused_by_validation() -> None:
+    from planner.plan import PlanError, validate_plan
+
+    plan = _offloaded_mlp_plan()
+    graph = captured("mlp", 16)
+    validate_plan(plan, graph)
+    without_zero = replace(plan, stages=(replace(plan.stages[0], zero=0),))
+    with pytest.raises(PlanError, match="CPU offload runs under FSDP"):
+        validate_plan(without_zero, graph)

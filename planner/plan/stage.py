@@ -146,8 +146,6 @@ class Stage(JsonCoded):
     def __post_init__(self) -> None:
         object.__setattr__(self, "remat", as_remat(self.remat))  # a bool or a name, as callers pass it
         object.__setattr__(self, "remat_regions", tuple((str(a), str(b)) for a, b in self.remat_regions))
-        if self.offload and not self.zero:
-            raise ValueError("a stage offloads its shards to the CPU only under FSDP (zero >= 1)")
 
     def recomputed_runs(self) -> tuple[tuple[str, ...], ...]:
         """The node names of each checkpointed run, in stage order (none without recomputation)."""
