@@ -203,3 +203,35 @@ def test_a_plan_that_offloads_without_fsdp_is_refused_by_validation() -> None:
     without_zero = replace(plan, stages=(replace(plan.stages[0], zero=0),))
     with pytest.raises(PlanError, match="CPU offload runs under FSDP"):
         validate_plan(without_zero, graph)
+
+
+def test_auto_offloads_only_when_no_level_fits_without_it() -> None:
+    """best_offloaded_level: a level that fits without offload means no offload under auto (only_if_needed), and
+    the offloaded level's line against it under on; with none fitting, the line says the next best does not fit."""
+    from planner.inter.data_parallel_levels import best_offloaded_level
+
+    graph, setup = captured("gpt", BATCH), setup_for(memory_gib=1.0)
+    stage = data_parallel_stage(graph, setup, batch_size=BATCH, devices=tuple(range(8)))
+    budget = setup.memory_budget_bytes
+
+    def step_at(level: int, offload: bool) -> float:
+        return 1.0 + level / 10 + offload
+
+    def price(fits_without: bool):
+        def memory_at(level: int, offload: bool) -> float:
+            return budget / 2 if offload or (fits_without and level == 3) else 2 * budget
+
+        return {
+            needed: best_offloaded_level(
+                stage, setup, zero="auto", step_at=step_at, memory_at=memory_at, only_if_needed=needed
+            )
+            for needed in (True, False)
+        }
+
+    fits = price(fits_without=True)
+    assert fits[True] is None
+    chosen, line = fits[False]
+    assert chosen.offload and chosen.level == 1 and line.next_best == "no recomputation, ZeRO-3"
+    chosen, line = price(fits_without=False)[True]
+    assert chosen.offload and line.choice == "no recomputation, ZeRO-1, CPU offload"
+    assert line.next_best.endswith("(does not fit)") and line.saved_s < 0

@@ -12,7 +12,9 @@ against the fastest level without it.
 :func:`with_offload` is the one rule for when a plan offloads (``auto``'s candidates and ``--method
 data-parallel`` alike): ``--offload on``, always (the offloaded plan is the only candidate); ``auto``, only when no
 candidate fits without it — offload never saves time, so a plan that fits is never replaced and every estimate of a
-model that fits stays what it was; ``off``, never.
+model that fits stays what it was; ``off``, never. Under ``auto`` the plan is also refused when any of its levels
+fits without offload (the data-parallel candidates do not try every level under ``--zero auto``; that level, not
+offload, is what such a plan lacks).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def offload_hint(inputs: PlanningInput) -> str:
     """Under ``--offload off``, when the offloaded data-parallel plan would fit: the clause saying so (else "")."""
     if inputs.options.offload != OffloadChoice.OFF or str(inputs.options.zero) == "0":
         return ""
-    found = offloaded_data_parallel(replace(inputs, options=replace(inputs.options, offload=OffloadChoice.ON)))
+    found = offloaded_data_parallel(replace(inputs, options=replace(inputs.options, offload=OffloadChoice.AUTO)))
     if found is None:
         return ""
     (stage,) = found.stages
@@ -60,7 +62,8 @@ def offload_hint(inputs: PlanningInput) -> str:
 
 def offloaded_data_parallel(inputs: PlanningInput) -> PricedPipeline | None:
     """The one-microbatch data-parallel plan under FSDP with CPU offload at its fastest fitting ZeRO level; None when
-    the options rule it out (recomputation, microbatches, a schedule, degrees, ``--zero 0``) or nothing fits."""
+    the options rule it out (recomputation, microbatches, a schedule, degrees, ``--zero 0``), when nothing fits, or
+    under ``--offload auto`` when the plan fits at some level without offload (offload is then not needed)."""
     graph, setup, options = inputs.full_graph, inputs.setup, inputs.options
     plain = options.remat in (RematChoice.AUTO, RematChoice.OFF, RematChoice.OFF_OR_FULL)
     if not plain or options.microbatches not in (None, 1) or options.schedule != ScheduleChoice.AUTO:
@@ -90,7 +93,10 @@ def offloaded_data_parallel(inputs: PlanningInput) -> PricedPipeline | None:
         )
         return found.total_bytes
 
-    found = best_offloaded_level(stage, setup, zero=options.zero, step_at=step_at, memory_at=memory_at)
+    needed = options.offload == OffloadChoice.AUTO  # auto: only when no level fits without it
+    found = best_offloaded_level(
+        stage, setup, zero=options.zero, step_at=step_at, memory_at=memory_at, only_if_needed=needed
+    )
     if found is None:
         return None
     chosen, line = found

@@ -84,10 +84,11 @@ def best_offloaded_level(
     zero: str | int,
     step_at: Callable[[int, bool], float],
     memory_at: Callable[[int, bool], float],
+    only_if_needed: bool,
 ) -> tuple[LevelPrice, MemorySaving] | None:
     """The fastest FSDP level (of ``zero``'s, 0 left out) that fits with CPU offload (``step_at(level, offload)``,
     ``memory_at(level, offload)``: as :func:`best_level`'s), and its line against the fastest level without it;
-    None when no level fits even with it."""
+    None when no level fits even with it, or (``only_if_needed``) when a level fits without it."""
     levels = [level for level in allowed_levels(zero) if level]
     budget = setup.memory_budget_bytes
 
@@ -96,10 +97,12 @@ def best_offloaded_level(
             level=level, step_s=step_at(level, offload), memory_bytes=memory_at(level, offload), offload=offload
         )
 
+    without = [priced(level, False) for level in allowed_levels(zero)]
+    other = min(without, key=lambda price: (price.memory_bytes > budget, price.step_s))
+    if only_if_needed and other.memory_bytes <= budget:
+        return None
     fitting = [price for price in (priced(level, True) for level in levels) if price.memory_bytes <= budget]
     if not fitting:
         return None
     chosen = min(fitting, key=lambda price: (price.step_s, price.memory_bytes))
-    without = [priced(level, False) for level in allowed_levels(zero)]
-    other = min(without, key=lambda price: (price.memory_bytes > budget, price.step_s))
     return chosen, _line(stage, chosen, other, budget_bytes=budget)
