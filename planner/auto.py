@@ -15,7 +15,9 @@
    ``rescheduled`` candidate (:func:`_add_schedule_variants`, priced by replaying the schedule); the one-microbatch
    data-parallel plan replaces the grid's data-parallel candidate when faster
    (:func:`planner.baselines.handwritten_plan.pure_data_parallel`). ``--schedule interleaved`` or ``zero-bubble``
-   keeps only the pipelines under that schedule.
+   keeps only the pipelines under that schedule. CPU offload (``--offload``): the offloaded data-parallel plan
+   is the candidate when no other fits, or the only one under ``--offload on``
+   (:func:`planner.baselines.offloaded.with_offload`).
 4. The plan is the candidate with the least estimate — the figure the summary, ``plan show``, ``plan compare``
    and the JSON print. The data-parallel, Megatron and uniform-pipeline candidates are the plans those methods
    return run alone (the same functions on the same tables), so auto is never slower than any of them by
@@ -37,6 +39,7 @@ from planner.baselines.method_options import (
     parts_text,
     state_too_large_message,
 )
+from planner.baselines.offloaded import offload_hint, with_offload
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.planning_input import PlanningInput
@@ -79,6 +82,17 @@ def _add_pure_data_parallel(
     current = priced.get(Method.DATA_PARALLEL)
     if pure is not None and (current is None or pure.estimate.step_time_s < current.estimate.step_time_s):
         priced[Method.DATA_PARALLEL], graph_of[Method.DATA_PARALLEL] = pure, inputs.full_graph
+
+
+def _add_offloaded(priced: dict[str, PricedPipeline], graph_of: dict[str, OpGraph], inputs: PlanningInput) -> None:
+    """CPU offload (:func:`planner.baselines.offloaded.with_offload`): with ``--offload on`` the offloaded
+    data-parallel plan is the only candidate; with ``auto`` it is added only when no candidate fits."""
+    fitting = min(priced.values(), key=lambda found: found.estimate.step_time_s) if priced else None
+    chosen = with_offload(fitting, inputs)
+    if chosen is not fitting:
+        priced.clear()
+        if chosen is not None:
+            priced[Method.DATA_PARALLEL], graph_of[Method.DATA_PARALLEL] = chosen, inputs.full_graph
 
 
 def _add_schedule_variants(
@@ -168,13 +182,14 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
     if at_scale:
         _add_megatron_at_scale(priced, graph_of, inputs)
     _add_pure_data_parallel(priced, graph_of, inputs)
+    _add_offloaded(priced, graph_of, inputs)
     if not priced and options.schedule in MULTI_STAGE_SCHEDULES:
         raise AutoplanError(
             f"no pipeline fits under --schedule {options.schedule} (it needs at least two stages of "
             "equal size and, for interleaved, twice as many layers): try --schedule auto"
         )
     if not priced:
-        raise AutoplanError(_does_not_fit(settings, tables, batch_size=inputs.graphs.batch_size))
+        raise AutoplanError(_does_not_fit(settings, tables, batch_size=inputs.graphs.batch_size) + offload_hint(inputs))
     chosen_by = min(priced, key=lambda method: priced[method].estimate.step_time_s)  # the figure every command prints
     return AutoResult(
         best=priced[chosen_by],

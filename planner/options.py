@@ -9,7 +9,7 @@ cost setup (:mod:`planner.preparation`), the method registry (:mod:`planner.meth
 
 The choices are :class:`enum.StrEnum` members: each *is* its command-line string, so comparisons, JSON and
 printed text read exactly as the strings did. ``space=alpa`` narrows the options to Alpa's search space here
-(:meth:`PlanOptions.__post_init__`): recomputation all or nothing per stage, no ZeRO.
+(:meth:`PlanOptions.__post_init__`): recomputation all or nothing per stage, no ZeRO, no CPU offload.
 """
 
 from __future__ import annotations
@@ -60,6 +60,16 @@ class ZeroChoice(enum.StrEnum):
     PARAMETERS = "3"
 
 
+class OffloadChoice(enum.StrEnum):
+    """``--offload``: FSDP2's CPU offload of the parameter, gradient and optimizer-state shards (the optimizer
+    stepping on the CPU, :mod:`planner.costing.offload`) on a data-parallel plan: auto only when no plan fits
+    without it; on: the data-parallel plan with it; off: never."""
+
+    AUTO = "auto"
+    OFF = "off"
+    ON = "on"
+
+
 class SearchSpace(enum.StrEnum):
     """``--space``: everything auto can search, or only Alpa's space (to measure what the rest adds)."""
 
@@ -107,6 +117,7 @@ class PlanOptions:
     schedule: ScheduleChoice = ScheduleChoice.AUTO
     remat: RematChoice = RematChoice.AUTO
     zero: ZeroChoice = ZeroChoice.AUTO
+    offload: OffloadChoice = OffloadChoice.AUTO  # CPU offload under FSDP (planner.baselines.offloaded)
     allow_lossy: bool = False  # candidates may also run a lossy gradient sync (grad_sync_choice)
     grad_sync: GradSync | None = None  # every candidate runs this one (None: exact, or the choice); text parsed
     space: SearchSpace = SearchSpace.FULL
@@ -126,6 +137,8 @@ class PlanOptions:
                 f"--grad-sync {grad_sync.label} changes the gradients the optimizer sees: add --allow-lossy"
             )
         object.__setattr__(self, "grad_sync", grad_sync)
+        if self.offload == OffloadChoice.ON and self.zero == ZeroChoice.OFF:
+            raise AutoplanError("--offload on runs under FSDP, which shards the state: use --zero 1, 2, 3 or auto")
         if self.runtime not in PROFILES:
             raise AutoplanError(f"--runtime must be one of {', '.join(PROFILES)}, got {self.runtime!r}")
         self._narrow_to_space()
@@ -140,6 +153,7 @@ class PlanOptions:
             ("schedule", ScheduleChoice, "--schedule"),
             ("remat", RematChoice, "--remat"),
             ("zero", ZeroChoice, "--zero"),
+            ("offload", OffloadChoice, "--offload"),
             ("space", SearchSpace, "--space"),
         ):
             object.__setattr__(self, name, _choice(kind, getattr(self, name), flag))
@@ -171,12 +185,14 @@ class PlanOptions:
             *([f"--remat {self.remat}"] if self.remat == RematChoice.ATTENTION else []),
             *([f"--zero {self.zero}"] if self.zero not in (ZeroChoice.AUTO, ZeroChoice.OFF) else []),
             *(["--allow-lossy"] if self.allow_lossy else []),
+            *(["--offload on"] if self.offload == OffloadChoice.ON else []),
         ]
         if outside:
             raise AutoplanError(f"{', '.join(outside)} is outside --space alpa: drop it or use --space full")
         if self.remat == RematChoice.AUTO:
             object.__setattr__(self, "remat", RematChoice.OFF_OR_FULL)
         object.__setattr__(self, "zero", ZeroChoice.OFF)
+        object.__setattr__(self, "offload", OffloadChoice.OFF)
 
     def check_cluster(self, cluster: Cluster) -> None:
         """A clear error unless ``--degrees (t, p, d)`` is a Megatron configuration of ``cluster``."""
@@ -209,6 +225,7 @@ class PlanOptions:
         choices = [
             *([f"--degrees {','.join(map(str, self.degrees))}"] if self.degrees else []),
             *zero,
+            *(["CPU offload"] if self.offload == OffloadChoice.ON else []),
             *([remat] if remat else []),
             *([f"{self.microbatches} microbatches"] if self.microbatches else []),
             *([f"schedule {self.schedule}"] if self.schedule != ScheduleChoice.AUTO else []),

@@ -13,7 +13,10 @@ read), as :mod:`planner.costing.zero` prices it — level 3 reshards after forwa
 again for backward, prefetched a group ahead); levels 1 and 2 keep them gathered until the step's last
 backward (``set_reshard_after_backward``); level 1 reduce-scatters the accumulated gradients in the last
 backward only (``set_requires_gradient_sync``), 2 and 3 in every backward. The stage's recomputed runs are
-activation checkpoints inside the groups (FSDP's hooks outside them).
+activation checkpoints inside the groups (FSDP's hooks outside them). A stage that offloads (``Stage.offload``)
+passes FSDP2's ``CPUOffloadPolicy`` to every ``fully_shard`` (:func:`fsdp_offload_policy`): the shards live in host
+memory, each all-gather copies its shard in and each reduce-scatter its gradient shard out, and the optimizer
+(built on the sharded parameters) steps on the CPU.
 
 Batch normalization normalizes each replica's share (``Plan.batch_stat_rows``), and its running
 statistics are averaged over the replicas after every step, so all replicas keep the same buffers.
@@ -57,6 +60,7 @@ class DataParallelRunner:
         segment = replace(segment, inputs=tuple(v.name for v in graph.inputs))  # the model's inputs, in order
         params, buffers = model_tensors(model)
         self.level, runs = stage.zero, stage.recomputed_runs()
+        self.offload = stage.offload  # FSDP2's CPUOffloadPolicy (fsdp_offload_policy)
         self.module: GraphModule | LayeredGraphModule
         if self.level:  # FSDP shards layer by layer: one child module per layer group
             self.module = LayeredGraphModule(
@@ -87,10 +91,11 @@ class DataParallelRunner:
 
             mesh = DeviceMesh(device.split(":")[0], torch.tensor(list(self.devices)))
             assert isinstance(self.module, LayeredGraphModule)
+            policy = fsdp_offload_policy(offload=self.offload, device=device)
             for part in self.module.parts:  # level 3 frees each group's gathered parameters after its forward
                 if part.segment.params:
-                    fully_shard(part, mesh=mesh, reshard_after_forward=self.level == 3)
-            return fully_shard(self.module, mesh=mesh, reshard_after_forward=self.level == 3)
+                    fully_shard(part, mesh=mesh, reshard_after_forward=self.level == 3, offload_policy=policy)
+            return fully_shard(self.module, mesh=mesh, reshard_after_forward=self.level == 3, offload_policy=policy)
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [torch.device(device).index] if device.startswith("cuda") else None
@@ -152,6 +157,18 @@ class DataParallelRunner:
             if grad is not None:
                 grads[name] = grad.full_tensor() if isinstance(grad, DTensor) else grad
         return grads if self.rank == self.devices[0] else {}
+
+
+def fsdp_offload_policy(*, offload: bool, device: str) -> Any:
+    """FSDP2's offload policy for a stage: ``CPUOffloadPolicy`` when it offloads (its shards of the parameters,
+    gradients and optimizer state in host memory, the optimizer stepping on the CPU), pinned where an accelerator
+    copies them (pinning needs one: on CPU ranks the shards already live in host memory and the policy's copies
+    are no-ops), else the default policy (nothing offloaded)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if not offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=not device.startswith("cpu"))
 
 
 class _Nothing:

@@ -35,6 +35,7 @@ from planner.baselines.data_parallel import check_batch, data_parallel, with_zer
 from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, grid_points, least_memory, memory_parts
 from planner.baselines.handwritten import Candidate as GridCandidate
 from planner.baselines.method_options import MemoryParts
+from planner.baselines.offloaded import with_offload
 from planner.costing.estimate import ddp_bucket_bytes
 from planner.costing.setup import CostSetup
 from planner.costing.zero import runs_as_fsdp
@@ -169,7 +170,12 @@ def data_parallel_plan(inputs: PlanningInput) -> HandwrittenResult:
     check_batch(inputs.graphs.batch_size, inputs.setup.cluster.num_devices)
     grid = handwritten_plan("data-parallel", inputs)
     pure = pure_data_parallel(inputs)
-    if pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s):
+    faster = pure is not None and (grid.best is None or pure.estimate.step_time_s < grid.best.estimate.step_time_s)
+    fitting = pure if faster else grid.best
+    offloaded = with_offload(fitting, inputs)  # CPU offload: --offload on, or auto when nothing else fits
+    if offloaded is not fitting:
+        return replace(grid, best=offloaded, graph=inputs.full_graph if offloaded else grid.graph)
+    if faster:
         return replace(grid, best=pure, graph=inputs.full_graph)
     if grid.best is None:  # the smaller of the grid's smallest plan and the one-microbatch plan as DDP or FSDP holds it
         unfit = _pure_data_parallel(inputs)

@@ -39,7 +39,15 @@ from cost_models.memory import model_state_bytes, optimizer_bytes, zero_shards
 from cost_models.units import GIB
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
-from planner.options import PLACEMENT_METHODS, Method, PlanOptions, RematChoice, ScheduleChoice, ZeroChoice
+from planner.options import (
+    PLACEMENT_METHODS,
+    Method,
+    OffloadChoice,
+    PlanOptions,
+    RematChoice,
+    ScheduleChoice,
+    ZeroChoice,
+)
 
 SHARDED_STATE_METHODS = (Method.MEGATRON, Method.UNIFORM_PIPELINE)
 NO_RECOMPUTATION = (RematChoice.AUTO, RematChoice.OFF, RematChoice.OFF_OR_FULL)  # what a placement can honour
@@ -52,6 +60,11 @@ def method_option_refusal(method: Method | str, options: PlanOptions) -> str | N
             f"--degrees sets Megatron's (tensor, pipeline, data) degrees: use it with --method megatron, not {method}"
         )
     zero = options.zero
+    if options.offload == OffloadChoice.ON and method not in (Method.AUTO, Method.DATA_PARALLEL):
+        return (
+            f"--offload on moves FSDP's shards to the CPU, which runs on data-parallel plans only: use --method "
+            f"data-parallel or auto, not {method}"
+        )
     if method in SHARDED_STATE_METHODS and zero in (ZeroChoice.GRADIENTS, ZeroChoice.PARAMETERS):
         sharded = "gradients and parameters" if zero == ZeroChoice.PARAMETERS else "gradients"
         return (

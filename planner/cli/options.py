@@ -124,7 +124,7 @@ def _add_cost_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     """What the pipeline search may choose: stages, microbatches, schedule, recomputation, ZeRO, search space."""
-    from planner.options import RematChoice, ScheduleChoice, SearchSpace, ZeroChoice
+    from planner.options import OffloadChoice, RematChoice, ScheduleChoice, SearchSpace, ZeroChoice
 
     parser.add_argument(
         "--max-stages", type=int, default=None, metavar="K", help="most pipeline stages (default: no limit)"
@@ -171,6 +171,14 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         help="ZeRO over the data-parallel axes: 1 shards optimizer state, 2 gradients too, 3 parameters too (2 and 3 "
         "run under FSDP, on data-parallel plans; sharded and pipeline stages run 1 at most: Megatron's distributed "
         "optimizer); auto (default) lets the search choose per stage; --zero alone is 2",
+    )
+    parser.add_argument(
+        "--offload",
+        choices=_values(OffloadChoice),
+        default="auto",
+        help="CPU offload under FSDP (torch's CPUOffloadPolicy): the parameter, gradient and optimizer-state shards "
+        "in host memory, the optimizer stepping on the CPU, priced over PCIe; auto (default) only when no plan fits "
+        "without it; on: the data-parallel plan with it; off: never",
     )
 
 

@@ -10,7 +10,8 @@ parameters' additive shares, and ``o`` the device's calibrated ``step_overhead_s
 At a ZeRO level it runs FSDP, priced so too (:func:`fsdp_step`, :func:`planner.costing.zero.fsdp_price`):
 ``T = m·(C + g_f + g_b) + r + R' + o`` with ``C`` each node's compute on plain tensors, ``g_f`` and ``g_b`` the
 gathers each microbatch waits for in its forward and backward, ``r`` the reduce-scatters the step waits for past
-its last backward, and ``R'`` the optimizer on the shards and the copies.
+its last backward, and ``R'`` the optimizer on the shards and the copies (on the CPU under offload,
+``host_optimizer_s``: :mod:`planner.costing.offload`).
 
 Each step carries its parts (``breakdown_s``, adding up to it) and the sync the backward hides (``hidden_s``);
 :func:`ddp_estimate` makes them a plan's estimate. No solver is imported here: a one-device estimate needs none.
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from planner.costing.compression import EXACT, stage_sync
 from planner.costing.estimate import mfu, model_tflops_per_device
+from planner.costing.offload import optimizer_step_s
 from planner.costing.overlap import after_backward_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import stage_node_work
@@ -90,7 +92,7 @@ def fsdp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int) -> DdpS
         compute_s=m * math.fsum(w.fwd_s + w.bwd_s for w in work.values()),
         recompute_s=m * math.fsum(w.recompute_s for w in work.values()),
         zero_sync_s=waits,
-        optimizer_s=math.fsum(w.step_s - w.zero_step_s for w in work.values()),
+        **{("host_optimizer_s" if stage.offload else "optimizer_s"): optimizer_step_s(stage, graph, setup, work=work)},
         host_overhead_s=setup.cluster.device.step_overhead_s,
     )
     hidden = {"zero_sync_overlapped_s": max(0.0, price.comm_s - waits)}

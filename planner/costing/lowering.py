@@ -58,6 +58,7 @@ from cost_models.simulator import SimResult, simulate
 from planner.costing.compression import EXACT, stage_sync
 from planner.costing.estimate import shared_param_sync_s
 from planner.costing.lowered_tasks import PIPELINE_SCHEDULES, Chunk, Lowered, build_tasks
+from planner.costing.offload import optimizer_step_s
 from planner.costing.overlap import SyncSegment
 from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
@@ -138,6 +139,11 @@ def lower_stages(
         state_bytes, step_bytes, chunks = _as_estimated(stages, graph, setup, chunks, m=m, ddp=ddp, fsdp=fsdp)
     if fsdp_step is not None:  # the last reduce-scatters instead of the additive shares
         step_s[0] += fsdp_step.tail_s - math.fsum(work[n].zero_step_s for n in stages[0].nodes)
+        if stages[0].offload:  # the optimizer on the CPU instead of the device's (planner.costing.offload)
+            own = {n: work[n] for n in stages[0].nodes}
+            step_s[0] += optimizer_step_s(stages[0], graph, setup, work=own) - optimizer_step_s(
+                replace(stages[0], offload=False), graph, setup, work=own
+            )
     synced = stages if (pipeline or ddp) and not fsdp else []
     segments = _bucket_syncs(synced, graph, setup, work, step_s, state_bytes, grad_sync=grad_sync, ddp=ddp)
     homes = list(dict.fromkeys(stage.devices for stage in stages))  # pipeline ranks, in stage order

@@ -29,6 +29,10 @@ gradients too; 3 the parameters too. How the executors run them, and what is cha
   backward ends. What a microbatch's forward (backward) adds to its compute is the wait for gathers, and
   what the step adds after the last backward is the stream's remainder. Level 3 holds at most two groups
   unsharded at once (the one computing and the one prefetched): :func:`gathered_bytes`.
+
+Under CPU offload (``Stage.offload``) each gather starts with its shard's copy from the host and each reduce-scatter
+ends with its shard's copy to the host, on the same stream (:func:`fsdp_groups`); the shards' memory and the
+optimizer on the CPU: :mod:`planner.costing.offload`.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from cost_models.communication import DDP_BUCKET_BYTES, all_gather_s, reduce_scatter_s
-from cost_models.memory import optimizer_bytes, zero_shards
+from cost_models.memory import optimizer_bytes
+from planner.costing.offload import host_copy_s, offloaded_shards, offloads_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_memory import StageMemory
 from planner.ir.graph import OpGraph, ValueKind
@@ -114,13 +119,18 @@ def fsdp_groups(
     result = []
     for index, params in enumerate(owned):
         run = runs[index - 1] if index else []
+        weights, grads = params * per.weights, params * per.grads
+        # CPU offload: the shard's copy in before its all-gather, out after its reduce-scatter (planner.costing.offload)
+        copy_in, copy_out = (
+            (host_copy_s(weights / n, setup), host_copy_s(grads / n, setup)) if stage.offload else (0, 0)
+        )
         result.append(
             FsdpGroup(
                 forward_s=math.fsum(forward_s[name] for name in run),
                 backward_s=math.fsum(backward_s[name] for name in run),
-                gather_s=all_gather_s(params * per.weights, num_devices=n, link=link),
-                scatter_s=reduce_scatter_s(params * per.grads, num_devices=n, link=link),
-                weight_bytes=params * per.weights,
+                gather_s=all_gather_s(weights, num_devices=n, link=link) + copy_in,
+                scatter_s=reduce_scatter_s(grads, num_devices=n, link=link) + copy_out,
+                weight_bytes=weights,
             )
         )
     return result
@@ -218,11 +228,12 @@ def fsdp_price(
 
 def fsdp_memory(stage: Stage, graph: OpGraph, setup: CostSetup, *, num_microbatches: int = 1) -> StageMemory:
     """A data-parallel ``stage`` under FSDP at its ZeRO level (``graph`` at the microbatch size): one replica's
-    memory with its state sharded as the level shards it (:func:`cost_models.memory.zero_shards`), what FSDP holds
+    memory with its state sharded as the level shards it (:func:`cost_models.memory.zero_shards`; the shards on the
+    host under CPU offload, :func:`planner.costing.offload.offloaded_shards`), what FSDP holds
     while each node runs (:func:`fsdp_node_bytes`) and for the whole step (:func:`fsdp_held_bytes`)."""
     from planner.costing.estimate import replica_memory
 
-    weights, grads, state = zero_shards(stage.zero, len(stage.devices))
+    weights, grads, state = offloaded_shards(stage.zero, len(stage.devices), offload=offloads_memory(stage, setup))
     memory = replica_memory(
         graph,
         setup,

@@ -132,7 +132,7 @@ def _stage_row(plan: Plan, stage: Stage) -> StageChoices:
         mesh_shape=stage.mesh_shape,
         schedule=schedule_label(plan),
         recomputation=REMAT_WORDS[stage.remat],
-        zero=f"ZeRO-{stage.zero}" if stage.zero else "none",
+        zero=(f"ZeRO-{stage.zero}" + (", CPU offload" if stage.offload else "")) if stage.zero else "none",
         sequence_parallel=stage.uses_sequence_parallelism,
         grad_sync=plan.grad_sync.label if plan.grad_sync.lossy else EXACT_SYNC,
         savings=tuple(saving for saving in savings if saving is not None),

@@ -115,7 +115,8 @@ def _recompute_text(stages: list[Stage]) -> str:
 def _zero_text(stages: list[Stage]) -> str:
     levels = [stage.zero for stage in stages if stage.zero]
     if len(levels) == len(stages) and len(set(levels)) == 1:
-        return f"ZeRO-{levels[0]} ({_ZERO_NAMES[levels[0]]} sharded over the data axes)"
+        offload = "; their shards in host memory, the optimizer on the CPU" if all(s.offload for s in stages) else ""
+        return f"ZeRO-{levels[0]} ({_ZERO_NAMES[levels[0]]} sharded over the data axes{offload})"
     return (
         "ZeRO "
         + ", ".join(f"{level} in {levels.count(level)}" for level in sorted(set(levels)))

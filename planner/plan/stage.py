@@ -43,14 +43,14 @@ class Remat(enum.StrEnum):
         return self is not Remat.NONE
 
 
-def memory_choice_label(remat: Remat | str, zero: int) -> str:
-    """``selective recomputation, ZeRO-1``; ``no recomputation, no ZeRO``."""
+def memory_choice_label(remat: Remat | str, zero: int, *, offload: bool = False) -> str:
+    """``selective recomputation, ZeRO-1``; ``no recomputation, no ZeRO``; ``…, ZeRO-3, CPU offload``."""
     kind = {
         "none": "no recomputation",
         "attention": "selective recomputation (attention)",
         "full": "full recomputation",
     }[str(as_remat(remat))]
-    return f"{kind}, {f'ZeRO-{zero}' if zero else 'no ZeRO'}"
+    return f"{kind}, {f'ZeRO-{zero}' if zero else 'no ZeRO'}" + (", CPU offload" if offload else "")
 
 
 def as_remat(value: Remat | str | bool) -> Remat:
@@ -134,6 +134,9 @@ class Stage(JsonCoded):
     # empty with remat: the whole stage
     remat_regions: tuple[tuple[str, str], ...] = ()
     zero: int = 0  # ZeRO level over the stage's data-parallel axes (ZERO_LEVELS; cost_models.memory)
+    # FSDP2's CPUOffloadPolicy (zero >= 1, a data-parallel plan): the shards of the parameters, gradients and
+    # optimizer state live in host memory and the optimizer steps on the CPU (planner.costing.offload)
+    offload: bool = False
     # what the recomputation and ZeRO level save against the next-best pair (None: no other pair to compare)
     memory_saving: MemorySaving | None = None
     # what Megatron sequence parallelism saves against the stage without it (planner.inter.sp_saving; None: unused)

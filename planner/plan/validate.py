@@ -70,13 +70,18 @@ def validate_plan(plan: Plan, graph: OpGraph) -> None:
 def _check_memory_choices(plan: Plan, stage: Stage, graph: OpGraph) -> None:
     """Recomputed runs are consecutive stage nodes, in order, none holding batch statistics (recomputing one would
     update its running statistics twice); ZeRO levels 2 and 3 run under FSDP only: on a data-parallel plan (one
-    stage on several devices, every parameter replicated: :attr:`Plan.is_pure_data_parallel`)."""
+    stage on several devices, every parameter replicated: :attr:`Plan.is_pure_data_parallel`), and so does CPU
+    offload."""
     if stage.zero not in ZERO_LEVELS:
         raise PlanError(f"stage {stage.index}: ZeRO level {stage.zero} is not one of {list(ZERO_LEVELS)}")
     if stage.zero >= 2 and not plan.is_pure_data_parallel:
         raise PlanError(
             f"stage {stage.index}: ZeRO level {stage.zero} runs under FSDP, on a data-parallel plan only "
             "(one stage, every parameter replicated): use level 1 (optimizer state sharded) or 0"
+        )
+    if stage.offload and not (stage.zero >= 1 and plan.is_pure_data_parallel):
+        raise PlanError(
+            f"stage {stage.index}: CPU offload runs under FSDP, on a data-parallel plan at ZeRO level 1, 2 or 3 only"
         )
     if stage.remat_regions and not stage.remat:
         raise PlanError(f"stage {stage.index}: remat_regions without recomputation (remat is none)")
