@@ -190,7 +190,7 @@ def test_no_offloaded_plan_when_the_host_cannot_hold_the_shards(monkeypatch) -> 
     import planner.baselines.offloaded as offloaded
 
     monkeypatch.setattr(offloaded, "host_bytes", lambda *args: math.inf)
-    with pytest.raises(AutoplanError, match="no data-parallel plan with ZeRO-3, CPU offload"):
+    with pytest.raises(AutoplanError, match="cannot make a data-parallel plan with ZeRO-3, CPU offload"):
         _offloaded_mlp_plan()
 
 
