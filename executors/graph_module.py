@@ -7,6 +7,9 @@ hands on — calling each node's operator again with :func:`planner.ir.node_call
 :func:`planner.ir.node_call.bind_call`. Parameters and buffers are taken by name from the real model,
 so a segment's gradients are the model's gradients by name.
 
+The runners hand the loss the model's output as ``forward`` returns it (a tensor, a tuple, a dict, a
+``ModelOutput``): :func:`model_output` rebuilds it from the values of :func:`output_names`.
+
 A ``call_node`` hook lets tensor parallelism run each node on DTensors
 (:mod:`executors.parallel.tensor_parallel`); the default runs it on plain tensors.
 

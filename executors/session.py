@@ -4,7 +4,8 @@
 with a timeout on every collective (so a dead peer turns into an error, not a hang).
 :func:`load_workload` rebuilds the model from the plan's model file with a fixed seed (every rank
 gets the same weights and the same batch), captures it on the meta device and checks the
-fingerprint against the plan's before any step; :meth:`Workload.graph_at` captures the graph at
+fingerprint against the plan's before any step; :meth:`Workload.build` gives the model the constants the
+capture lifted out of its forward (:func:`attach_constants`); :meth:`Workload.graph_at` captures the graph at
 the batch size a stage will see (a microbatch, or a data-parallel rank's share), which must have
 the same nodes as the planned graph.
 
