@@ -24,7 +24,7 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
 * keeps every DTensor's local shard laid out as its strides claim: an operator run on local shards hands
   back a contiguous shard, and each node's output gradient is made contiguous before the node's backward reads
   it (:func:`~executors.parallel.dtensor_edges.contiguous_local_grad`) — else a ``view``'s backward fails with
-  "view size is not compatible" (a tied GPT-2, an LSTM language model, Llama at batch 8);
+  "view size is not compatible" (a tied GPT-2, an LSTM language model);
 * enters stage inputs as replicated DTensors and leaves outputs as whole tensors
   (:meth:`StageSharding.enter`, :meth:`StageSharding.leave`);
 * a one-device stage skips DTensor altogether (:class:`SingleDeviceSharding`: plain tensors, the
