@@ -136,3 +136,15 @@ def test_a_gradient_laid_out_otherwise_than_it_claims_is_made_contiguous_before_
     hooked.register_hook(contiguous_local_grad)
     hooked.backward(grad)
     assert torch.equal(x.grad.to_local(), local.reshape(6, 4))
+
+
+def test_a_number_computed_in_the_forward_and_returned_is_no_graph_value() -> None:
+    class WithCount(nn.Module):
+        def forward(self, x: torch.Tensor) -> dict[str, Any]:
+            return {"out": x.relu(), "rows": x.shape[0] * 2}
+
+    x = torch.randn(3, 2)
+    graph = capture(WithCount(), (x,))
+    assert output_names(graph) == ("relu",)
+    output = model_output(graph, (x.relu(),))
+    assert output["rows"] == 6 and torch.equal(output["out"], x.relu())

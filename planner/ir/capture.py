@@ -212,8 +212,17 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: Gr
             )
         elif node.op == "output":
             flat, _ = tree_flatten(node.args)
-            leaves = [(names.get(n.name, n.name), None) if isinstance(n, fx.Node) else (None, n) for n in flat]
-            builder.set_outputs(leaves, program.call_spec.out_spec)
+            builder.set_outputs([_export_leaf(item, names, constants) for item in flat], program.call_spec.out_spec)
+
+
+def _export_leaf(item: Any, names: dict[str, str], constants: dict[str, Any]) -> tuple[str | None, Any]:
+    """One leaf of the exported output: ``(value name, None)`` for a tensor of the graph, else ``(None, value)``
+    (a ``None``, a number, or a non-tensor value computed in the forward)."""
+    if not isinstance(item, fx.Node):
+        return None, item
+    if item.name in constants:
+        return None, constants[item.name]
+    return names.get(item.name, item.name), None
 
 
 def _has_data(tensor: Any) -> bool:
