@@ -152,9 +152,8 @@ class PipelineRunner:
         loss_fn, graph = self.workload.loss_fn, self.workload.graph
 
         def loss(outputs: tuple[Any, ...], inputs: tuple[Any, ...]) -> torch.Tensor:
-            return loss_fn(model_output(graph, outputs), inputs).reshape(
-                1
-            )  # a [1] per microbatch: the schedule concatenates
+            # a [1] per microbatch: the schedule concatenates
+            return loss_fn(model_output(graph, outputs), inputs).reshape(1)
 
         return loss
 
