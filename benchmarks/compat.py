@@ -1,13 +1,14 @@
-"""Compatibility sweep: every zoo family x method x world -> plan, run two steps, check parity.
+"""Compatibility sweep: every zoo family x method x world x batch -> plan, run two steps, check parity.
 
-Usage (the whole sweep, about an hour on the 2-core machine; see docs/compatibility.md for the last):
+Usage (the whole sweep, a few hours on the 2-core machine; see docs/compatibility.md for the last):
 
     python -m benchmarks.compat --out docs/compatibility.md
-    python -m benchmarks.compat --families nn_lstm,hf_gpt2 --methods auto,megatron --worlds 2
+    python -m benchmarks.compat --families nn_lstm,hf_gpt2 --methods auto,megatron --worlds 2 --batch-sizes 8
 
-For each family (``examples/zoo/*.py``; files starting with ``_`` are shared helpers) and world size
-a fresh process captures the model once (:func:`planner.api.prepare_model_file`, cluster
-``local-cpu`` with one node of ``world`` processes, batch ``--batch-size``) and plans every method
+For each batch size (``--batch-sizes``, 4 and 8: a microbatch split or a replica's share that works at one
+batch may not at the other), family (``examples/zoo/*.py``; files starting with ``_`` are shared helpers) and
+world size a fresh process captures the model once (:func:`planner.api.prepare_model_file`, cluster
+``local-cpu`` with one node of ``world`` processes) and plans every method
 from that capture (:func:`planner.api.plan_prepared`) and the plan runs for ``--steps`` steps with ``--check-parity``:
 the program ``plan compile`` writes (the one ``plan run`` launches) under torchrun, one process per
 device — ``plan run`` without its preflight capture, which the sweep has just done. A cell reads:
@@ -19,7 +20,7 @@ device — ``plan run`` without its preflight capture, which the sweep has just 
 * ``failed: ...`` — a rank failed; ``hang`` — the run outlived ``--timeout-s`` plus a margin.
 
 Every cell's outcome, its plan's shape, seconds and the commit it ran at go to ``--json``; ``--out``
-writes the markdown table (one row per family, one cell per method x world). Both are rewritten after
+writes the markdown table (one row per family and batch, one cell per method x world). Both are rewritten after
 every family, so an interrupted sweep keeps what it did; ``--resume OLD.json`` keeps the cells that
 passed in an earlier sweep and runs the others again (the table counts every cell either way).
 """
@@ -41,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "examples" / "zoo"
 METHODS = ("auto", "data-parallel", "megatron", "uniform-pipeline", "hash")
 WORLDS = (2, 4)
+BATCH_SIZES = (4, 8)
 RUN_MARGIN_S = 60.0  # start-up of the ranks (imports, capture) on top of the collective timeout
 
 
@@ -55,6 +57,7 @@ class Cell:
     run_s: float
     shape: str = ""
     commit: str = ""
+    batch: int = 8  # the global batch (sweeps before there were two ran at 8)
 
     @property
     def text(self) -> str:
@@ -81,7 +84,7 @@ def families(selected: str | None) -> list[Path]:
     return files
 
 
-def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.Namespace) -> list[Cell]:
+def sweep_family(path: Path, *, methods: list[str], world: int, batch: int, args: argparse.Namespace) -> list[Cell]:
     """Plan every method in a fresh process (as a user's ``plan`` command would: no state left by other
     families' captures), then run each plan."""
     from planner.plan import load_plan
@@ -98,8 +101,8 @@ def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.N
             str(world),
             "--methods",
             ",".join(methods),
-            "--batch-size",
-            str(args.batch_size),
+            "--batch-sizes",
+            str(batch),
             "--plans-dir",
             directory,
         ]
@@ -114,7 +117,7 @@ def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.N
         else:
             planned = json.loads(listing.read_text())
         for record in planned:
-            common = {"family": path.stem, "method": record["method"], "world": world}
+            common = {"family": path.stem, "method": record["method"], "world": world, "batch": batch}
             if record["outcome"]:
                 cell = Cell(
                     **common, outcome=record["outcome"], message=record["message"], plan_s=record["plan_s"], run_s=0
@@ -122,7 +125,8 @@ def sweep_family(path: Path, *, methods: list[str], world: int, args: argparse.N
             else:
                 cell = run_cell(load_plan(record["plan_file"]), common=common, plan_s=record["plan_s"], args=args)
             cells.append(cell)
-            print(f"  {path.stem:28s} {record['method']:17s} world {world}: {cell.text[:110]}", flush=True)
+            where = f"world {world} batch {batch}"
+            print(f"  {path.stem:28s} {record['method']:17s} {where}: {cell.text[:100]}", flush=True)
     return cells
 
 
@@ -251,15 +255,17 @@ def _first_line(error: BaseException) -> str:
 
 def markdown(cells: list[Cell], *, methods: list[str], worlds: list[int], header: str) -> str:
     columns = [(method, world) for method in methods for world in worlds]
-    by_key = {(c.family, c.method, c.world): c for c in cells}
-    names = list(dict.fromkeys(c.family for c in cells))
+    by_key = {(c.family, c.batch, c.method, c.world): c for c in cells}
+    rows = sorted(dict.fromkeys((c.family, c.batch) for c in cells))
+    several = len({batch for _, batch in rows}) > 1
     passed = sum(c.outcome == "ok" for c in cells)
     lines = [header, "", f"**{passed} of {len(cells)} cells pass** ({100 * passed / max(len(cells), 1):.1f}%).", ""]
     lines.append("| family | " + " | ".join(f"{m} ×{w}" for m, w in columns) + " |")
     lines.append("|---|" + "---|" * len(columns))
-    for name in names:
-        row = [_cell_text(by_key.get((name, m, w))) for m, w in columns]
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    for name, batch in rows:
+        row = [_cell_text(by_key.get((name, batch, m, w))) for m, w in columns]
+        label = f"{name} (batch {batch})" if several else name
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -274,7 +280,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--families", help="comma-separated zoo file stems (default: every file in examples/zoo)")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (default: %(default)s)")
     parser.add_argument("--worlds", default=",".join(map(str, WORLDS)), help="world sizes (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=8, help="global batch (default %(default)s)")
+    parser.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, BATCH_SIZES)),
+        help="global batch sizes, each a sweep of its own (default: %(default)s)",
+    )
     parser.add_argument("--steps", type=int, default=2, help="training steps per run (default %(default)s)")
     parser.add_argument("--timeout-s", type=float, default=60.0, help="plan run --timeout-s (default %(default)s)")
     parser.add_argument("--out", type=Path, help="write the markdown table here (e.g. docs/compatibility.md)")
@@ -290,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    batches = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     if args.plan_family is not None:
         records = plan_family(
-            args.plan_family, methods=methods, world=worlds[0], batch_size=args.batch_size, out_dir=args.plans_dir
+            args.plan_family, methods=methods, world=worlds[0], batch_size=batches[0], out_dir=args.plans_dir
         )
         (args.plans_dir / "planned.json").write_text(json.dumps(records))
         return 0
@@ -301,12 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     cells: list[Cell] = []
     command = "python -m benchmarks.compat " + " ".join(argv if argv is not None else sys.argv[1:])
-    for world in worlds:  # every family at the smaller world first: a cut-short sweep stays balanced
+    # every family at the smaller world and batch first: a cut-short sweep stays balanced
+    for batch, world in [(batch, world) for batch in batches for world in worlds]:
         for path in families(args.families):
-            todo = [m for m in methods if (path.stem, m, world) not in kept]
-            cells.extend(kept[(path.stem, m, world)] for m in methods if m not in todo)
+            todo = [m for m in methods if (path.stem, m, world, batch) not in kept]
+            cells.extend(kept[(path.stem, m, world, batch)] for m in methods if m not in todo)
             if todo:
-                fresh = sweep_family(path, methods=todo, world=world, args=args)
+                fresh = sweep_family(path, methods=todo, world=world, batch=batch, args=args)
                 cells.extend(replace(cell, commit=commit) for cell in fresh)
             _write(
                 cells, args=args, methods=methods, worlds=worlds, command=command, wall_s=time.perf_counter() - started
@@ -316,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if passed == len(cells) else 1
 
 
-def _passed_before(path: Path | None) -> dict[tuple[str, str, int], Cell]:
+def _passed_before(path: Path | None) -> dict[tuple[str, str, int, int], Cell]:
     if path is None:
         return {}
     cells = [Cell(**cell) for cell in json.loads(path.read_text())["cells"]]
-    return {(c.family, c.method, c.world): c for c in cells if c.outcome == "ok"}
+    return {(c.family, c.method, c.world, c.batch): c for c in cells if c.outcome == "ok"}
 
 
 def _write(
@@ -345,7 +357,7 @@ def _header(*, command: str, wall_s: float, commits: list[str]) -> str:
             "# Compatibility",
             "",
             "Every model family of `examples/zoo/` planned by each method on `local-cpu` with 2 and 4 CPU ranks "
-            "(gloo), "
+            "(gloo) at each global batch of the command, "
             "run for two steps with `plan run --check-parity`: loss and every gradient by name against one process. "
             "✓ = both steps match; otherwise the first line of what went wrong (`refused:` is a plan refused at "
             "planning time with its reason; `MISMATCH` would be a wrong result). See `benchmarks/compat.py`.",

@@ -7,6 +7,9 @@ hands on — calling each node's operator again with :func:`planner.ir.node_call
 :func:`planner.ir.node_call.bind_call`. Parameters and buffers are taken by name from the real model,
 so a segment's gradients are the model's gradients by name.
 
+The runners hand the loss the model's output as ``forward`` returns it (a tensor, a tuple, a dict, a
+``ModelOutput``): :func:`model_output` rebuilds it from the values of :func:`output_names`.
+
 A ``call_node`` hook lets tensor parallelism run each node on DTensors
 (:mod:`executors.parallel.tensor_parallel`); the default runs it on plain tensors.
 
@@ -319,6 +322,18 @@ def check_same_nodes(reference: OpGraph, other: OpGraph, *, what: str) -> None:
         )
 
 
-def flat_outputs(values: Sequence[Any]) -> Any:
-    """A model's output as its loss function sees it: the value itself when there is one."""
-    return values[0] if len(values) == 1 else tuple(values)
+def output_names(graph: OpGraph) -> tuple[str, ...]:
+    """The values a runner hands the loss, in order: the graph's outputs, each once (no parameter)."""
+    params = set(graph.param_names)
+    return tuple(name for name in dict.fromkeys(graph.outputs) if name not in params)
+
+
+def model_output(graph: OpGraph, values: Sequence[Any]) -> Any:
+    """The model's output as its loss function sees it, from the values of :func:`output_names` in order: the
+    structure the model returns (a tensor, a tuple, a dict, a Hugging Face ``ModelOutput``:
+    :meth:`planner.ir.graph.OutputTree.rebuild`); for a graph that crossed processes (it keeps no structure),
+    the value itself when there is one, else their tuple."""
+    tree = graph.output_tree
+    if tree is None:
+        return values[0] if len(values) == 1 else tuple(values)
+    return tree.rebuild(dict(zip(output_names(graph), values, strict=True)))

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from executors.graph_module import flat_outputs, make_segment, model_tensors
+from executors.graph_module import make_segment, model_output, model_tensors
 from executors.parallel.grad_sync import SyncOptions
 from executors.parallel.stages import build_meshes, build_stage
 from executors.session import Workload, load_workload, split_batch
@@ -123,7 +123,7 @@ class TensorParallelRunner:
         for piece in pieces:
             outputs = self.part.module(*self.workload.model_inputs(piece))
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            loss = self.workload.loss(flat_outputs(outputs), piece) / self.num_microbatches
+            loss = self.workload.loss(model_output(self.workload.graph, outputs), piece) / self.num_microbatches
             loss.backward()
             total += loss.detach()
         self.part.sync_grads()

@@ -4,7 +4,8 @@
 with a timeout on every collective (so a dead peer turns into an error, not a hang).
 :func:`load_workload` rebuilds the model from the plan's model file with a fixed seed (every rank
 gets the same weights and the same batch), captures it on the meta device and checks the
-fingerprint against the plan's before any step; :meth:`Workload.graph_at` captures the graph at
+fingerprint against the plan's before any step; :meth:`Workload.build` gives the model the constants the
+capture lifted out of its forward (:func:`attach_constants`); :meth:`Workload.graph_at` captures the graph at
 the batch size a stage will see (a microbatch, or a data-parallel rank's share), which must have
 the same nodes as the planned graph.
 
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_flatten
 
 from executors.graph_module import check_same_nodes
 from executors.precision import Precision
@@ -58,8 +60,8 @@ def init_distributed(*, backend: str, timeout_s: float) -> tuple[int, int]:
 
 
 def default_loss(output: Any, inputs: Sequence[Any]) -> torch.Tensor:
-    """The loss when the model file defines none: the mean of the (first) output."""
-    first = output[0] if isinstance(output, tuple | list) else output
+    """The loss when the model file defines none: the mean of the output's first tensor (in a tuple, a dict, ...)."""
+    first = next(leaf for leaf in tree_flatten(output)[0] if isinstance(leaf, torch.Tensor))
     return first.float().mean()
 
 
@@ -88,6 +90,7 @@ class Workload:
         this rank's device."""
         torch.manual_seed(self.seed)
         model, inputs = self.instantiate(batch_size=self.plan.batch_size, on_meta=False)
+        attach_constants(model, self.graph)
         targets = instantiate_targets(
             self.model_file, batch_size=self.plan.batch_size, model_args=self.model_args, on_meta=False
         )
@@ -182,6 +185,26 @@ def load_workload(
         precision=precision or Precision(name="fp32"),
         build_fn=build_fn,
     )
+
+
+def attach_constants(model: torch.nn.Module, graph: OpGraph) -> None:
+    """The graph's lifted constants (:class:`planner.ir.graph.GraphConstant`) as non-persistent buffers of
+    ``model`` under their graph names, so every runner finds them by name beside the model's own buffers (and
+    they move with the model; checkpoints do not hold them)."""
+    for constant in graph.constants:
+        path, _, attribute = constant.name.rpartition(".")
+        try:
+            owner = model.get_submodule(path)
+        except AttributeError:
+            owner = None
+        if owner is None or (hasattr(owner, attribute) and attribute not in owner._buffers):
+            raise AutoplanError(
+                f"the captured graph holds a constant {constant.name} that torch.export lifted out of the forward, "
+                "but the model has no free place of that name for it; make the tensor a buffer of its module "
+                "(register_buffer) instead of creating it in forward"
+            )
+        values = torch.tensor(constant.values, dtype=getattr(torch, constant.meta.dtype))
+        owner.register_buffer(attribute, values.reshape(constant.meta.shape), persistent=False)
 
 
 def _instantiate(

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from support.charged_collectives import charged_collectives, observed_kind
 from torch.distributed.tensor.debug import CommDebugMode
 
-from executors.graph_module import flat_outputs
+from executors.graph_module import model_output
 from executors.runner import TensorParallelRunner, load_cpu_runner
 from executors.session import init_distributed
 from planner.costing.setup import plan_setup
@@ -90,7 +90,7 @@ def main() -> None:
         with CommDebugMode() as phases["forward"]:  # the graph's nodes; gathering the output for the loss is not
             outputs = runner.part.module.inner(*(sharding.enter(value) for value in inputs))
         whole = tuple(sharding.leave(value) for value in outputs)
-        loss = workload.loss_fn(flat_outputs(whole), inputs)
+        loss = workload.loss_fn(model_output(workload.graph, whole), inputs)
         with CommDebugMode() as phases["backward"]:
             loss.backward()
         with CommDebugMode() as phases["sync"]:

@@ -1,7 +1,9 @@
 """The compatibility sweep (``benchmarks/compat.py``): its verdicts, its table, and a fast slice of it.
 
-The whole sweep (every zoo family x five methods x world 2 and 4) runs from one command and writes
-``docs/compatibility.md``; CI runs the slice below: two families, two methods, world 2.
+The whole sweep (every zoo family x five methods x world 2 and 4 x batch 4 and 8) runs from one command and
+writes ``docs/compatibility.md``; CI runs the slice below: two families, two methods, world 2, batch 8 — models
+as users write them that failed before (an LSTM language model with labels as targets, and
+``GPT2LMHeadModel`` itself: tied embeddings, a ``ModelOutput`` the loss reads ``["logits"]`` of).
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ def test_markdown_has_one_row_per_family_and_one_cell_per_method_and_world() -> 
     assert "| a | ✓ | refused: x \\| y |" in text and "**1 of 2 cells pass** (50.0%)" in text
 
 
+def test_markdown_has_a_row_per_batch_when_the_sweep_ran_several() -> None:
+    cells = [
+        compat.Cell(family="a", method="auto", world=2, batch=batch, outcome=outcome, message="", plan_s=1, run_s=1)
+        for batch, outcome in ((4, "ok"), (8, "failed"))
+    ]
+    text = compat.markdown(cells, methods=["auto"], worlds=[2], header="# H")
+    assert "| a (batch 4) | ✓ |" in text and "| a (batch 8) | failed |" in text
+
+
 def test_internal_errors_ask_for_a_bug_report() -> None:
     assert REPORT_HINT in str(InternalError("stage 0 broke"))
 
@@ -55,11 +66,13 @@ def test_sweep_slice(tmp_path: Path) -> None:
         "-m",
         "benchmarks.compat",
         "--families",
-        "nn_strided_cnn,nn_lstm",
+        "nn_lstm_lm,hf_gpt2_lm_head",
         "--methods",
-        "data-parallel,megatron",
+        "auto,megatron",
         "--worlds",
         "2",
+        "--batch-sizes",
+        "8",
         "--out",
         str(out),
         "--json",
@@ -70,4 +83,4 @@ def test_sweep_slice(tmp_path: Path) -> None:
     assert len(cells) == 4
     verdicts = [(c["family"], c["method"], c["outcome"], c["message"]) for c in cells]
     assert all(cell["outcome"] == "ok" for cell in cells), (verdicts, done.stdout[-2000:], done.stderr[-2000:])
-    assert done.returncode == 0 and "| nn_strided_cnn | ✓ | ✓ |" in out.read_text()
+    assert done.returncode == 0 and "| hf_gpt2_lm_head | ✓ | ✓ |" in out.read_text()

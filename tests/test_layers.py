@@ -11,7 +11,13 @@ from planner.inter.layer_costs import SLOTS, SOURCES, layer_table
 from planner.intra.stage_problem import IntraOpOptions
 from planner.ir.capture import capture
 from planner.ir.graph import subgraph
-from planner.ir.layers import boundary_bytes, cluster_layers, collapse_identical_layers, graph_layers
+from planner.ir.layers import (
+    boundary_bytes,
+    cluster_layers,
+    collapse_identical_layers,
+    graph_layers,
+    keep_tuples_whole,
+)
 from tests.conftest import captured, mesh_for, setup_for
 
 
@@ -113,3 +119,25 @@ def test_boundary_bytes_count_each_value_at_its_dtype() -> None:
     # mixed precision halves floats only; integer ids keep 8 bytes each and send back no gradient
     assert boundary_bytes(graph, activation_itemsize=2)[after_fc1] == ids + fc1 * 2
     assert boundary_bytes(graph, activation_itemsize=2, gradients=True)[after_fc1] == fc1 * 2
+
+
+def test_an_lstm_tuple_stays_whole_when_each_getitem_is_a_layer() -> None:
+    """An LSTM's output tuple is unpacked by three ``getitem`` nodes; clustered one node per layer, every one of
+    them moves into the LSTM's layer (not into the layer its neighbour left empty), so no cut carries the tuple."""
+
+    class LSTMLanguageModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(32, 8)
+            self.lstm = torch.nn.LSTM(8, 8, num_layers=2, batch_first=True)
+            self.head = torch.nn.Linear(8, 32)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            out, _ = self.lstm(self.embed(tokens))
+            return self.head(out)
+
+    graph = capture(LSTMLanguageModel(), (torch.randint(0, 32, (4, 6)),), tracer="export")
+    layers = keep_tuples_whole(graph, [[node.name] for node in graph.nodes])
+    (lstm_layer,) = [layer for layer in layers if "lstm" in layer]
+    assert lstm_layer == ["lstm", "getitem", "getitem_1", "getitem_2"]
+    assert [name for layer in layers for name in layer] == [node.name for node in graph.nodes]

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from executors.graph_module import GraphModule, LayeredGraphModule, flat_outputs, make_segment, model_tensors
+from executors.graph_module import GraphModule, LayeredGraphModule, make_segment, model_output, model_tensors
 from executors.parallel.grad_sync import local_sgd_subgroup, register_ddp_hook
 from executors.session import Workload, split_batch
 from planner.errors import AutoplanError
@@ -135,7 +135,7 @@ class DataParallelRunner:
                     self.wrapped.set_requires_gradient_sync(last or self.level >= 2)
                     self.wrapped.set_reshard_after_backward(last or self.level == 3)
                 outputs = self.wrapped(*self.workload.model_inputs(piece))
-                loss = self.workload.loss(flat_outputs(outputs), piece) / self.num_microbatches
+                loss = self.workload.loss(model_output(self.workload.graph, outputs), piece) / self.num_microbatches
                 loss.backward()
             total += loss.detach()
         dist.all_reduce(total, group=self.group)

@@ -4,8 +4,10 @@ A record's specs as DTensor placements (:func:`to_placements`); an activation's 
 the cost model charges it at (:class:`GradAsPlanned`: Megatron's ``f`` all-reduce at the edge, not wherever
 DTensor would resolve a pending partial sum); sequence parallelism's gathered (``R*``) tensors, whose readers
 hand their gradients back partial for the producer to reduce-scatter once (:func:`node_edges`,
-:class:`SliceKeepingPartialGradient`); and the gradient placements of an operator run on local shards
-(:func:`local_grad_placements`). :class:`executors.parallel.tensor_parallel.StageSharding` applies them.
+:class:`SliceKeepingPartialGradient`); the gradient placements of an operator run on local shards
+(:func:`local_grad_placements`); and a gradient whose local shard is laid out otherwise than its DTensor claims
+made contiguous before its node's backward reads it (:func:`contiguous_local_grad`).
+:class:`executors.parallel.tensor_parallel.StageSharding` applies them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,35 @@ def local_grad_placements(tensor: DTensor, output: tuple[Placement, ...]) -> lis
         Partial() if placement.is_replicate() and isinstance(out, Shard) else placement
         for placement, out in zip(tensor.placements, output, strict=True)
     ]
+
+
+def contiguous_local_grad(grad: Any) -> Any:
+    """A gradient DTensor whose local shard is not contiguous, as a contiguous copy (None: keep ``grad``).
+
+    A redistribution's backward (an all-gather along a later dim, say) can hand back a DTensor whose
+    global strides say contiguous while its local shard is laid out otherwise; the backward of a ``view``
+    (``reshape`` of the gradient), which DTensor runs as a local ``view`` when the global strides allow one,
+    then fails with "view size is not compatible with input tensor's size and stride". Registered as a hook
+    on every node output of a tensor-parallel stage, so each node's backward reads a gradient laid out as
+    it claims (a copy only where the local shard is not contiguous)."""
+    if not isinstance(grad, DTensor) or grad._local_tensor.is_contiguous():
+        return None
+    return DTensor.from_local(
+        grad._local_tensor.contiguous(),
+        grad.device_mesh,
+        grad.placements,
+        run_check=False,
+        shape=grad.shape,
+        stride=contiguous_stride(grad.shape),
+    )
+
+
+def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    stride, running = [], 1
+    for size in reversed(shape):
+        stride.append(running)
+        running *= size
+    return tuple(reversed(stride))
 
 
 class GradAsPlanned(torch.autograd.Function):

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executors.graph_module import Segment, flat_outputs, make_segment, model_tensors
+from executors.graph_module import Segment, make_segment, model_output, model_tensors
 from executors.parallel.grad_sync import SyncOptions
 from executors.parallel.stages import StagePart, build_meshes, build_stage, sync_shared_grads
 from executors.session import Workload
@@ -149,10 +149,11 @@ class PipelineRunner:
         self.is_last = mine[-1].index == count - 1
 
     def _loss(self):
-        loss_fn = self.workload.loss_fn
+        loss_fn, graph = self.workload.loss_fn, self.workload.graph
 
         def loss(outputs: tuple[Any, ...], inputs: tuple[Any, ...]) -> torch.Tensor:
-            return loss_fn(flat_outputs(outputs), inputs).reshape(1)  # a [1] per microbatch: the schedule concatenates
+            # a [1] per microbatch: the schedule concatenates
+            return loss_fn(model_output(graph, outputs), inputs).reshape(1)
 
         return loss
 

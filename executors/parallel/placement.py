@@ -55,7 +55,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from executors.graph_module import call_node_plain, flat_outputs, model_tensors
+from executors.graph_module import call_node_plain, model_output, model_tensors, output_names
 from executors.session import Workload, split_batch
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph, TensorMeta, op_base_name
@@ -120,7 +120,7 @@ def build_routes(plan: Plan, graph: OpGraph, *, trainable: set[str]) -> Routes:
     last = graph.outputs[-1] if graph.outputs else ""
     loss_rank = producer.get(last, plan.stages[0].devices[0])  # the last output's producer computes the loss
     tasks = tuple(Task(name=n.name, inputs=n.inputs, owner=producer[n.name]) for n in graph.nodes)
-    tasks += (Task(name=LOSS, inputs=tuple(graph.outputs), owner=loss_rank),)
+    tasks += (Task(name=LOSS, inputs=output_names(graph), owner=loss_rank),)
     elements = gradient_elements(graph, trainable)
     readers: dict[str, set[int]] = {}
     first_read: dict[tuple[str, int], str] = {}
@@ -258,7 +258,7 @@ class PlacementRunner:
     def _run(self, task: Task, micro: Microbatch) -> None:
         args = [self._read(name, micro) for name in task.inputs]
         if task.name == LOSS:
-            micro.loss = self.workload.loss(flat_outputs(args), micro.piece) / self.m
+            micro.loss = self.workload.loss(model_output(self.graph, args), micro.piece) / self.m
             return
         node = self.graph.node(task.name)
         if is_inplace(node.target) and args and isinstance(args[0], Tensor):

@@ -21,6 +21,10 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
   and anything else on whole (all-gathered) inputs, its output then sliced to the planned spec —
   correct for any operator, at the price of communication the plan did not charge; tensors made
   from no DTensor (``arange``, ``zeros``) are wrapped as replicated;
+* keeps every DTensor's local shard laid out as its strides claim: an operator run on local shards hands
+  back a contiguous shard, and each node's output gradient is made contiguous before the node's backward reads
+  it (:func:`~executors.parallel.dtensor_edges.contiguous_local_grad`) — else a ``view``'s backward fails with
+  "view size is not compatible" (a tied GPT-2, an LSTM language model);
 * enters stage inputs as replicated DTensors and leaves outputs as whole tensors
   (:meth:`StageSharding.enter`, :meth:`StageSharding.leave`);
 * a one-device stage skips DTensor altogether (:class:`SingleDeviceSharding`: plain tensors, the
@@ -46,6 +50,8 @@ from executors.parallel.dtensor_edges import (
     Edge,
     GradAsPlanned,
     SliceKeepingPartialGradient,
+    contiguous_local_grad,
+    contiguous_stride,
     local_grad_placements,
     node_edges,
     to_placements,
@@ -203,12 +209,12 @@ class StageSharding:
                 return value
             meta = next(shapes)
             return DTensor.from_local(
-                value,
+                value.contiguous(),  # claimed contiguous below: an LSTM's batch-first output is a transpose
                 self.mesh,
                 placements,
                 run_check=False,
                 shape=torch.Size(meta.shape),
-                stride=_contiguous_stride(meta.shape),
+                stride=contiguous_stride(meta.shape),
             )
 
         return tree_map(wrap, result)
@@ -247,7 +253,11 @@ class StageSharding:
         if planned is not None and tuple(value.placements) != planned:
             value = value.redistribute(self.mesh, planned)
         partial = self.gathered_outputs.get(node.name)
-        return GradAsPlanned.apply(value, partial) if partial is not None and value.requires_grad else value
+        if value.requires_grad:
+            value = GradAsPlanned.apply(value, partial) if partial is not None else value
+            if value.grad_fn is not None:  # not a parameter passed through (a hook on it would stay)
+                value.register_hook(contiguous_local_grad)
+        return value
 
     def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
         """Bring every gradient to its parameter's placement (all-reduce of partial sums)."""
@@ -288,11 +298,3 @@ class SingleDeviceSharding:
 
     def sync_grads(self, params: Sequence[nn.Parameter]) -> None:
         return None
-
-
-def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
-    stride, running = [], 1
-    for size in reversed(shape):
-        stride.append(running)
-        running *= size
-    return tuple(reversed(stride))

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executors.graph_module import flat_outputs, model_tensors
+from executors.graph_module import model_output, model_tensors
 from executors.parallel.grad_sync import SyncOptions
 from executors.parallel.pipeline import stage_segments
 from executors.parallel.stages import StagePart, build_meshes, build_stage, sync_shared_grads
@@ -57,7 +57,7 @@ class UnevenPipelineRunner:
         loss_fn = workload.loss_fn
 
         def loss(outputs: tuple[Any, ...], inputs: tuple[Any, ...]) -> torch.Tensor:
-            return loss_fn(flat_outputs(outputs), inputs)
+            return loss_fn(model_output(workload.graph, outputs), inputs)
 
         self.part = build_stage(
             stage=stage,

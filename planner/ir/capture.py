@@ -184,6 +184,9 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: Gr
             if not isinstance(value, torch.Tensor):
                 constants[node.name] = value
                 continue
+            if spec.kind == InputKind.CONSTANT_TENSOR and _has_data(program.constants.get(spec.target)):
+                builder.add_constant(name=names[node.name], tensor=program.constants[spec.target])
+                continue
             builder.add_value(
                 name=names[node.name], kind=kinds.get(spec.kind, ValueKind.BUFFER), meta=tensor_meta(value)
             )
@@ -209,7 +212,24 @@ def _capture_export(model: torch.nn.Module, inputs: tuple[Any, ...], builder: Gr
             )
         elif node.op == "output":
             flat, _ = tree_flatten(node.args)
-            builder.outputs.extend(names.get(n.name, n.name) for n in flat if isinstance(n, fx.Node))
+            builder.set_outputs([_export_leaf(item, names, constants) for item in flat], program.call_spec.out_spec)
+
+
+def _export_leaf(item: Any, names: dict[str, str], constants: dict[str, Any]) -> tuple[str | None, Any]:
+    """One leaf of the exported output: ``(value name, None)`` for a tensor of the graph, else ``(None, value)``
+    (a ``None``, a number, or a non-tensor value computed in the forward)."""
+    if not isinstance(item, fx.Node):
+        return None, item
+    if item.name in constants:
+        return None, constants[item.name]
+    return names.get(item.name, item.name), None
+
+
+def _has_data(tensor: Any) -> bool:
+    """A real tensor (a lifted constant made in the forward), not a fake one standing for a meta buffer."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, torch.Tensor) and not isinstance(tensor, FakeTensor) and not tensor.is_meta
 
 
 @contextlib.contextmanager
@@ -283,10 +303,20 @@ def _capture_fx(model: torch.nn.Module, inputs: tuple[Any, ...], builder: GraphB
         elif node.op in ("call_function", "call_method"):
             _fx_call(node, env, builder)
         elif node.op == "output":
-            flat, _ = tree_flatten(node.args)
-            builder.outputs.extend(n.name for n in flat if isinstance(n, fx.Node) and n.name in builder.metas)
+            flat, spec = tree_flatten(node.args[0])
+            builder.set_outputs([_fx_leaf(item, env, builder) for item in flat], spec)
         elif node.op == "call_module":
             raise AutoplanError(f"torch.fx kept module {node.target} opaque; try --tracer export")
+
+
+def _fx_leaf(item: Any, env: dict, builder: GraphBuilder) -> tuple[str | None, Any]:
+    """One leaf of the traced output: ``(value name, None)`` for a tensor of the graph, else ``(None, value)``."""
+    if not isinstance(item, fx.Node):
+        return None, item
+    value = env[item.name]
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str) and value[0] in builder.metas:
+        return value[0], None
+    return None, value
 
 
 def _fx_get_attr(

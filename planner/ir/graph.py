@@ -6,7 +6,11 @@ parameters it uses (fully qualified names from ``named_parameters()``), its forw
 backward FLOPs, the bytes it moves and the module it came from. Values are named: a node's
 output is named after the node, a graph input after its placeholder, a parameter by its
 fully qualified name. Nothing here holds a tensor, so a graph of a 39B-parameter model is a
-few megabytes.
+few megabytes: a constant that ``torch.export`` lifted out of the forward (``torch.tensor([-2])`` in
+Falcon's attention) is a buffer whose values the graph keeps as numbers (:class:`GraphConstant`), so that
+every rank can hand it to its stages. The model's output keeps its structure (a dict, a Hugging Face
+``ModelOutput``, a tuple): :class:`OutputTree` rebuilds it from the graph's output values
+(:meth:`OutputTree.rebuild`).
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ import enum
 import hashlib
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
 import networkx as nx
+from torch.utils._pytree import TreeSpec, tree_unflatten
 
 
 class NodeKind(enum.StrEnum):
@@ -108,6 +113,36 @@ class GraphValue:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class GraphConstant:
+    """A tensor the forward makes from constants (``torch.tensor([-2])``), which ``torch.export`` lifts out as
+    an input of the graph: named like a buffer (``…self_attention.lifted_tensor_0``) but no attribute of the
+    model, so its values travel with the graph (flattened, in row-major order)."""
+
+    name: str
+    meta: TensorMeta
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputTree:
+    """How the model's output is made of graph values: ``spec`` (a ``torch.utils._pytree`` spec: a tensor, a
+    tuple, a dict, a ``ModelOutput``) over ``leaves``, each the name of a graph value or ``constants[i]``'s
+    value where ``leaves[i]`` is None (a ``None`` or a number in the output)."""
+
+    spec: TreeSpec
+    leaves: tuple[str | None, ...]
+    constants: tuple[Any, ...]
+
+    def rebuild(self, values: Mapping[str, Any]) -> Any:
+        """The output as the model returns it, from the values of the graph's outputs by name."""
+        flat = [
+            values[leaf] if leaf is not None else constant
+            for leaf, constant in zip(self.leaves, self.constants, strict=True)
+        ]
+        return tree_unflatten(flat, self.spec)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OpNode:
     """One operator of the captured forward pass.
 
@@ -162,6 +197,9 @@ class OpGraph:
     params: tuple[GraphValue, ...]
     buffers: tuple[GraphValue, ...] = ()
     outputs: tuple[str, ...] = ()
+    constants: tuple[GraphConstant, ...] = ()  # the buffers that are lifted constants, with their values
+    # the output's structure; kept by the process that captured it (not pickled: its types may live in a model file)
+    output_tree: OutputTree | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         assert len(self._index) == len(self.nodes), "node names must be unique"
@@ -173,7 +211,7 @@ class OpGraph:
 
     def __getstate__(self) -> dict[str, object]:
         """The fields only (the cached indexes are rebuilt on use): a graph crosses processes pickled."""
-        names = {f.name for f in fields(self)}
+        names = {f.name for f in fields(self)} - {"output_tree"}
         return {key: value for key, value in self.__dict__.items() if key in names}
 
     @cached_property

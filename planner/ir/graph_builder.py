@@ -6,12 +6,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.fx as fx
+from torch.utils._pytree import TreeSpec
 
 from planner.errors import AutoplanError, warn
 from planner.ir.custom_flops import custom_flops, is_custom
-from planner.ir.graph import GraphValue, NodeKind, OpGraph, OpNode, TensorArg, TensorMeta, ValueKind, op_base_name
-from planner.ir.node_call import MetaResult, trace_on_meta
+from planner.ir.graph import (
+    GraphConstant,
+    GraphValue,
+    NodeKind,
+    OpGraph,
+    OpNode,
+    OutputTree,
+    TensorArg,
+    TensorMeta,
+    ValueKind,
+    op_base_name,
+)
+from planner.ir.node_call import MetaResult, tensor_meta, trace_on_meta
 from planner.ir.op_kinds import classify
 
 
@@ -28,6 +41,8 @@ class GraphBuilder:
         self.metas: dict[str, TensorMeta] = {}
         self.nodes: list[OpNode] = []
         self.outputs: list[str] = []
+        self.output_tree: OutputTree | None = None
+        self.constants: list[GraphConstant] = []
         self.multi_outputs: dict[str, tuple[TensorMeta, ...]] = {}
         self._meta_cache: dict[str, MetaResult | None] = {}
         self.unknown_custom: set[str] = set()
@@ -35,6 +50,20 @@ class GraphBuilder:
     def add_value(self, *, name: str, kind: ValueKind, meta: TensorMeta) -> None:
         self.values[name] = GraphValue(name=name, kind=kind, meta=meta)
         self.metas[name] = meta
+
+    def add_constant(self, *, name: str, tensor: torch.Tensor) -> None:
+        """A lifted constant: a buffer of the graph whose values the graph keeps."""
+        meta = tensor_meta(tensor)
+        self.add_value(name=name, kind=ValueKind.BUFFER, meta=meta)
+        self.constants.append(GraphConstant(name=name, meta=meta, values=tuple(tensor.detach().flatten().tolist())))
+
+    def set_outputs(self, leaves: list[tuple[str | None, Any]], spec: TreeSpec) -> None:
+        """The graph's outputs: ``leaves`` are the output's leaves in order, each ``(value name, None)`` for a
+        tensor of the graph or ``(None, constant)``; ``spec`` is the output's structure over them."""
+        self.outputs.extend(name for name, _ in leaves if name is not None)
+        self.output_tree = OutputTree(
+            spec=spec, leaves=tuple(name for name, _ in leaves), constants=tuple(value for _, value in leaves)
+        )
 
     def add_node(
         self,
@@ -111,6 +140,8 @@ class GraphBuilder:
             params=tuple(by_kind[ValueKind.PARAM]),
             buffers=tuple(by_kind[ValueKind.BUFFER]),
             outputs=tuple(self.outputs),
+            constants=tuple(self.constants),
+            output_tree=self.output_tree,
         )
 
 

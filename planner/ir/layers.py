@@ -192,15 +192,18 @@ def graph_layers(graph: OpGraph, *, num_layers: int = 16) -> list[list[str]]:
 
 def keep_tuples_whole(graph: OpGraph, layers: list[list[str]]) -> list[list[str]]:
     """Move the ``getitem`` nodes that open a layer, unpacking a tuple made in an earlier layer, into
-    that earlier layer: a stage boundary (always between layers) then never carries a tuple."""
+    the last earlier layer left non-empty (an LSTM's three ``getitem`` nodes may each be a layer of their own):
+    a stage boundary (always between layers) then never carries a tuple."""
     tuples = {node.name for node in graph.nodes if len(node.outputs) > 1}
-    result = [list(layer) for layer in layers]
-    for index in range(1, len(result)):
-        made = {name for layer in result[:index] for name in layer}
-        layer = result[index]
-        while layer and _unpacks(graph.node(layer[0]), tuples & made):
-            result[index - 1].append(layer.pop(0))
-    return [layer for layer in result if layer]
+    result: list[list[str]] = []
+    for layer in layers:
+        layer = list(layer)
+        made = {name for earlier in result for name in earlier}
+        while result and layer and _unpacks(graph.node(layer[0]), tuples & made):
+            result[-1].append(layer.pop(0))
+        if layer:
+            result.append(layer)
+    return result
 
 
 def _unpacks(node: OpNode, tuples: set[str]) -> bool:

@@ -97,6 +97,8 @@ def _between(low: OpGraph, high: OpGraph, *, sizes: tuple[int, int, int]) -> OpG
         params=high.params,
         buffers=tuple(_value(a, b, t) for a, b in _pairs(low.buffers, high.buffers)),
         outputs=high.outputs,
+        constants=high.constants,
+        output_tree=high.output_tree,
     )
 
 
