@@ -6,7 +6,7 @@ captured at the microbatch size ``B/m`` on one rank: one ``(1,)`` stage per used
 ``param_placements`` the parameters it reports. Every rank holds the whole model.
 
 **Tasks.** The global walk is ``graph.nodes`` in topological order followed by one loss task
-``L = loss_fn(flat_outputs(graph.outputs), inputs) / m`` on the rank of the last output's producer.
+``L = loss_fn(model_output(graph, outputs), inputs) / m`` on the rank of the last output's producer.
 Every rank walks the same tasks in the same order (forward: microbatches ``0..m-1``, tasks in
 order; backward: microbatches ``m-1..0``, tasks reversed) and does only its share of each.
 
