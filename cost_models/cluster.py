@@ -26,10 +26,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cost_models.device import DeviceSpec
+from cost_models.device import DeviceSpec, HostLink, host_link
 from cost_models.device_file import check_peak_flops, device_json, number, parse_device
 from cost_models.gpu_devices import A100_80GB, H100_80GB, V100_16GB, V100_32GB
-from cost_models.host_link import HostLink, host_link
 from cost_models.units import GIB
 from planner.errors import AutoplanError
 
@@ -93,7 +92,7 @@ class Cluster:
         return self.inter_node if len(nodes) > 1 else self.intra_node
 
     def host(self) -> HostLink:
-        """Each device's link to its host and the host's memory (:mod:`cost_models.host_link`: CPU offload)."""
+        """Each device's link to its host and the host's memory (:mod:`cost_models.device`: CPU offload)."""
         return host_link(self.device, devices_per_node=self.devices_per_node)
 
     def shared_inter_node(self, *, flows_per_node: int) -> Link:

@@ -46,14 +46,21 @@ for its gradient.
 problem is lowered by :mod:`planner.baselines.placement.dataflow` with the same pieces (the RL reward). The pieces
 (:class:`~planner.costing.lowered_tasks.Lowered`, its chunks) and the task graph built from them live in
 :mod:`planner.costing.lowered_tasks`.
+
+Values crossing between chunks (:func:`pipeline_edges`, :func:`dataflow_edges`, :func:`stage_transfer`): a pipeline
+sends everything live across a stage's last node to the next stage and its gradient back; an op placement sends each
+value to every chunk that reads it, and a floating value's gradient back; a transfer between stages costs
+:func:`cost_models.communication.stage_transfer_s`, between placed devices :func:`cost_models.communication.p2p_s`.
+Every value at its dtype (floating values at the activation itemsize).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from cost_models.communication import p2p_s, placed_transfer_s
 from cost_models.simulator import SimResult, simulate
 from planner.costing.compression import EXACT, stage_sync
 from planner.costing.estimate import shared_param_sync_s
@@ -64,9 +71,9 @@ from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
 from planner.costing.stage_memory import StageMemory
 from planner.costing.stage_work import NodeWork, runs_as_ddp, stage_node_work
-from planner.costing.transfers import dataflow_edges, pipeline_edges, stage_transfer
 from planner.costing.zero import FsdpPrice, fsdp_memory, fsdp_price, runs_as_fsdp
 from planner.ir.graph import OpGraph
+from planner.ir.layers import boundary_bytes
 from planner.plan import GradSync, Plan, Stage
 from planner.plan.schedules import Schedule
 
@@ -275,3 +282,53 @@ def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork]
 def simulate_plan(plan: Plan, graph: OpGraph, setup: CostSetup, *, record: bool = False) -> SimResult:
     """The simulated step of ``plan``; ``graph`` at its microbatch size, ``setup`` the plan's cost setup."""
     return simulate_lowered(lower_plan(plan, graph, setup), record=record)
+
+
+def _value_bytes(setup: CostSetup, meta) -> float:
+    itemsize = setup.activation_itemsize
+    return float(meta.numel * itemsize if itemsize and meta.is_floating else meta.nbytes)
+
+
+Edges = dict[tuple[int, int], float]
+
+
+def pipeline_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> tuple[Edges, Edges]:
+    """Bytes forward and gradient bytes back across each stage boundary, every value at its dtype."""
+    itemsize = setup.activation_itemsize
+    forward = boundary_bytes(graph, activation_itemsize=itemsize)
+    backward = boundary_bytes(graph, activation_itemsize=itemsize, gradients=True)
+    cuts = [(c, run[-1]) for c, run in enumerate(runs[:-1])]
+    return (
+        {(c, c + 1): float(forward[k]) for c, k in cuts if forward[k] > 0},
+        {(c, c + 1): float(backward[k]) for c, k in cuts if backward[k] > 0},
+    )
+
+
+def dataflow_edges(graph: OpGraph, runs: list[list[int]], setup: CostSetup) -> tuple[Edges, Edges]:
+    chunk_of = {graph.nodes[p].name: c for c, run in enumerate(runs) for p in run}
+    sent: dict[tuple[str, int], tuple[float, bool]] = {}
+    for node in graph.nodes:
+        for name, meta in zip(node.inputs, node.input_metas, strict=True):
+            if name in chunk_of and chunk_of[name] != chunk_of[node.name]:
+                sent[name, chunk_of[node.name]] = (_value_bytes(setup, meta), meta.is_floating)
+    forward: Edges = {}
+    backward: Edges = {}
+    for (name, c), (num_bytes, floating) in sent.items():
+        key = (chunk_of[name], c)
+        forward[key] = forward.get(key, 0.0) + num_bytes
+        if floating:
+            backward[key] = backward.get(key, 0.0) + num_bytes
+    return forward, backward
+
+
+def stage_transfer(setup: CostSetup, devices: list[tuple[int, ...]], *, pipeline: bool) -> Callable:
+    cluster = setup.cluster
+
+    def transfer_s(a: int, b: int, num_bytes: float) -> float:
+        if num_bytes <= 0:
+            return 0.0
+        if not pipeline:
+            return p2p_s(num_bytes, link=cluster.link_between([devices[a][0], devices[b][0]]))
+        return placed_transfer_s(num_bytes, cluster=cluster, sender=devices[a], receiver=devices[b])
+
+    return transfer_s

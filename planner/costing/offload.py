@@ -7,7 +7,7 @@ the optimizer steps on the CPU, on host tensors. The unsharded parameters FSDP a
 (the layer being computed, the one prefetched; levels 1 and 2 keep every parameter gathered for the step), and so
 do the gradients before their reduce-scatter. Per device, with ``d`` replicas, ``N`` parameters, ``w``, ``g``,
 ``s`` bytes per parameter of weights, gradients and optimizer state (:func:`cost_models.memory.optimizer_bytes`),
-``H`` the host link (:mod:`cost_models.host_link`):
+``H`` the host link (:mod:`cost_models.device`):
 
 * memory (:func:`offloaded_shards`): the shards leave the device, ``N·(w/d + s/d)`` and, at levels 2 and 3, the
   gradient shards ``N·g/d``; level 1 still accumulates whole gradients on the device (it reduce-scatters them in
@@ -16,7 +16,7 @@ do the gradients before their reduce-scatter. Per device, with ``d`` replicas, `
   The host-to-device copy of the shard being gathered (``1/d`` of a group, FSDP2's all-gather input) is not
   charged. On CPU ranks the host is the rank's own memory: nothing leaves it (:func:`offloads_memory`). The host
   holds every device's shards, ``N·(w + g + s)/d`` each (:func:`host_bytes`), against the node's DRAM
-  (:attr:`cost_models.host_link.HostLink.host_memory_bytes`).
+  (:attr:`cost_models.device.HostLink.host_memory_bytes`).
 * copies (:func:`host_copy_s`): each group's all-gather waits for its shard's copy in, ``bytes_w/d / H.bandwidth``,
   and each reduce-scatter is followed by its shard's copy out, ``bytes_g/d / H.bandwidth``; they run on FSDP's
   communication streams before and after the collective, so :func:`planner.costing.zero.fsdp_groups` adds them to
@@ -24,7 +24,7 @@ do the gradients before their reduce-scatter. Per device, with ``d`` replicas, `
   compute exactly as it overlaps the collectives (prefetched a group ahead).
 * the optimizer step (:func:`host_optimizer_s`): Adam on the CPU streams its state: it reads the weights, the
   gradients and the state and writes the weights and the state, ``N/d·(2·(w + s) + g)`` bytes at the host memory
-  bandwidth one device's share gets (:attr:`cost_models.host_link.HostLink.per_device_memory_bandwidth`). It runs
+  bandwidth one device's share gets (:attr:`cost_models.device.HostLink.per_device_memory_bandwidth`). It runs
   after the last backward, overlapped with nothing; it replaces the device's optimizer step
   (:func:`optimizer_step_s`).
 
@@ -69,7 +69,8 @@ def host_bytes(stage: Stage, graph: OpGraph, setup: CostSetup) -> float:
 
 
 def host_copy_s(num_bytes: float, setup: CostSetup) -> float:
-    """Seconds to copy ``num_bytes`` between a device and its host, one direction (:func:`cost_models.host_link`)."""
+    """Seconds to copy ``num_bytes`` between a device and its host, one direction
+    (:func:`cost_models.device.host_link`)."""
     return setup.cluster.host().copy_s(num_bytes)
 
 
