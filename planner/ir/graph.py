@@ -22,10 +22,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
-from torch.utils._pytree import TreeSpec, tree_unflatten
+
+if TYPE_CHECKING:  # a plan loads without torch (tests/test_plan_schema.py): torch only where an output is rebuilt
+    from torch.utils._pytree import TreeSpec
 
 
 class NodeKind(enum.StrEnum):
@@ -135,6 +137,8 @@ class OutputTree:
 
     def rebuild(self, values: Mapping[str, Any]) -> Any:
         """The output as the model returns it, from the values of the graph's outputs by name."""
+        from torch.utils._pytree import tree_unflatten
+
         flat = [
             values[leaf] if leaf is not None else constant
             for leaf, constant in zip(self.leaves, self.constants, strict=True)
