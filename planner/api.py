@@ -33,6 +33,7 @@ from planner.ir.rebatch import MicrobatchGraphs
 from planner.methods import METHODS, AutoSearch, MethodRun, auto_run, search_auto
 from planner.options import HANDWRITTEN_METHODS, Method, PlanOptions, parse_method
 from planner.plan import Plan, PlanError, validate_plan
+from planner.plan.report import plan_summary
 from planner.plan.schedules import Schedule
 from planner.preparation import Prepared, model_from_file, prepare_model
 from planner.tuning import (
@@ -57,6 +58,7 @@ __all__ = [
     "plan_prepared",
     "prepare",
     "prepare_model_file",
+    "summary",
     "tune",
     "tune_prepared",
     "with_batch_statistics",
@@ -281,3 +283,9 @@ def _estimate_notes(setup: CostSetup, *, mfu: float, num_params: float) -> tuple
     gemm = device.kernels.gemm_efficiency if device.kernels is not None else None
     above = mfu_bound_note(device_name=device.name, num_params=num_params, mfu=mfu, gemm_efficiency=gemm)
     return tuple(note for note in (setup.runtime.note(), above) if note)
+
+
+def summary(plan: Plan, *, plan_path: str | None = None) -> str:
+    """The summary ``plan`` prints for ``plan`` (its next steps name ``plan_path``, else ``PLAN.json``):
+    ``print(planner.api.summary(plan))``."""
+    return plan_summary(plan, plan_path=plan_path)

@@ -13,10 +13,7 @@ PACKAGES = ("planner", "cost_models", "executors", "calibration")
 
 
 def test_no_import_cycles_between_modules_even_inside_functions() -> None:
-    # Imports inside functions count; those under TYPE_CHECKING do not: they are never executed, they name a type
-    # for an annotation (Plan in the report modules that Plan.summary imports), as import-linter's
-    # exclude_type_checking_imports (pyproject.toml) has it too.
-    graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=True)
+    graph = grimp.build_graph(*PACKAGES)  # imports inside functions and under TYPE_CHECKING included
     imports = nx.DiGraph(
         (module, imported) for module in graph.modules for imported in graph.find_modules_directly_imported_by(module)
     )

@@ -12,59 +12,22 @@ import pytest
 import torch
 
 from cost_models.cluster import load_cluster
-from planner.api import plan
+from planner.api import plan, summary
 from planner.cli.main import main
-from planner.plan import Collective, Estimate, ModelRef, NodeSharding, Plan, SearchStats, Stage, save_plan
-from planner.plan.megatron_terms import megatron_terms, megatron_terms_text
+from planner.plan import Plan, save_plan
+from planner.plan.megatron_terms import megatron_terms_text
 from planner.plan.report import plan_summary
 from tests.conftest import EXAMPLES
+from tests.support.synthetic_plans import synthetic_plan, synthetic_stage
 
 SEQ = 16
 
 
-def synthetic_stage(index: int, devices: range, mesh: tuple[int, ...], *, sharded=(), synced=()) -> Stage:
-    """One operator reading ``w`` (sharded along ``sharded``) and ``b`` (its gradient synced over ``synced``)."""
-    syncs = tuple(Collective(kind="all_reduce", axis=axis, phase="sync", operand=2) for axis in synced)
-    record = NodeSharding(split="-", input_specs=(), output_spec=("R",) * len(mesh), collectives=syncs)
-    w = tuple("S(0)" if axis in sharded else "R" for axis in range(len(mesh)))
-    return Stage(
-        index=index,
-        nodes=("linear",),
-        devices=tuple(devices),
-        mesh_shape=mesh,
-        strategies={"linear": record},
-        param_placements={"w": w, "b": ("R",) * len(mesh)},
-    )
-
-
-def synthetic_plan(stages: list[Stage], *, m: int, schedule: str, cluster=None, method: str = "auto") -> Plan:
-    """A plan of ``stages`` whose step takes 1 s."""
-    estimate = Estimate(
-        step_time_s=1.0,
-        per_stage_time_s=(1.0,) * len(stages),
-        memory_per_device_bytes=1 << 30,
-        bubble_fraction=0.25,
-        tflops_per_device=1.0,
-        mfu=0.25,
-    )
-    return Plan(
-        method=method,
-        model=ModelRef(fingerprint="f", num_params=10),
-        batch_size=64,
-        num_microbatches=m,
-        cluster=cluster or load_cluster("p3.16xlarge", num_nodes=8),
-        schedule=schedule,
-        optimizer="adam-mixed",
-        stages=tuple(stages),
-        estimate=estimate,
-        search=SearchStats(time_s=1.0),
-    )
-
-
 def test_a_grid_plan_in_megatron_terms_counts_the_micro_batch_per_replica() -> None:
     stages = [synthetic_stage(s, range(32 * s, 32 * s + 32), (8, 4), sharded=(1,), synced=(0,)) for s in range(2)]
-    grid = replace(synthetic_plan(stages, m=16, schedule="1f1b"), batch_size=256)  # 16 rows a microbatch, 8 replicas
-    terms = megatron_terms(grid)
+    # 16 rows a microbatch, 8 replicas
+    grid = replace(synthetic_plan(stages, m=16, schedule="1f1b", mfu=0.25), batch_size=256)
+    terms = grid.megatron
     assert (terms.tensor_parallel, terms.pipeline_parallel, terms.data_parallel) == (4, 2, 8)
     assert terms.micro_batch_size == 2  # 256 / (16 microbatches · 8 replicas), not the microbatch's 16 rows
     assert terms.global_batch_size == 256 and terms.num_microbatches == 16 and terms.per_stage == ()
@@ -79,7 +42,7 @@ def test_stages_of_different_degrees_are_listed_per_stage_as_mixed() -> None:
         synthetic_stage(0, range(0, 2), (2,), synced=(0,)),
         synthetic_stage(1, range(2, 6), (4,), sharded=(0,)),
     ]
-    terms = megatron_terms(replace(synthetic_plan(stages, m=4, schedule="gpipe"), batch_size=16))
+    terms = replace(synthetic_plan(stages, m=4, schedule="gpipe", mfu=0.25), batch_size=16).megatron
     assert terms.tensor_parallel is None and terms.data_parallel is None and terms.micro_batch_size is None
     assert [(s.tensor_parallel, s.data_parallel, s.micro_batch_size) for s in terms.per_stage] == [(1, 2, 2), (4, 1, 4)]
     assert "TP×DP per stage (mixed) 1×2, 4×1, PP 2, micro-batch size per stage 2, 4" in megatron_terms_text(terms)
@@ -88,7 +51,7 @@ def test_stages_of_different_degrees_are_listed_per_stage_as_mixed() -> None:
 def test_an_operator_placement_has_no_degrees() -> None:
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     stages = [synthetic_stage(s, range(s, s + 1), (1,)) for s in range(2)]
-    terms = megatron_terms(synthetic_plan(stages, m=4, schedule="dataflow", cluster=cluster, method="hash"))
+    terms = synthetic_plan(stages, m=4, schedule="dataflow", cluster=cluster, method="hash", mfu=0.25).megatron
     assert (terms.tensor_parallel, terms.pipeline_parallel, terms.data_parallel) == (None, None, None)
     assert "operator placement (no TP/PP/DP degrees)" in megatron_terms_text(terms, per="device")
 
@@ -104,15 +67,15 @@ def python_plan() -> Plan:
     return plan(model, inputs, load_cluster("dgx-a100", num_nodes=1, devices_per_node=4), batch_size=8)
 
 
-def test_a_plan_from_python_prints_the_summary_the_command_prints() -> None:
+def test_a_plan_from_python_has_the_summary_the_command_prints() -> None:
     planned = python_plan()
     assert planned.model.sequence_length == SEQ
-    assert str(planned) == planned.summary() == plan_summary(planned)
-    assert planned.summary(plan_path="p.json") == plan_summary(planned, plan_path="p.json")
+    assert summary(planned) == plan_summary(planned)
+    assert summary(planned, plan_path="p.json") == plan_summary(planned, plan_path="p.json")
     terms = planned.megatron
     assert terms.tokens_per_s_per_gpu == pytest.approx(8 * SEQ / planned.estimate.step_time_s / planned.num_devices)
     assert terms.mfu == planned.estimate.mfu
-    line = str(planned).splitlines()[1]
+    line = summary(planned).splitlines()[1]
     assert line.startswith("Megatron-LM terms: global batch 8, ") and f"sequence length {SEQ}; " in line
     assert "tokens/s per GPU" in line and f"MFU {planned.estimate.mfu:.0%}" in line
 
@@ -139,10 +102,10 @@ def test_plan_show_shows_a_plan_made_from_python_and_says_what_it_cannot(
     save_plan(python_plan(), path)
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out
-    first, summary = out.split("\n", 1)
+    first, summary_text = out.split("\n", 1)
     assert first.startswith("plan show: the plan names no model file (it was planned from Python)")
-    assert "no simulated step" in first and summary.startswith(python_plan().summary().splitlines()[0])
-    assert "Megatron-LM terms: " in summary and "simulated:" not in summary
+    assert "no simulated step" in first and summary_text.startswith(summary(python_plan()).splitlines()[0])
+    assert "Megatron-LM terms: " in summary_text and "simulated:" not in summary_text
     assert main(["show", str(path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["simulated_step_time_s"] is None and shown["megatron"]["sequence_length"] == SEQ
@@ -158,7 +121,7 @@ def test_the_command_summary_has_the_terms_of_a_model_file_plan(capsys: pytest.C
     assert main([str(EXAMPLES / "gpt.py"), *args, "--method", "megatron", "--degrees", "2,2,1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     saved = Plan.from_json(json.loads(out.read_text()))
-    assert saved.summary(plan_path=str(out)) in printed
+    assert summary(saved, plan_path=str(out)) in printed
     terms = saved.megatron
     assert (terms.tensor_parallel, terms.pipeline_parallel, terms.data_parallel) == (2, 2, 1)
     assert terms.micro_batch_size == 8 // saved.num_microbatches and terms.sequence_length is not None

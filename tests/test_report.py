@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.cluster import Cluster, load_cluster
+from cost_models.cluster import load_cluster
 from cost_models.simulator import bubble_fraction
 from planner.api import plan_model_file
 from planner.cli.main import main
 from planner.costing.lowering import simulate_lowered
-from planner.plan import Collective, Estimate, ModelRef, NodeSharding, Plan, SearchStats, Stage
+from planner.plan import Plan, Stage
 from planner.plan.report import plan_summary
 from planner.plan.shape import plan_shape
 from tests.conftest import EXAMPLES, pipeline
+from tests.support.synthetic_plans import synthetic_plan, synthetic_stage
 
 GPT = str(EXAMPLES / "gpt.py")
 MEGATRON_ARGS = [
@@ -39,65 +40,6 @@ MEGATRON_ARGS = [
     "1f1b",
 ]
 BUBBLE = re.compile(r"pipeline bubble (\d+)%")
-
-
-def synthetic_stage(
-    index: int,
-    devices: range,
-    mesh: tuple[int, ...],
-    *,
-    sharded: tuple[int, ...] = (),
-    synced: tuple[int, ...] = (),
-    remat: bool = False,
-) -> Stage:
-    """A stage of one operator reading parameter ``w`` (sharded along the ``sharded`` axes) and ``b``
-    (replicated; its gradient synced over the ``synced`` axes)."""
-    syncs = tuple(Collective(kind="all_reduce", axis=axis, phase="sync", operand=2) for axis in synced)
-    record = NodeSharding(split="-", input_specs=(), output_spec=("R",) * len(mesh), collectives=syncs)
-    placements = {
-        "w": tuple("S(0)" if axis in sharded else "R" for axis in range(len(mesh))),
-        "b": ("R",) * len(mesh),
-    }
-    return Stage(
-        index=index,
-        nodes=("linear",),
-        devices=tuple(devices),
-        mesh_shape=mesh,
-        strategies={"linear": record},
-        param_placements=placements,
-        remat=remat,
-    )
-
-
-def synthetic_plan(
-    stages: list[Stage],
-    *,
-    m: int = 1,
-    schedule: str = "none",
-    cluster: Cluster | None = None,
-    method: str = "auto",
-    notes: tuple[str, ...] = (),
-) -> Plan:
-    estimate = Estimate(
-        step_time_s=1.0,
-        per_stage_time_s=(1.0,) * len(stages),
-        memory_per_device_bytes=1 << 30,
-        bubble_fraction=0.25,
-        tflops_per_device=1.0,
-    )
-    return Plan(
-        method=method,
-        model=ModelRef(fingerprint="f", num_params=10),
-        batch_size=64,
-        num_microbatches=m,
-        cluster=cluster or load_cluster("p3.16xlarge", num_nodes=8),
-        schedule=schedule,
-        optimizer="adam-mixed",
-        stages=tuple(stages),
-        estimate=estimate,
-        search=SearchStats(time_s=1.0),
-        notes=notes,
-    )
 
 
 def test_shape_of_a_megatron_grid_point_in_pipeline_tensor_data_order() -> None:

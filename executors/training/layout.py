@@ -31,7 +31,7 @@ from torch.distributed.tensor.placement_types import Placement
 from planner.errors import AutoplanError
 from planner.plan import GATHERED, Plan, Stage
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES, Schedule, check_schedule
-from planner.plan.shape import axis_roles, stage_degrees
+from planner.plan.stage import axis_roles, stage_degrees
 
 
 class LayoutEdit(AutoplanError):

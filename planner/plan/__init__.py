@@ -11,7 +11,7 @@
 * :mod:`~planner.plan.explain` — ``ExplainRow``, the per-node explanation a stage stores;
 * :mod:`~planner.plan.megatron_terms` — ``MegatronTerms``: the plan in Megatron-LM's terms (the JSON's read-only
   ``megatron`` block, ``Plan.megatron``);
-* :mod:`~planner.plan.report` — the plain-text summary ``plan`` prints (``print(plan)``, ``Plan.summary``);
+* :mod:`~planner.plan.report` — the plain-text summary ``plan`` prints (``planner.api.summary(plan)``);
 * :mod:`~planner.plan.choices` — which choices each stage uses and what each saved (``--explain``, ``plan show``).
 
 May import: :mod:`planner.ir`, :mod:`planner.errors`, :mod:`cost_models` (the cluster, atomic files).

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from planner.plan.codec import JsonCoded
 from planner.plan.stage import Remat, Saving, Stage
 
-if TYPE_CHECKING:  # annotations only: Plan.summary prints the choices' text (planner.plan.report)
+if TYPE_CHECKING:
     from planner.plan.value import Plan
 
 EXACT_SYNC = "exact (bucketed, overlapped with the last backward)"

@@ -11,7 +11,7 @@ with the plan it describes). The terms, as Megatron-LM's arguments name them:
   ``global batch / (microbatches · DP)`` — not the rows of a microbatch across the replicas
   (``global batch / microbatches``), which our summary calls a microbatch's rows;
 * *number of microbatches*: ``global batch / (micro-batch size · DP)``;
-* *TP* and *DP*: the products of a stage's tensor and data mesh axes (:func:`planner.plan.shape.stage_degrees`);
+* *TP* and *DP*: the products of a stage's tensor and data mesh axes (:func:`planner.plan.stage.stage_degrees`);
   *PP*: the pipeline ranks (``Plan.num_pipeline_ranks``); *VPP*: virtual stages per pipeline rank
   (``Plan.virtual_stages``, 1 without interleaving). Stages of different degrees (a plan Megatron-LM cannot
   express) leave TP, DP and the micro-batch size ``None`` and list them per stage (``per_stage``); an operator
@@ -25,15 +25,10 @@ with the plan it describes). The terms, as Megatron-LM's arguments name them:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from planner.plan.codec import JsonCoded
 from planner.plan.schedules import Schedule
-from planner.plan.shape import stage_degrees
-from planner.plan.stage import Stage
-
-if TYPE_CHECKING:
-    from planner.plan.value import Plan
+from planner.plan.stage import Stage, stage_degrees
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,52 +59,74 @@ class MegatronTerms(JsonCoded):
     per_stage: tuple[StageTerms, ...] = ()  # only when the stages' degrees differ
 
 
-def micro_batch_size(plan: Plan, data_parallel: int) -> int | None:
+def micro_batch_size(*, batch_size: int, num_microbatches: int, data_parallel: int) -> int | None:
     """Rows one of ``data_parallel`` replicas processes per microbatch; None when they do not split evenly."""
-    rows = plan.batch_size // plan.num_microbatches
+    rows = batch_size // num_microbatches
     return rows // data_parallel if rows % data_parallel == 0 else None
 
 
-def _stage_terms(plan: Plan, stage: Stage) -> StageTerms:
+@dataclass(frozen=True, kw_only=True)
+class PlanFigures:
+    """What the terms are computed from: the plan's batch, schedule, stages and estimate (``Plan.megatron``
+    passes its own fields, so this module needs no :class:`~planner.plan.value.Plan`)."""
+
+    batch_size: int
+    num_microbatches: int
+    schedule: Schedule
+    stages: tuple[Stage, ...]
+    num_devices: int
+    num_pipeline_ranks: int
+    virtual_stages: int
+    sequence_length: int | None
+    step_time_s: float
+    mfu: float
+
+    def micro_batch_size(self, data_parallel: int) -> int | None:
+        return micro_batch_size(
+            batch_size=self.batch_size, num_microbatches=self.num_microbatches, data_parallel=data_parallel
+        )
+
+
+def _stage_terms(figures: PlanFigures, stage: Stage) -> StageTerms:
     degrees = stage_degrees(stage)
     return StageTerms(
         stage=stage.index,
         tensor_parallel=degrees.tensor,
         data_parallel=degrees.data,
-        micro_batch_size=micro_batch_size(plan, degrees.data),
+        micro_batch_size=figures.micro_batch_size(degrees.data),
     )
 
 
-def megatron_terms(plan: Plan) -> MegatronTerms:
-    """``plan``'s global batch, micro-batch size per replica, degrees, sequence length, throughput and MFU."""
-    step, devices = plan.estimate.step_time_s, max(1, plan.num_devices)
-    samples = plan.batch_size / step / devices if step > 0 else 0.0
-    sequence = plan.model.sequence_length
+def megatron_terms(figures: PlanFigures) -> MegatronTerms:
+    """The plan's global batch, micro-batch size per replica, degrees, sequence length, throughput and MFU."""
+    step, devices = figures.step_time_s, max(1, figures.num_devices)
+    samples = figures.batch_size / step / devices if step > 0 else 0.0
+    sequence = figures.sequence_length
     common = {
-        "global_batch_size": plan.batch_size,
-        "num_microbatches": plan.num_microbatches,
+        "global_batch_size": figures.batch_size,
+        "num_microbatches": figures.num_microbatches,
         "sequence_length": sequence,
         "samples_per_s_per_gpu": samples,
         "tokens_per_s_per_gpu": samples * sequence if sequence else None,
-        "mfu": plan.estimate.mfu,
+        "mfu": figures.mfu,
     }
-    if plan.schedule == Schedule.DATAFLOW:  # every operator whole on one device: one replica, no degrees
+    if figures.schedule == Schedule.DATAFLOW:  # every operator whole on one device: one replica, no degrees
         return MegatronTerms(
-            micro_batch_size=micro_batch_size(plan, 1),
+            micro_batch_size=figures.micro_batch_size(1),
             tensor_parallel=None,
             pipeline_parallel=None,
             data_parallel=None,
             virtual_pipeline_parallel=None,
             **common,
         )
-    stages = [_stage_terms(plan, stage) for stage in sorted(plan.stages, key=lambda stage: stage.index)]
+    stages = [_stage_terms(figures, stage) for stage in sorted(figures.stages, key=lambda stage: stage.index)]
     same = len({(terms.tensor_parallel, terms.data_parallel) for terms in stages}) == 1
     return MegatronTerms(
         micro_batch_size=stages[0].micro_batch_size if same else None,
         tensor_parallel=stages[0].tensor_parallel if same else None,
-        pipeline_parallel=plan.num_pipeline_ranks,
+        pipeline_parallel=figures.num_pipeline_ranks,
         data_parallel=stages[0].data_parallel if same else None,
-        virtual_pipeline_parallel=plan.virtual_stages,
+        virtual_pipeline_parallel=figures.virtual_stages,
         per_stage=() if same else tuple(stages),
         **common,
     )

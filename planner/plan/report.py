@@ -1,4 +1,4 @@
-"""Human-readable text about plans: the short summary ``plan``, ``plan show`` and ``print(plan)`` print.
+"""Human-readable text about plans: the short summary ``plan`` and ``plan show`` print (``planner.api.summary``).
 
 The summary opens with the plan's shape (:func:`planner.plan.shape.plan_shape`) and the same plan in
 Megatron-LM's terms (:func:`planner.plan.megatron_terms.megatron_terms_text`: global batch, micro-batch
@@ -20,10 +20,10 @@ from planner.plan.choices import memory_saving_of
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 from planner.plan.megatron_terms import megatron_terms_text
 from planner.plan.method import Method
-from planner.plan.shape import count_of, plan_shape, stage_degrees
-from planner.plan.stage import Saving, Stage
+from planner.plan.shape import count_of, plan_shape
+from planner.plan.stage import Saving, Stage, stage_degrees
 
-if TYPE_CHECKING:  # annotations only: Plan.summary and print(plan) give this module's summary
+if TYPE_CHECKING:
     from planner.plan.value import Estimate, Plan
 
 COMPARED_NOTE = "compared under the same cost model: "  # planner.api's note on the auto-family candidates

@@ -1,7 +1,7 @@
 """A plan's shape in the words engineers use: ``pipeline 2 × tensor 4 × data 8, 16 microbatches, 1F1B, recompute on``.
 
 The degrees come from the plan itself: the pipeline degree is the number of stages; inside a
-stage, each mesh axis is *tensor* (model) parallel or *data* parallel (:func:`axis_roles`). An
+stage, each mesh axis is *tensor* (model) parallel or *data* parallel (:func:`planner.plan.stage.axis_roles`). An
 axis along which every parameter is replicated is data parallel. An axis that shards parameters
 is tensor parallel, unless more parameters have their gradients all-reduced over it (the
 strategies' ``sync`` collectives: replicas that saw different shares of the batch) than are
@@ -13,54 +13,15 @@ microbatches flow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner.plan.schedules import Schedule
-from planner.plan.stage import Stage
+from planner.plan.stage import Stage, stage_degrees
 
 if TYPE_CHECKING:  # planner.plan.value writes the plan's Megatron terms, which read the degrees here
     from planner.plan.value import Plan
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B", "zero-bubble": "zero bubble"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class StageDegrees:
-    tensor: int
-    data: int
-
-    def text(self) -> str:
-        """``tensor 4 × data 2``; ``1 device`` when both are 1."""
-        parts = [f"{name} {size}" for name, size in (("tensor", self.tensor), ("data", self.data)) if size > 1]
-        return " × ".join(parts) or "1 device"
-
-
-def axis_roles(stage: Stage) -> tuple[str, ...]:
-    """Per mesh axis of ``stage``: ``"tensor"`` when parameters are sharded along it and at least as many
-    as have their gradients synced over it, else ``"data"``."""
-    return tuple(_axis_role(stage, axis) for axis in range(len(stage.mesh_shape)))
-
-
-def _axis_role(stage: Stage, axis: int) -> str:
-    sharded = sum(spec[axis].startswith("S") for spec in stage.param_placements.values())
-    synced = sum(
-        collective.phase == "sync" and collective.axis == axis
-        for record in stage.strategies.values()
-        for collective in record.collectives
-    )
-    return "tensor" if sharded and sharded >= synced else "data"
-
-
-def stage_degrees(stage: Stage) -> StageDegrees:
-    """The stage's tensor and data degrees: products of the sizes of its tensor and data mesh axes."""
-    tensor = data = 1
-    for size, role in zip(stage.mesh_shape, axis_roles(stage), strict=True):
-        if role == "tensor":
-            tensor *= size
-        else:
-            data *= size
-    return StageDegrees(tensor=tensor, data=data)
 
 
 def count_of(number: int, singular: str, plural: str | None = None) -> str:

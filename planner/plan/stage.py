@@ -171,3 +171,41 @@ class Stage(JsonCoded):
     def output_specs(self) -> dict[str, tuple[str, ...]]:
         """Node name -> its output spec (from its strategy)."""
         return {name: record.output_spec for name, record in self.strategies.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageDegrees:
+    tensor: int
+    data: int
+
+    def text(self) -> str:
+        """``tensor 4 × data 2``; ``1 device`` when both are 1."""
+        parts = [f"{name} {size}" for name, size in (("tensor", self.tensor), ("data", self.data)) if size > 1]
+        return " × ".join(parts) or "1 device"
+
+
+def axis_roles(stage: Stage) -> tuple[str, ...]:
+    """Per mesh axis of ``stage``: ``"tensor"`` when parameters are sharded along it and at least as many
+    as have their gradients synced over it, else ``"data"``."""
+    return tuple(_axis_role(stage, axis) for axis in range(len(stage.mesh_shape)))
+
+
+def _axis_role(stage: Stage, axis: int) -> str:
+    sharded = sum(spec[axis].startswith("S") for spec in stage.param_placements.values())
+    synced = sum(
+        collective.phase == "sync" and collective.axis == axis
+        for record in stage.strategies.values()
+        for collective in record.collectives
+    )
+    return "tensor" if sharded and sharded >= synced else "data"
+
+
+def stage_degrees(stage: Stage) -> StageDegrees:
+    """The stage's tensor and data degrees: products of the sizes of its tensor and data mesh axes."""
+    tensor = data = 1
+    for size, role in zip(stage.mesh_shape, axis_roles(stage), strict=True):
+        if role == "tensor":
+            tensor *= size
+        else:
+            data *= size
+    return StageDegrees(tensor=tensor, data=data)

@@ -25,8 +25,9 @@ JSON layout (``format_version`` 3): the fields of :class:`Plan`, each nested dat
 A field with a default may be left out (it takes the default); an unknown field is an error. ``megatron`` is
 derived, read-only: the plan in Megatron-LM's terms (:func:`planner.plan.megatron_terms.megatron_terms`), written
 by :meth:`Plan.to_json` on every save and ignored by :meth:`Plan.from_json`, which recomputes it from the plan
-(``Plan.megatron``): a derived value that is not read cannot disagree with the plan it describes. ``print(plan)``
-and :meth:`Plan.summary` give the summary ``plan`` prints (:func:`planner.plan.report.plan_summary`).
+(``Plan.megatron``): a derived value that is not read cannot disagree with the plan it describes. The summary
+``plan`` prints is :func:`planner.plan.report.plan_summary` (``planner.api.summary(plan)``): the report reads the
+plan; the plan does not import its report.
 
 The plan is the program: every node's :class:`NodeSharding` is the strategy the search chose, and
 the simulator, ``plan show``, ``plan run`` and the executors read it as it is — the spec each
@@ -58,7 +59,7 @@ from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
 from planner.plan.codec import Codec, CodecError, External, JsonCoded
 from planner.plan.grad_sync import GradSync
-from planner.plan.megatron_terms import MegatronTerms, megatron_terms
+from planner.plan.megatron_terms import MegatronTerms, PlanFigures, megatron_terms
 from planner.plan.method import Method
 from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage
@@ -244,16 +245,20 @@ class Plan:
     def megatron(self) -> MegatronTerms:
         """The plan in Megatron-LM's terms (global batch, micro-batch size per replica, TP/PP/DP/VPP, tokens/s per
         GPU, MFU), derived from the plan (:mod:`planner.plan.megatron_terms`)."""
-        return megatron_terms(self)
-
-    def summary(self, *, plan_path: str | None = None) -> str:
-        """The summary ``plan`` prints (its next steps name ``plan_path``, else ``PLAN.json``)."""
-        from planner.plan.report import plan_summary  # the report reads Plan: imported when asked
-
-        return plan_summary(self, plan_path=plan_path)
-
-    def __str__(self) -> str:
-        return self.summary()
+        return megatron_terms(
+            PlanFigures(
+                batch_size=self.batch_size,
+                num_microbatches=self.num_microbatches,
+                schedule=self.schedule,
+                stages=self.stages,
+                num_devices=self.num_devices,
+                num_pipeline_ranks=self.num_pipeline_ranks,
+                virtual_stages=self.virtual_stages,
+                sequence_length=self.model.sequence_length,
+                step_time_s=self.estimate.step_time_s,
+                mfu=self.estimate.mfu,
+            )
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON data (:data:`PLAN_CODEC`), with its derived ``megatron`` block last."""
