@@ -60,14 +60,14 @@ def write_program(plan: Plan, out_dir: Path) -> Path:
     if plan.model.file is None:
         raise AutoplanError("the plan has no model file: plan it with the `plan` command to compile it")
     model_path = Path(plan.model.file).resolve()
-    load_model_file(model_path)  # a model file that does not load stops here, before anything is written
+    model_file = load_model_file(model_path)  # one that does not load stops here, before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     copied = copy_model_files(model_path, out_dir)
     inside = out_dir / next(iter(copied))
     local = replace(plan, model=replace(plan.model, file=inside.relative_to(out_dir).as_posix()))
     save_plan(local, out_dir / "plan.json")
     program = out_dir / "train.py"
-    text = program_text(local, model_file=load_model_file(inside))
+    text = program_text(local, model_file=model_file)  # the copy is the same file: not imported again
     write_text_atomic(program, text, what="training program")
     for name, script in (("launch.sh", launch_script(plan.cluster)), ("train.sbatch", sbatch_script(plan.cluster))):
         write_text_atomic(out_dir / name, script, what=name)
