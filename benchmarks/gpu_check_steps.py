@@ -10,10 +10,11 @@ tiny), two measurements, each beside its own prediction:
   ``torch.cuda.max_memory_allocated`` over the run (the program's log line), on the CPU the program's
   ``--measure-memory`` figure (model state + peak saved activations);
 * *eager* — the same model, batch and precision in a plain loop in this process (bf16 autocast, fp32
-  AdamW, the whole batch at once, no executor): the median step against the closed-form one-device
-  estimate (:func:`planner.baselines.data_parallel.data_parallel` on one device, which needs no solver), the CUDA
-  peak and the model state + saved activations against its memory. It separates what the cost model
-  misses from what our executor adds, and it still measures when planning cannot run (no solver).
+  AdamW, the gradient norm as the program takes it, the whole batch at once, no executor): the median step
+  against the closed-form one-device estimate (:func:`planner.baselines.data_parallel.data_parallel` on one
+  device, which needs no solver), the CUDA peak and the model state + saved activations against its memory.
+  It separates what the cost model misses from what our executor adds, and it still measures when planning
+  cannot run (no solver).
 
 **CUDA path** (:func:`cuda_path_rows`), on a small plan: the program started at world 1 over nccl, stopped
 after 4 of 6 steps with DCP checkpoints every 2 steps, resumed to step 6; the same 6 steps uninterrupted
@@ -168,6 +169,9 @@ def eager_step(case: StepCase, ctx: Context, *, deadline: float) -> dict[str, An
         with precision.autocast(ctx.device):
             loss = loss_fn(model(*inputs), loss_data)
         loss.backward()
+        # the gradient norm, as the program takes it every step (and the estimate prices it)
+        squares = [p.grad.detach().square().sum(dtype=torch.float64) for p in params if p.grad is not None]
+        float(torch.stack(squares).sum().sqrt())
         optimizer.step()
 
     times = [_timed(step, cuda=ctx.cuda) for _ in range(case.steps)]

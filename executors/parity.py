@@ -69,7 +69,12 @@ class Reference:
         norm = float(torch.stack([p.grad.double().norm() for p in params]).norm()) if params else 0.0
         if self.max_grad_norm is not None and params:
             torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, torch.tensor(norm))
-        grads = {name: p.grad.detach().clone() for name, p in self.model.named_parameters() if p.grad is not None}
+        # on the CPU, where gather_gradients puts the parallel run's
+        grads = {
+            name: p.grad.detach().to("cpu", copy=True)
+            for name, p in self.model.named_parameters()
+            if p.grad is not None
+        }
         return total, grads, norm
 
     def update(self) -> None:

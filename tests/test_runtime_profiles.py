@@ -12,12 +12,15 @@ from cost_models.compute import RooflineCompute
 from planner.api import plan_model_file
 from planner.costing.estimate import optimizer_step_s
 from planner.costing.lowering import lower_plan, simulate_lowered
+from planner.costing.node_cost import AUTOCAST_CAST_BYTES, autocast_cast_s, node_cost
 from planner.costing.overlap import ddp_segments, exposed_sync_s
 from planner.costing.runtime_profiles import AUTOPLAN, PROFILES, runtime_profile
 from planner.costing.setup import CostSetup, plan_setup
 from planner.errors import AutoplanError
+from planner.ir.graph import NodeKind
 from planner.plan import Plan
-from tests.conftest import EXAMPLES, captured
+from planner.sharding.specs import StageMesh
+from tests.conftest import EXAMPLES, by_name, captured, setup_for
 
 MEGATRON = runtime_profile("megatron-lm-2021")
 
@@ -97,8 +100,9 @@ def test_the_optimizer_step_is_the_runtimes_own_on_gpus_only() -> None:
     }
     bandwidth = device.memory_bandwidth * device.memory_efficiency
     params = 1e9
-    # torch's single-tensor AdamW moves 72 B per parameter; Megatron's fp16 optimizer with apex's FusedAdam 60 B
-    assert optimizer_step_s(params, setups["autoplan"]) == pytest.approx(72 * params / bandwidth)
+    # torch's single-tensor AdamW moves 72 B per parameter and our program's gradient norm 12 B more; Megatron's
+    # fp16 optimizer with apex's FusedAdam 60 B
+    assert optimizer_step_s(params, setups["autoplan"]) == pytest.approx((72 + 12) * params / bandwidth)
     assert optimizer_step_s(params, setups["megatron-lm-2021"]) == pytest.approx(60 * params / bandwidth)
     cpu = preset("local-cpu")  # CPU devices keep the formula their calibrated overheads were fitted with
     setup = CostSetup(cluster=cpu, compute=RooflineCompute(device=cpu.device), optimizer="adam-fp32")
@@ -120,3 +124,41 @@ def test_the_cli_refuses_to_run_or_compile_a_plan_of_another_runtime(tmp_path) -
     assert main(["run", str(path), "--steps", "1"]) == 2
     assert main(["compile", str(path), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+
+
+def two_devices(setup: CostSetup) -> StageMesh:
+    return StageMesh(
+        cluster=setup.cluster, devices=(0, 1), mesh_shape=(2,), activation_itemsize=setup.activation_itemsize
+    )
+
+
+def test_our_runtime_prices_autocasts_casts_of_matmul_parameters_per_pass() -> None:
+    """fp32 parameters under bf16 autocast: each linear's weight and bias cast every forward (read 4 B, write 2) and
+    their gradients cast back in the backward, at their local (sharded) size; Megatron keeps bf16 parameters, the
+    CPU and fp32 runs cast nothing, and a norm's parameters stay fp32 under autocast."""
+    graph = captured("gpt", 4, "export", size="tiny")
+    linear = next(n for n in graph.nodes if n.kind == NodeKind.MATMUL and len(n.inputs) == 3)  # x, weight, bias
+    norm = next(n for n in graph.nodes if n.kind == NodeKind.NORM)
+    ours = setup_for()
+    device = ours.cluster.device
+    bandwidth = device.memory_bandwidth * device.memory_efficiency
+    numel = sum(
+        meta.numel for value, meta in zip(linear.inputs, linear.input_metas, strict=True) if value in graph.param_names
+    )
+    replicated, column = by_name(graph, linear.name, (2,))["-"], by_name(graph, linear.name, (2,))["n"]
+    mesh = two_devices(ours)
+    whole = numel * AUTOCAST_CAST_BYTES / bandwidth + 2 * device.kernel_overhead_s
+    assert autocast_cast_s(linear, replicated, ours, mesh) == pytest.approx(whole)
+    halves = numel / 2 * AUTOCAST_CAST_BYTES / bandwidth + 2 * device.kernel_overhead_s
+    assert autocast_cast_s(linear, column, ours, mesh) == pytest.approx(halves)
+    with_cast = node_cost(linear, replicated, ours, mesh, saved=True)
+    megatron = dataclasses.replace(ours, runtime=runtime_profile("megatron-lm-2021"))
+    without = node_cost(linear, replicated, megatron, mesh, saved=True)
+    assert with_cast.compute_s - without.compute_s == pytest.approx(2 * whole)
+    assert with_cast.forward_s - without.forward_s == pytest.approx(whole)
+    assert autocast_cast_s(linear, replicated, dataclasses.replace(ours, optimizer="adam-fp32"), mesh) == 0.0
+    norm_strategy = next(iter(by_name(graph, norm.name, (2,)).values()))
+    assert autocast_cast_s(norm, norm_strategy, ours, mesh) == 0.0
+    cpu = preset("local-cpu")
+    on_cpu = CostSetup(cluster=cpu, compute=RooflineCompute(device=cpu.device), optimizer="adam-mixed")
+    assert autocast_cast_s(linear, replicated, on_cpu, two_devices(on_cpu)) == 0.0

@@ -182,11 +182,14 @@ class ParallelModel:
 
 
 def _squared_norm(grad: torch.Tensor) -> torch.Tensor:
-    """The whole gradient's squared norm in float64: a DTensor's local shard summed over the mesh axes
-    that shard it (replicated axes hold copies)."""
+    """The whole gradient's squared norm, summed in float64: a DTensor's local shard summed over the mesh axes
+    that shard it (replicated axes hold copies). The squares are taken in the gradient's dtype and only the sum is
+    float64: 12 bytes moved per fp32 element, where a float64 copy first moved 36 (part of the 21 ms per step the
+    GPU check's GPT-1.3B program ran over the same eager step, benchmarks/results/gpu-2026-11-27.md); a relative
+    error of ~1e-7, where an fp32 sum's was ~1e-5."""
     if not isinstance(grad, DTensor):
-        return grad.detach().double().pow(2).sum()
-    squared = grad.to_local().detach().double().pow(2).sum()
+        return grad.detach().square().sum(dtype=torch.float64)
+    squared = grad.to_local().detach().square().sum(dtype=torch.float64)
     for axis, placement in enumerate(grad.placements):
         assert not placement.is_partial(), "gradients are synchronised before their norm is taken"
         if placement.is_shard():

@@ -45,6 +45,8 @@ class ParityCheck:
             return
         workload, plan = model.workload, model.plan
         ref_model, _ = workload.build()
+        # on the rank's device: the gathered batch is there, and autocast rounds as the ranks' kernels round
+        ref_model = ref_model.to(workload.device)
         optimizer = make_optimizer(list(ref_model.parameters()))
         self.reference = Reference(
             ref_model,

@@ -4,9 +4,9 @@ The intra-op ILP (:mod:`planner.intra.stage_problem`) prices every strategy of e
 :func:`node_cost`; the simulator (:mod:`planner.costing.stage_work`) prices the one strategy a plan stores
 with the same function, so what was searched and what is judged are one cost::
 
-    compute_s = t_v(fwd + bwd) / shards(s) + h · passes_v            compute — cost_models.compute
+    compute_s = t_v(fwd + bwd) / shards(s) + h · passes_v + 2·c_v   compute — cost_models.compute
     comm_s    = the strategy's own collectives (NodeStrategy.comm_s)
-    forward_s = t_v(fwd) / shards(s) + h + comm_s / 2                 the forward pass alone: its share of
+    forward_s = t_v(fwd) / shards(s) + h + comm_s / 2 + c_v           the forward pass alone: its share of
                 the compute and half the collectives (each has a forward and a backward half), what
                 recomputing the node costs (:func:`planner.costing.stage_work.recompute_s`)
     step_s    = grad_sync(s) + optimizer(local params) + h · params_v   once per step
@@ -27,6 +27,12 @@ with the same function, so what was searched and what is judged are one cost::
                        parallelism, even where the output is then gathered
                        (planner.sharding.sequence_parallel.computed_output), plus what it keeps beyond them
                        (kept_extra_bytes: pooling indices, RNN gates, attention scores under CPU dropout)
+
+``c_v`` (:func:`autocast_cast_s`) is what bf16 autocast's casts of a matmul's or convolution's fp32 parameters cost in
+one pass, under our runtime with ``adam-mixed`` on a device with a kernel model (the GPU presets): the local
+parameters' elements × :data:`AUTOCAST_CAST_BYTES` (fp32 read, bf16 written; the backward casts the gradient back)
+at the streaming bandwidth, plus one kernel's overhead per parameter (:mod:`planner.costing.runtime_profiles` says
+why; 0 elsewhere).
 
 ``h`` is the device's calibrated ``sharded_op_overhead_s`` on a mesh of more than one device
 (:func:`sharded_dispatch_s`: the executor runs such stages on DTensors), 0 on one device and for a
@@ -52,7 +58,7 @@ from planner.costing.estimate import DDP_BUCKET_COPIES, optimizer_step_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_memory import grad_values as stage_grad_values
 from planner.costing.zero import param_terms
-from planner.ir.graph import OpGraph, OpNode
+from planner.ir.graph import NodeKind, OpGraph, OpNode
 from planner.sharding.sequence_parallel import computed_output
 from planner.sharding.specs import StageMesh
 from planner.sharding.strategies import NodeStrategy, StrategyContext
@@ -123,13 +129,14 @@ def node_cost(
         grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
         step_s += DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
     passes = 2 if any(meta.is_floating for meta in node.input_metas) else 1
+    cast_s = autocast_cast_s(node, strategy, setup, mesh)
     return NodeCost(
-        compute_s=graph_time.total_s + dispatch_s * passes,
+        compute_s=graph_time.total_s + dispatch_s * passes + 2 * cast_s,
         comm_s=strategy.comm_s,
         step_s=step_s,
         state_bytes=state,
         activation_bytes=activation,
-        forward_s=graph_time.fwd_s + dispatch_s + strategy.comm_s / 2,
+        forward_s=graph_time.fwd_s + dispatch_s + strategy.comm_s / 2 + cast_s,
         grad_sync_s=grad_sync_s,
         zero_step_s=zero_step_s,
         zero_comm_s=zero_comm_s,
@@ -137,6 +144,27 @@ def node_cost(
         mask_bytes=mask_bytes,
         extra_bytes=extra_bytes,
     )
+
+
+AUTOCAST_CAST_BYTES = 6  # per element and pass: fp32 read and bf16 written (forward), the reverse (backward)
+CAST_KINDS = (NodeKind.MATMUL, NodeKind.CONV)  # the operators autocast runs in bf16, casting their parameters
+
+
+def autocast_cast_s(node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh) -> float:
+    """Seconds per pass (forward; the backward's cast back is the same) that bf16 autocast spends casting ``node``'s
+    fp32 parameters, at their local size under ``strategy`` (module docstring: ``c_v``)."""
+    device = setup.cluster.device
+    if (
+        node.kind not in CAST_KINDS
+        or not strategy.params
+        or not setup.runtime.autocast_casts
+        or setup.optimizer != "adam-mixed"
+        or device.kernels is None
+    ):
+        return 0.0
+    numel = sum(_param_numel(node, name) / spec.num_shards(mesh.mesh_shape) for name, spec in strategy.params)
+    bandwidth = device.memory_bandwidth * device.memory_efficiency
+    return numel * AUTOCAST_CAST_BYTES / bandwidth + len(strategy.params) * device.kernel_overhead_s
 
 
 def _param_costs(

@@ -32,6 +32,13 @@ Profiles and their sources:
   (4, 4), ``.add_(eps)`` (4, 4) and ``param.addcdiv_`` (12, 4): 72 B per parameter in 7 kernels (8 host calls
   with ``step += 1``); SGD runs torch's default multi-tensor (foreach) path: ``param.add_(grad)``
   12 B, with momentum ``buf.mul_().add_(grad)`` and ``param.add_(buf)`` 32 B, a handful of launches per step.
+  Every step the program also takes the gradient norm (``executors/training/parallel_model.py``
+  ``_squared_norm``: the gradient read, its square written and read, :data:`GRAD_NORM_BYTES` = 12 B per
+  parameter), added to each optimizer's bytes. Under ``adam-mixed`` the parameters stay fp32 and bf16 autocast
+  casts each matmul's and convolution's weight and bias to bf16 in every microbatch's forward (reads 4 B, writes
+  2) and casts their bf16 gradients back (reads 2, writes 4) (``autocast_casts``: priced per microbatch by
+  :func:`planner.costing.node_cost.autocast_cast_s`); the in-place accumulation of a second microbatch's
+  gradient is not priced.
 * ``megatron-lm-2019``: Megatron-LM as Shoeybi et al. (2019) ran it, commit ``ebbe40cd`` (2019-10-09) of
   github.com/NVIDIA/Megatron-LM: ``--DDP-impl local`` (the default, ``arguments.py``); ``pretrain_gpt2.py``
   ``backward_step`` calls ``model.allreduce_params(reduce_after=False)`` after ``loss.backward()``, and
@@ -80,6 +87,7 @@ class RuntimeProfile:
     summary: str  # one line: what system, which version
     grad_sync_after_backward: bool = False
     one_grad_buffer: bool = False
+    autocast_casts: bool = False  # fp32 parameters cast to bf16 by autocast every microbatch (module docstring)
     optimizer: dict[str, OptimizerCost] = field(default_factory=dict)
 
     @property
@@ -110,12 +118,13 @@ class RuntimeProfile:
         )
 
 
-_TORCH_ADAMW = OptimizerCost(bytes_per_param=72.0)
+GRAD_NORM_BYTES = 12.0  # our program's gradient norm every step, per parameter (module docstring)
+_TORCH_ADAMW = OptimizerCost(bytes_per_param=72.0 + GRAD_NORM_BYTES)
 _AUTOPLAN_OPTIMIZERS = {
     "adam-mixed": _TORCH_ADAMW,  # fp32 parameters under bf16 autocast: the same AdamW step as adam-fp32
     "adam-fp32": _TORCH_ADAMW,
-    "sgd": OptimizerCost(bytes_per_param=12.0),
-    "sgd-momentum": OptimizerCost(bytes_per_param=32.0),
+    "sgd": OptimizerCost(bytes_per_param=12.0 + GRAD_NORM_BYTES),
+    "sgd-momentum": OptimizerCost(bytes_per_param=32.0 + GRAD_NORM_BYTES),
 }
 _MEGATRON_OPTIMIZERS = {"adam-mixed": OptimizerCost(bytes_per_param=60.0)}
 
@@ -123,7 +132,10 @@ PROFILES: dict[str, RuntimeProfile] = {
     profile.name: profile
     for profile in (
         RuntimeProfile(
-            name=OUR_RUNTIME, summary="our executors (what plan run executes)", optimizer=_AUTOPLAN_OPTIMIZERS
+            name=OUR_RUNTIME,
+            summary="our executors (what plan run executes)",
+            autocast_casts=True,
+            optimizer=_AUTOPLAN_OPTIMIZERS,
         ),
         RuntimeProfile(
             name="megatron-lm-2019",

@@ -235,14 +235,17 @@ def _has_data(tensor: Any) -> bool:
 @contextlib.contextmanager
 def _without_stack_traces() -> Iterator[None]:
     """torch.fx records a Python stack trace per traced node (``fx.config.do_not_emit_stack_traces``);
-    capture reads none, so it is switched off for the export and restored after. The shape solver's warnings
+    capture reads none, so it is switched off for the export and restored after (where this torch has the switch:
+    torch 2.11 has none). The shape solver's warnings
     (its own log handler, which ``redirect_stderr`` does not reach) are held back too: a failed export is
     reported in one line."""
     shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
     level = shapes_log.level
     shapes_log.setLevel(logging.ERROR)
     try:
-        with unittest.mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
+        with contextlib.ExitStack() as stack:
+            if hasattr(torch.fx.config, "do_not_emit_stack_traces"):
+                stack.enter_context(unittest.mock.patch.object(torch.fx.config, "do_not_emit_stack_traces", True))
             yield
     finally:
         shapes_log.setLevel(level)
