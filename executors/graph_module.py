@@ -306,18 +306,15 @@ def model_tensors(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, 
 
 
 def check_same_nodes(reference: OpGraph, other: OpGraph, *, what: str) -> None:
-    """Two captures of one model (at different batch sizes) must have the same nodes in the same order."""
+    """Two captures of one model (at different batch sizes) must have the same nodes in the same order (the planner
+    refuses a plan where they differ: planner.inter.runnable_rows)."""
     from planner.errors import AutoplanError
+    from planner.ir.graph import node_difference
 
-    names = [(n.name, n.target) for n in reference.nodes]
-    others = [(n.name, n.target) for n in other.nodes]
-    if names != others:
-        first = (
-            next((a, b) for a, b in zip(names, others, strict=False) if a != b) if len(names) == len(others) else None
-        )
+    difference = node_difference(reference, other)
+    if difference is not None:
         raise AutoplanError(
-            f"the model captured at {what} has different nodes from the planned capture "
-            f"({len(others)} vs {len(names)} nodes{f', first difference {first}' if first else ''}); "
+            f"the model captured at {what} has different nodes from the planned capture ({difference}); "
             "plan with --microbatches 1 or make the model's graph independent of the batch size"
         )
 

@@ -25,6 +25,7 @@ from planner.costing.setup import CostSetup
 from planner.costing.stage_work import runs_as_ddp
 from planner.costing.zero import runs_as_fsdp
 from planner.errors import AutoplanError, InternalError
+from planner.inter.runnable_rows import rows_refusal
 from planner.inter.search import Progress
 from planner.inter.sp_saving import with_sequence_parallel_savings
 from planner.ir.graph import OpGraph
@@ -126,6 +127,11 @@ def plan_prepared(prepared: Prepared, method: Method | str | None = None, *, sea
 def _finish_plan(prepared: Prepared, method: Method, run: MethodRun) -> Plan:
     """The validated plan of a priced candidate: notes, batch statistics and what sequence parallelism saved."""
     graphs, chosen, stats = prepared.graphs, run.chosen, run.stats
+    refusal = rows_refusal(
+        stages=chosen.stages, num_microbatches=chosen.num_microbatches, graphs=graphs, what=f"the {method} plan"
+    )
+    if refusal is not None:  # its ranks could not run its operators: refused here, not at run time
+        raise AutoplanError(refusal)
     result = Plan(
         method=method,
         model=prepared.model,

@@ -44,6 +44,7 @@ from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.planning_input import PlanningInput
 from planner.inter.pricing import specs_from_dp
+from planner.inter.runnable_rows import rows_refusal
 from planner.inter.schedule_variants import (
     Candidate,
     Pipelines,
@@ -160,6 +161,7 @@ class AutoResult:
     best: PricedPipeline
     chosen_by: str  # "stage-dp" or the hand-written method that won
     priced: dict[str, PricedPipeline]  # every candidate method's exact price
+    left_out: dict[str, str]  # candidates priced, then left out because their ranks could not run them: why
     num_solves: int
     ilp_s: float  # layer tables
     dp_s: float
@@ -183,11 +185,14 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
         _add_megatron_at_scale(priced, graph_of, inputs)
     _add_pure_data_parallel(priced, graph_of, inputs)
     _add_offloaded(priced, graph_of, inputs)
+    left_out = _left_out_unrunnable(priced, inputs)
     if not priced and options.schedule in MULTI_STAGE_SCHEDULES:
         raise AutoplanError(
             f"no pipeline fits under --schedule {options.schedule} (it needs at least two stages of "
             "equal size and, for interleaved, twice as many layers): try --schedule auto"
         )
+    if not priced and left_out:
+        raise AutoplanError(next(iter(left_out.values())))
     if not priced:
         raise AutoplanError(_does_not_fit(settings, tables, batch_size=inputs.graphs.batch_size) + offload_hint(inputs))
     chosen_by = min(priced, key=lambda method: priced[method].estimate.step_time_s)  # the figure every command prints
@@ -195,11 +200,29 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
         best=priced[chosen_by],
         chosen_by=chosen_by,
         priced=priced,
+        left_out=left_out,
         num_solves=tables.num_solves,
         ilp_s=searched - started - search_dp_s,
         dp_s=search_dp_s + handwritten_s,
         price_s=time.perf_counter() - searched - handwritten_s,
     )
+
+
+def _left_out_unrunnable(priced: dict[str, PricedPipeline], inputs: PlanningInput) -> dict[str, str]:
+    """Take out of ``priced`` the candidates whose ranks would run another graph than the plan's
+    (:func:`planner.inter.runnable_rows.rows_refusal`); returns why, by candidate."""
+    left_out = {}
+    for name, candidate in list(priced.items()):
+        refusal = rows_refusal(
+            stages=candidate.stages,
+            num_microbatches=candidate.num_microbatches,
+            graphs=inputs.graphs,
+            what=f"auto's {name} candidate",
+        )
+        if refusal is not None:
+            left_out[name] = refusal
+            del priced[name]
+    return left_out
 
 
 def _candidates(

@@ -81,6 +81,7 @@ def auto_run(search: AutoSearch) -> MethodRun:
     priced = sorted(search.result.priced.items())
     compared = ", ".join(f"{method} {p.estimate.step_time_s:.4g} s" for method, p in priced)
     notes = (f"compared under the same cost model: {compared}; chosen: {search.result.chosen_by}",)
+    notes += tuple(f"left out: {reason}" for reason in search.result.left_out.values())
     return MethodRun(chosen=search.result.best, stats=search.stats, notes=notes)
 
 

@@ -67,7 +67,9 @@ def test_schedule_edit_runs_structural_edit_is_refused_and_steps_go_to_csv(tmp_p
     assert schedule_line in text
     program.write_text(text.replace(schedule_line, 'runtime.schedule("gpipe", microbatches=4, virtual_stages=1)'))
     log = tmp_path / "steps.csv"
-    run = _torchrun(program, 2, "--steps", "2", "--check-parity", "--log-csv", str(log))
+    board = importlib.util.find_spec("tensorboard") is not None  # the `logs` extra (CI installs it)
+    board_args = ("--tensorboard", str(tmp_path / "tb")) if board else ()
+    run = _torchrun(program, 2, "--steps", "2", "--check-parity", "--log-csv", str(log), *board_args)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "running schedule gpipe with 4 microbatches, edited from the plan's 1f1b with 2" in run.stdout
     assert run.stdout.count("parity match") == 2, run.stdout
@@ -76,6 +78,14 @@ def test_schedule_edit_runs_structural_edit_is_refused_and_steps_go_to_csv(tmp_p
     assert log.read_text().count("step,loss,step_time_s,tokens_per_s,lr,grad_norm") == 1
     losses = re.findall(r"^step \d+  loss (\S+)", run.stdout, re.M)
     assert [f"{float(row['loss']):.6f}" for row in rows] == losses
+    if board:  # TensorBoard's own reader finds the same losses at the same steps
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(tmp_path / "tb"))
+        events.Reload()
+        scalars = events.Scalars("train/loss")  # float32 values: the log's six decimals within rounding
+        assert [event.step for event in scalars] == [1, 2]
+        assert [event.value for event in scalars] == pytest.approx([float(loss) for loss in losses], abs=2e-6)
 
     edited = program.read_text().replace('modules=("blocks.1.ln_1", "lm_head")', 'modules=("blocks.1.ln_1", "ln_f")')
     program.write_text(edited)

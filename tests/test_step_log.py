@@ -2,8 +2,9 @@
 
 * the CSV gets the header once and one row per logged step, and a second logger on the same file (a resumed
   run) appends rows without a second header;
-* TensorBoard gets each number as a ``train/<name>`` scalar at its step, through ``SummaryWriter`` (a stand-in
-  here when the tensorboard package is not installed); without the package ``--tensorboard`` is one line.
+* TensorBoard gets each number as a ``train/<name>`` scalar at its step, through ``SummaryWriter`` (a stand-in,
+  and the real package's event files read back with its own ``EventAccumulator``: the ``logs`` extra, which CI
+  installs); without the package ``--tensorboard`` is one line.
 """
 
 from __future__ import annotations
@@ -70,3 +71,19 @@ def test_tensorboard_without_the_package_is_one_line(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(train_log.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(AutoplanError, match=r"^--tensorboard needs the tensorboard package.*pip install tensorboard$"):
         train_log.check_tensorboard()
+
+
+def test_tensorboard_event_files_hold_the_scalars(tmp_path: Path) -> None:
+    """The real writer: the event files TensorBoard itself reads back hold every logged number at its step."""
+    pytest.importorskip("tensorboard", reason="the `logs` extra (pip install -e '.[logs]') is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = _logger(tensorboard_dir=tmp_path / "tb")
+    for step in range(4):  # every 2 steps: steps 2 and 4
+        logger.log(step=step, last=step == 3, **{**STEP, "loss": 2.5 - step})
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert "train/loss" in events.Tags()["scalars"] and "train/memory_bytes" not in events.Tags()["scalars"]
+    loss = [(event.step, event.value) for event in events.Scalars("train/loss")]
+    assert loss == [(2, pytest.approx(1.5)), (4, pytest.approx(-0.5))]
+    assert [event.value for event in events.Scalars("train/tokens_per_s")] == pytest.approx([4000.0, 4000.0])

@@ -319,3 +319,15 @@ def subgraph(graph: OpGraph, names: list[str]) -> OpGraph:
         buffers=tuple(buffers.values()),
         outputs=outputs,
     )
+
+
+def node_difference(reference: OpGraph, other: OpGraph) -> str | None:
+    """How ``other`` (the model at another batch) differs from ``reference`` in its operators, their order and
+    targets, in words; None when it has the same ones (what the executors need to run a plan's operators there)."""
+    names = [(n.name, n.target) for n in reference.nodes]
+    others = [(n.name, n.target) for n in other.nodes]
+    if names == others:
+        return None
+    first = next(((a, b) for a, b in zip(names, others, strict=False) if a != b), None)
+    where = f", first difference {first[0][0]} ({first[0][1]}) against {first[1][0]} ({first[1][1]})" if first else ""
+    return f"{len(others)} against {len(names)} operators{where}"

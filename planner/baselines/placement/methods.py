@@ -29,6 +29,7 @@ from planner.costing.estimate import mfu, model_tflops_per_device
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import one_device_strategies
 from planner.errors import AutoplanError
+from planner.inter.runnable_rows import rows_difference
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph, ValueKind
 from planner.ir.rebatch import MicrobatchGraphs
@@ -79,9 +80,15 @@ def run_placement(
     """The placement of ``method`` as plan stages with its simulated estimate, and notes."""
     assert method in PLACEMENT_METHODS, method
     m = placement_microbatches(batch_size, setup.cluster.num_devices, microbatches)
+    notes = []
+    while microbatches is None and m > 1 and rows_difference(graphs, batch_size // m) is not None:
+        notes.append(
+            f"not {m} microbatches: the model's graph at {batch_size // m} row(s) is not its graph at the batch"
+        )
+        m //= 2
     graph = graphs.at(batch_size // m)
     problem = placement_problem(graph, setup, num_microbatches=m)
-    notes = [f"{m} microbatches flow through the placement (dataflow schedule)"]
+    notes.append(f"{m} microbatches flow through the placement (dataflow schedule)")
     if method == Method.RL:
         budget_s = rl_budget_s if rl_iterations is None else math.inf  # a fixed number of updates: reproducible
         found = rl_placement(problem, budget_s=budget_s, seed=seed, max_iterations=rl_iterations, progress=progress)
