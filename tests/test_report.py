@@ -192,3 +192,21 @@ def test_plan_show_and_compare_print_one_bubble_for_one_plan(tmp_path: Path, cap
     assert "pipeline bubble" in table and f"{planned[0]}%" in next(
         line for line in table.splitlines() if "megatron" in line
     )
+
+
+def test_a_plan_from_python_prints_its_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    """``print(plan)`` and ``plan.summary()`` give the summary ``plan`` prints, for a plan made from Python (no model
+    file), and its repr stays the dataclass's."""
+    import torch
+
+    from planner.api import plan as plan_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    made = plan_model(
+        model, (torch.randn(8, 8),), load_cluster("local-cpu", num_nodes=1, devices_per_node=2), batch_size=8
+    )
+    print(made)
+    printed = capsys.readouterr().out
+    assert printed == made.summary() + "\n" == plan_summary(made) + "\n"
+    assert printed.splitlines()[0] == plan_shape(made) and "autoplan auto plan for model:" in printed
+    assert repr(made).startswith("Plan(format_version=")

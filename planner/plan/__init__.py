@@ -1,7 +1,8 @@
 """The plan: a frozen value with a JSON round-trip that holds everything the executors need.
 
-* :mod:`~planner.plan.value` — ``Plan``, ``ModelRef``, ``Estimate`` (its ``PlanSavings``), ``SearchStats``, saving
-  and loading;
+* :mod:`~planner.plan.value` — ``Plan`` (``plan.summary()``, ``print(plan)``), saving and loading;
+* :mod:`~planner.plan.parts` — ``ModelRef``, ``Estimate`` (its ``PlanSavings``), ``SearchStats``;
+* :mod:`~planner.plan.view` — ``PlanView``: what the report reads of a plan;
 * :mod:`~planner.plan.codec` — the generic dataclass ⇄ JSON codec and JSON Schema every class of the plan is written by;
 * :mod:`~planner.plan.schema` — the plan's JSON Schema (``python -m planner.plan.schema``: ``docs/plan-schema.json``);
 * :mod:`~planner.plan.grad_sync` — ``GradSync``: exact, or the lossy gradient sync the user allowed;
@@ -21,6 +22,7 @@ May import: :mod:`planner.ir`, :mod:`planner.errors`, :mod:`cost_models` (the cl
 from planner.plan.explain import ExplainRow
 from planner.plan.grad_sync import GRAD_SYNC_KINDS, GradSync, GradSyncError
 from planner.plan.method import Method
+from planner.plan.parts import Estimate, ModelRef, PlanSavings, SearchStats
 from planner.plan.schedules import Schedule
 from planner.plan.stage import (
     COLLECTIVE_KINDS,
@@ -35,18 +37,7 @@ from planner.plan.stage import (
     Stage,
 )
 from planner.plan.validate import parse_placement, validate_plan
-from planner.plan.value import (
-    FORMAT_VERSION,
-    SCHEDULES,
-    Estimate,
-    ModelRef,
-    Plan,
-    PlanError,
-    PlanSavings,
-    SearchStats,
-    load_plan,
-    save_plan,
-)
+from planner.plan.value import FORMAT_VERSION, SCHEDULES, Plan, PlanError, load_plan, save_plan
 
 __all__ = [
     "COLLECTIVE_KINDS",

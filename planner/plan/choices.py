@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from planner.plan.codec import JsonCoded
 from planner.plan.stage import Remat, Saving, Stage
-
-if TYPE_CHECKING:
-    from planner.plan.value import Plan
+from planner.plan.view import PlanView
 
 EXACT_SYNC = "exact (bucketed, overlapped with the last backward)"
 REMAT_WORDS = {Remat.NONE: "none", Remat.ATTENTION: "selective (attention)", Remat.FULL: "full"}
@@ -89,14 +86,14 @@ def memory_saving_of(stage: Stage) -> ChoiceSaving | None:
     return saving
 
 
-def schedule_label(plan: Plan) -> str:
+def schedule_label(plan: PlanView) -> str:
     """``interleaved, 2 virtual stages per rank``; ``1f1b``; ``none`` (one stage, one microbatch)."""
     ranks = len({stage.devices for stage in plan.stages})
     virtual = len(plan.stages) // max(ranks, 1)
     return f"{plan.schedule}, {virtual} virtual stages per rank" if virtual > 1 else plan.schedule
 
 
-def _schedule_saving(plan: Plan) -> ChoiceSaving | None:
+def _schedule_saving(plan: PlanView) -> ChoiceSaving | None:
     savings = plan.estimate.savings
     if savings.schedule_saved_s is None:
         return None
@@ -111,7 +108,7 @@ def _schedule_saving(plan: Plan) -> ChoiceSaving | None:
     )
 
 
-def _grad_sync_saving(plan: Plan) -> ChoiceSaving | None:
+def _grad_sync_saving(plan: PlanView) -> ChoiceSaving | None:
     saved_s = plan.estimate.savings.grad_sync_saved_s
     if not plan.grad_sync.lossy or saved_s is None:
         return None
@@ -124,7 +121,7 @@ def _grad_sync_saving(plan: Plan) -> ChoiceSaving | None:
     )
 
 
-def _stage_row(plan: Plan, stage: Stage) -> StageChoices:
+def _stage_row(plan: PlanView, stage: Stage) -> StageChoices:
     savings = (memory_saving_of(stage), ChoiceSaving.from_stored("sequence parallel", stage.sequence_parallel_saving))
     return StageChoices(
         stage=stage.index,
@@ -139,7 +136,7 @@ def _stage_row(plan: Plan, stage: Stage) -> StageChoices:
     )
 
 
-def plan_choices(plan: Plan) -> PlanChoices:
+def plan_choices(plan: PlanView) -> PlanChoices:
     """Each stage's choices and savings, and the whole plan's (see the module docstring)."""
     stages = tuple(_stage_row(plan, stage) for stage in sorted(plan.stages, key=lambda s: s.index))
     whole = (_schedule_saving(plan), _grad_sync_saving(plan))

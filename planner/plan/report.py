@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cost_models.cluster import PRESET_NAMES, Cluster, reserved_bytes
 from cost_models.units import GIB
@@ -20,11 +20,10 @@ from planner.plan.choices import memory_saving_of
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 from planner.plan.megatron_terms import megatron_terms_text
 from planner.plan.method import Method
+from planner.plan.parts import Estimate
 from planner.plan.shape import count_of, plan_shape
 from planner.plan.stage import Saving, Stage, stage_degrees
-
-if TYPE_CHECKING:
-    from planner.plan.value import Estimate, Plan
+from planner.plan.view import PlanView
 
 COMPARED_NOTE = "compared under the same cost model: "  # planner.api's note on the auto-family candidates
 CHOSEN_MARK = "; chosen: "
@@ -103,7 +102,7 @@ def memory_saving_text(saving: Saving) -> str:
     return f"{saving.choice}: {time_text} per step and {bytes_text} per device than {saving.next_best}"
 
 
-def _estimate_lines(plan: Plan) -> list[str]:
+def _estimate_lines(plan: PlanView) -> list[str]:
     estimate, cluster = plan.estimate, plan.cluster
     return [
         f"estimate: step {estimate.step_time_s:.4g} s{breakdown_text(estimate)}",
@@ -131,12 +130,12 @@ def breakdown_text(estimate: Estimate) -> str:
     return (f" = {parts}" if parts else "") + (f" (hidden behind it: {hidden})" if hidden else "")
 
 
-def headroom_bytes(plan: Plan) -> float:
+def headroom_bytes(plan: PlanView) -> float:
     """The budget less the estimate: what the fullest device has left (negative: over the budget)."""
     return plan.memory_budget_bytes - plan.estimate.memory_per_device_bytes
 
 
-def headroom_text(plan: Plan) -> str:
+def headroom_text(plan: PlanView) -> str:
     """``12.30 GiB (17%) left on the fullest device``, or how far over the budget it is."""
     left, budget = headroom_bytes(plan), plan.memory_budget_bytes
     share = f" ({abs(left) / budget:.0%})" if budget > 0 else ""
@@ -153,12 +152,12 @@ def _reserve_reason(cluster: Cluster) -> str:
     return "the CUDA context, library workspaces, NCCL buffers and allocator fragmentation"
 
 
-def bubble_text(plan: Plan) -> str:
+def bubble_text(plan: PlanView) -> str:
     """``pipeline bubble 12%``: the one bubble figure every command prints for a plan (its estimate's)."""
     return f"pipeline bubble {plan.estimate.bubble_fraction:.0%}"
 
 
-def _search_line(plan: Plan) -> str:
+def _search_line(plan: PlanView) -> str:
     search = plan.search
     return (
         f"search: {search.time_s:.2f} s (capture {search.capture_s:.2f} s, intra-op {search.ilp_s:.2f} s "
@@ -175,7 +174,7 @@ def _candidate_estimates(compared: str) -> str:
     return ", ".join(entries)
 
 
-def chosen_in_words(plan: Plan, note: str) -> str | None:
+def chosen_in_words(plan: PlanView, note: str) -> str | None:
     """The note ``compared under the same cost model: ...; chosen: X`` in words; None for any other note."""
     if not note.startswith(COMPARED_NOTE) or CHOSEN_MARK not in note:
         return None
@@ -191,7 +190,7 @@ def chosen_in_words(plan: Plan, note: str) -> str | None:
     return f"why this plan: --method {plan.method} takes the {label} candidate — {what}; {estimates}"
 
 
-def _note_lines(plan: Plan) -> list[str]:
+def _note_lines(plan: PlanView) -> list[str]:
     lines = []
     for note in plan.notes:
         words = chosen_in_words(plan, note)
@@ -199,7 +198,7 @@ def _note_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def next_step_lines(plan: Plan, *, plan_path: str | None = None) -> list[str]:
+def next_step_lines(plan: PlanView, *, plan_path: str | None = None) -> list[str]:
     """What to run next: on this machine for a one-node CPU plan, else compile and launch with torchrun."""
     path = shlex.quote(plan_path) if plan_path else "PLAN.json"
     cluster = plan.cluster
@@ -219,7 +218,7 @@ def next_step_lines(plan: Plan, *, plan_path: str | None = None) -> list[str]:
     return [*lines, f"      ({note})"] if note else lines
 
 
-def _batch_text(plan: Plan) -> str:
+def _batch_text(plan: PlanView) -> str:
     """``batch 32 in 8 microbatches of 4 rows (over the replicas)``: a microbatch's rows across the data-parallel
     replicas; Megatron's micro-batch size (per replica) is on the Megatron-LM terms line."""
     m = plan.num_microbatches
@@ -229,7 +228,7 @@ def _batch_text(plan: Plan) -> str:
 
 
 def plan_summary(
-    plan: Plan, *, plan_path: str | None = None, simulated_line: str | None = None, choices: str | None = None
+    plan: PlanView, *, plan_path: str | None = None, simulated_line: str | None = None, choices: str | None = None
 ) -> str:
     """A few lines: the plan's shape, what was planned, the stages, the estimate (and ``simulated_line``
     after it), why this plan, the search time, notes, ``choices`` (``plan show``: each stage's choices and savings,

@@ -13,13 +13,9 @@ microbatches flow.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage, stage_degrees
-
-if TYPE_CHECKING:  # planner.plan.value writes the plan's Megatron terms, which read the degrees here
-    from planner.plan.value import Plan
+from planner.plan.view import PlanView
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B", "zero-bubble": "zero bubble"}
 
@@ -29,7 +25,7 @@ def count_of(number: int, singular: str, plural: str | None = None) -> str:
     return f"{number} {singular if number == 1 else plural or singular + 's'}"
 
 
-def plan_shape(plan: Plan) -> str:
+def plan_shape(plan: PlanView) -> str:
     """One line: the degrees, microbatches, schedule, recomputation and ZeRO of ``plan``."""
     if plan.schedule == Schedule.DATAFLOW:
         return _placement_shape(plan)
@@ -85,7 +81,7 @@ def _zero_text(stages: list[Stage]) -> str:
     )
 
 
-def _placement_shape(plan: Plan) -> str:
+def _placement_shape(plan: PlanView) -> str:
     used = len({device for stage in plan.stages for device in stage.devices})
     total = plan.cluster.num_devices
     over = count_of(used, "device") if used == total else f"{used} of {count_of(total, 'device')}"

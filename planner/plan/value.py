@@ -26,8 +26,9 @@ A field with a default may be left out (it takes the default); an unknown field 
 derived, read-only: the plan in Megatron-LM's terms (:func:`planner.plan.megatron_terms.megatron_terms`), written
 by :meth:`Plan.to_json` on every save and ignored by :meth:`Plan.from_json`, which recomputes it from the plan
 (``Plan.megatron``): a derived value that is not read cannot disagree with the plan it describes. The summary
-``plan`` prints is :func:`planner.plan.report.plan_summary` (``planner.api.summary(plan)``): the report reads the
-plan; the plan does not import its report.
+``plan`` prints is :meth:`Plan.summary` (and ``print(plan)``; :func:`planner.plan.report.plan_summary`): the
+report reads the plan through :class:`planner.plan.view.PlanView` and its parts (:mod:`planner.plan.parts`), so
+neither imports the other's module in a cycle.
 
 The plan is the program: every node's :class:`NodeSharding` is the strategy the search chose, and
 the simulator, ``plan show``, ``plan run`` and the executors read it as it is — the spec each
@@ -48,7 +49,6 @@ directory, and returns the plan with that path made absolute.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,10 +57,12 @@ from typing import Any
 from cost_models.cluster import Cluster, memory_budget_bytes
 from planner.atomic_file import write_text_atomic
 from planner.errors import AutoplanError
-from planner.plan.codec import Codec, CodecError, External, JsonCoded
+from planner.plan.codec import Codec, CodecError, External
 from planner.plan.grad_sync import GradSync
 from planner.plan.megatron_terms import MegatronTerms, PlanFigures, megatron_terms
 from planner.plan.method import Method
+from planner.plan.parts import Estimate, ModelRef, SearchStats
+from planner.plan.report import plan_summary
 from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage
 
@@ -75,74 +77,6 @@ class PlanError(AutoplanError):
 
 
 DERIVED_KEY = "megatron"  # the read-only block Plan.to_json writes and Plan.from_json ignores
-BREAKDOWN_TOLERANCE = 1e-9  # relative: float rounding between a step and the sum of its parts
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanSavings(JsonCoded):
-    """What the whole plan's choices saved against the option each replaced, per step and per device (None: that
-    choice was not made): the schedule against the GPipe or 1F1B pipeline it was cut from
-    (:mod:`planner.inter.schedule_variants`), a lossy gradient sync against exact (:mod:`planner.plan.choices`)."""
-
-    schedule_saved_s: float | None = None
-    schedule_saved_bytes: float | None = None
-    grad_sync_saved_s: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Estimate(JsonCoded):
-    """What a plan is expected to cost per step.
-
-    ``breakdown_s``: the parts of the step, each non-negative, adding up to ``step_time_s`` (:meth:`breakdown_error`
-    says where they do not). ``hidden_s``: work that runs behind the step's parts and is not added to them (the
-    gradient all-reduce the backward pass hides). ``savings``: what the plan's choices saved (:class:`PlanSavings`).
-    """
-
-    step_time_s: float
-    per_stage_time_s: tuple[float, ...]
-    memory_per_device_bytes: int
-    bubble_fraction: float
-    tflops_per_device: float
-    mfu: float = 0.0
-    breakdown_s: Mapping[str, float] = field(default_factory=dict)
-    hidden_s: Mapping[str, float] = field(default_factory=dict)
-    savings: PlanSavings = field(default_factory=PlanSavings)
-
-    def breakdown_error(self) -> str | None:
-        """Why the breakdown is not the step cut into non-negative parts; None when it is."""
-        negative = {key: value for key, value in self.breakdown_s.items() if value < 0}
-        if negative:
-            return f"negative parts {negative}"
-        total = math.fsum(self.breakdown_s.values())
-        if not math.isclose(total, self.step_time_s, rel_tol=BREAKDOWN_TOLERANCE, abs_tol=1e-15):
-            return f"parts add up to {total!r} s, the step is {self.step_time_s!r} s"
-        return None
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchStats(JsonCoded):
-    """Where the search spent its time (seconds) and how many layer problems it solved."""
-
-    time_s: float
-    capture_s: float = 0.0
-    cost_s: float = 0.0
-    ilp_solves: int = 0
-    ilp_s: float = 0.0  # building and solving the intra-op problems of layers
-    dp_s: float = 0.0  # the stage DP and the hand-written grid
-    price_s: float = 0.0  # re-pricing candidates on whole stages
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelRef(JsonCoded):
-    """Where the model came from, so executors can rebuild and check it."""
-
-    fingerprint: str
-    num_params: int
-    file: str | None = None
-    args: Mapping[str, Any] = field(default_factory=dict)
-    tracer: str = "export"
-    # the second dim of the first input when it is batch × sequence integer token ids; None: not tokens
-    sequence_length: int | None = None
 
 
 LINK_SCHEMA: dict[str, Any] = {
@@ -259,6 +193,15 @@ class Plan:
                 mfu=self.estimate.mfu,
             )
         )
+
+    def summary(self, *, plan_path: str | None = None) -> str:
+        """The summary ``plan`` prints (:func:`planner.plan.report.plan_summary`); ``plan_path``: where the plan is
+        saved, for the next-step lines (default ``PLAN.json``)."""
+        return plan_summary(self, plan_path=plan_path)
+
+    def __str__(self) -> str:
+        """``print(plan)`` prints its summary (the dataclass ``repr`` stays the field-by-field one)."""
+        return self.summary()
 
     def to_json(self) -> dict[str, Any]:
         """The plan as JSON data (:data:`PLAN_CODEC`), with its derived ``megatron`` block last."""
