@@ -64,6 +64,7 @@ def _env(**more: str) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": python_path,
         "TORCHRUN": f"{sys.executable} -m torch.distributed.run",
+        "PYTHON": sys.executable,  # launch.sh's --preflight
         **more,
     }
 
@@ -153,6 +154,43 @@ def test_a_rank_killed_mid_run_restarts_and_resumes_to_the_same_losses(
     _assert_same_losses(got, reference)
     after = stdout[resumed.end() :]
     assert sorted(_losses(after)) == list(range(int(resumed.group(1)) + 1, STEPS + 1))  # no step skipped or repeated
+
+
+def test_a_mistake_is_said_once_before_torchrun_starts(program: Path, tmp_path: Path) -> None:
+    """launch.sh runs ``train.py --preflight`` first: a bad option or a refused edit of ``parallelize`` is one line and
+    exit code 2 before torchrun starts, not one line per restart of ``--max-restarts 3``."""
+    command = [str(program / "launch.sh"), "--max-restarts", "3", "--", "--steps", "0"]
+    bad_option = subprocess.run(command, capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
+    assert bad_option.returncode == 2, bad_option.stderr[-2000:]
+    assert bad_option.stderr.count("--steps must be at least 1") == 1 and "Traceback" not in bad_option.stderr
+    assert "torch.distributed" not in bad_option.stderr + bad_option.stdout  # torchrun never started
+    edited = tmp_path / "edited"
+    shutil.copytree(program, edited)
+    train = edited / "train.py"
+    text = train.read_text()
+    mesh = re.search(r"mesh=runtime\.mesh\(\[0, 1\], dp=2\)", text)
+    assert mesh, "the data-parallel stage's mesh line"
+    train.write_text(text.replace(mesh.group(0), "mesh=runtime.mesh([0, 1], tp=2)"))
+    refused = subprocess.run(
+        [str(edited / "launch.sh"), "--", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.count("train.py line") == 1 and "torch.distributed" not in refused.stderr
+    assert (
+        subprocess.run(
+            [sys.executable, str(program / "train.py"), "--preflight"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=_env(),
+        ).returncode
+        == 0
+    )
 
 
 def test_a_checkpoint_cut_short_is_never_loaded(program: Path, reference: dict[int, float], tmp_path: Path) -> None:

@@ -116,6 +116,8 @@ sbatch train.sbatch -- --steps 1000 --checkpoint-dir ckpt --checkpoint-every 100
 ```
 
 Both launchers take `--max-restarts N` first (default {DEFAULT_MAX_RESTARTS}), then `--` and `train.py`'s flags.
+Before torchrun they run `train.py --preflight` once (the Python in `PYTHON`, default `python3`): a mistake in the
+flags, the model files or `parallelize()` stops the job there with one line, instead of once per restart.
 `launch.sh` and `train.sbatch` name NCCL's environment variables (`NCCL_SOCKET_IFNAME`, `NCCL_IB_HCA`,
 `NCCL_DEBUG`) in comments: set what your network needs before launching."""
 

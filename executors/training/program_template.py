@@ -129,12 +129,17 @@ def parse_args(argv=None):
     parser.add_argument("--export-hf", type=Path, default=None, metavar="DIR",
                         help="at the end, write the model to DIR as safetensors with its own parameter names "
                              "(and config.json for a Hugging Face model)")
+    parser.add_argument("--preflight", action="store_true",
+                        help="check the plan, the model files, the options and parallelize() in this one process, "
+                             "then exit (launch.sh runs it before torchrun: a mistake is said once, not per restart)")
     args = parser.parse_args(argv)
     runtime.check_run_args(args)
     return args
 
 
 def main(args):
+    if args.preflight:
+        return runtime.preflight(PLAN, lambda session: parallelize(build_model, session, args))
     session = runtime.start(PLAN, backend=args.backend, timeout_s=args.timeout_s)
     model = parallelize(build_model, session, args)
     optimizer = make_optimizer(model.parameters(), args)

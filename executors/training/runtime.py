@@ -136,6 +136,24 @@ class Session:
     world_size: int
     backend: str
     device: str
+    preflight: bool = False  # --preflight: no process group; parallelize checks its section and builds nothing
+
+
+def preflight(plan: Plan, parallelize: Callable[[Session], object]) -> int:
+    """``train.py --preflight``, which ``launch.sh`` and ``train.sbatch`` run once before torchrun: the plan, the
+    model files, the options (all checked before this is called) and the ``parallelize`` section (``parallelize``
+    called with a session that builds nothing) in this one process, without a process group. A mistake is one line
+    and exit code 2 here, said once, instead of once per torchrun restart; 0 when there is none."""
+    session = Session(
+        plan=plan,
+        rank=0,
+        world_size=plan.cluster.num_devices,
+        backend=backend_for(plan.cluster),
+        device="cpu",
+        preflight=True,
+    )
+    parallelize(session)
+    return 0
 
 
 def start(plan: Plan, *, backend: str | None = None, timeout_s: float = 60.0) -> Session:
@@ -170,10 +188,11 @@ def parallelize(
     schedule: ScheduleSpec | None = None,
     grad_sync: GradSyncSpec | None = None,
     compile: bool = False,
-) -> ParallelModel:
+) -> ParallelModel | None:
     """This rank's part of the plan's model, in the precision ``optimizer`` trains with, as the program's
     ``parallelize`` section says (``stages``, ``schedule``, ``grad_sync``; None: the plan's as it is). Says (rank 0)
-    when the optimizer or the schedule is not the plan's, and that dropout is off when checking parity."""
+    when the optimizer or the schedule is not the plan's, and that dropout is off when checking parity. Under
+    ``--preflight`` (:func:`preflight`) it checks the section and returns None."""
     check_optimizer(optimizer)
     plan = session.plan
     if stages is not None and schedule is not None and grad_sync is not None:
@@ -183,6 +202,8 @@ def parallelize(
             if session.rank == 0:
                 print(refused, file=sys.stderr, flush=True)
             _exit_now(2)
+    if session.preflight:
+        return None
     if session.rank == 0:
         _say_schedule(planned=session.plan, running=plan, where=schedule.where.text() if schedule else "")
         if compile:

@@ -13,7 +13,9 @@ environment variables named in comments) and ``train.sbatch`` (Slurm: one torchr
 (torchrun's own restarts, default :data:`DEFAULT_MAX_RESTARTS`): every process of the job is stopped and
 started again, and ``train.py`` resumes from its newest complete checkpoint. Both export
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (unless set): torchrun's shared rendezvous store keeps the failed
-attempt's keys, and a restarted rank may read its peer's old address and time out connecting.
+attempt's keys, and a restarted rank may read its peer's old address and time out connecting. Before torchrun,
+both run ``train.py --preflight`` once (:func:`executors.training.runtime.preflight`): a mistake in the options,
+the model files or the ``parallelize`` section is one line and exit code 2, not one line per restart.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ read -r -a TORCHRUN <<< "${TORCHRUN:-torchrun}"  # or e.g. TORCHRUN="python -m t
 # the failed attempt's addresses and time out connecting (gloo's "connectFullMesh failed", torch 2.13).
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}\""""
 
+_PREFLIGHT = (
+    "# The plan, the model files, the options and parallelize() checked once, in one process (PYTHON, default\n"
+    "# python3): a mistake stops here with one line and exit code 2, instead of once per torchrun restart.\n"
+    '"${PYTHON:-python3}" "$HERE/train.py" --preflight "$@"'
+)
+
 _NCCL = """# NCCL's environment (set what your network needs before launching, on every node):
 #   export NCCL_SOCKET_IFNAME=eth0   # the interface NCCL bootstraps over and its socket transport uses (ip -br addr)
 #   export NCCL_IB_HCA=mlx5          # the InfiniBand adapters to use (ibv_devices lists them); NCCL_IB_DISABLE=1: none
@@ -89,6 +97,7 @@ _LAUNCH = """#!/usr/bin/env bash
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 @OPTIONS@
+@PREFLIGHT@
 @COMMAND@
 """
 
@@ -129,6 +138,7 @@ if [[ ! -f "$HERE/train.py" ]]; then
   exit 2
 fi
 @OPTIONS@
+@PREFLIGHT@
 HEAD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 srun --kill-on-bad-exit=1 "${TORCHRUN[@]}" --nnodes @NODES@ --nproc-per-node @PER_NODE@ \\
   --max-restarts "$MAX_RESTARTS" --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:${RDZV_PORT:-@PORT@}" \\
@@ -160,12 +170,18 @@ def _nccl_comment(cluster: Cluster) -> str:
 def launch_script(cluster: Cluster) -> str:
     """``launch.sh``: torchrun for ``cluster``'s processes with ``--max-restarts`` (see the module docstring)."""
     usage, command = _SINGLE if cluster.num_nodes == 1 else _MULTI
-    parts = {"USAGE": usage, "COMMAND": command, "OPTIONS": _OPTIONS, "NCCL": _nccl_comment(cluster)}
+    parts = {
+        "USAGE": usage,
+        "COMMAND": command,
+        "OPTIONS": _OPTIONS,
+        "PREFLIGHT": _PREFLIGHT,
+        "NCCL": _nccl_comment(cluster),
+    }
     return _fill(_fill(_LAUNCH, cluster, **parts), cluster)
 
 
 def sbatch_script(cluster: Cluster) -> str:
     """``train.sbatch``: Slurm's batch script for ``cluster`` (see the module docstring)."""
     gpus = "" if is_cpu_cluster(cluster) else f"#SBATCH --gpus-per-node={cluster.devices_per_node}\n"
-    parts = {"GPUS": gpus, "OPTIONS": _OPTIONS, "NCCL": _nccl_comment(cluster)}
+    parts = {"GPUS": gpus, "OPTIONS": _OPTIONS, "PREFLIGHT": _PREFLIGHT, "NCCL": _nccl_comment(cluster)}
     return _fill(_fill(_SBATCH, cluster, **parts), cluster)
