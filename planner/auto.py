@@ -17,7 +17,9 @@
    (:func:`planner.baselines.handwritten_plan.pure_data_parallel`). ``--schedule interleaved`` or ``zero-bubble``
    keeps only the pipelines under that schedule. CPU offload (``--offload``): the offloaded data-parallel plan
    is the candidate when no other fits, or the only one under ``--offload on``
-   (:func:`planner.baselines.offloaded.with_offload`).
+   (:func:`planner.baselines.offloaded.with_offload`). The DP's memory per stage is an estimate: when none of its
+   plans fits once priced exactly, the DP's plans of the other microbatch counts are priced (:func:`_price_further_dp`),
+   then the DP runs again under :data:`TIGHTER_SHARES` of the budget (:func:`_retry_tighter_dp`, said in a note).
 4. The plan is the candidate with the least estimate — the figure the summary, ``plan show``, ``plan compare``
    and the JSON print. The data-parallel, Megatron and uniform-pipeline candidates are the plans those methods
    return run alone (the same functions on the same tables), so auto is never slower than any of them by
@@ -27,7 +29,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cost_models.units import GIB
 from planner.baselines.handwritten import HANDWRITTEN, best_handwritten, least_memory
@@ -57,10 +59,11 @@ from planner.inter.search import LayerTables, PipelineChoice, search_pipeline
 from planner.inter.stage_dp.solver import is_large
 from planner.inter.stage_pricing import PricedPipeline
 from planner.ir.graph import OpGraph
-from planner.options import Method, PlanOptions
+from planner.options import Method, PlanOptions, RematChoice
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES
 
 DP_CANDIDATES = 3
+TIGHTER_SHARES = (0.97, 0.94, 0.91)  # the budget shares the stage DP is retried under when none of its plans fit
 STAGE_DP = "stage-dp"  # the candidates of the stage DP (auto's own), beside the hand-written methods' names
 
 
@@ -180,6 +183,12 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
     candidates = _candidates(settings, setup, options=options, at_scale=at_scale)
     handwritten_s = time.perf_counter() - searched
     priced, graph_of, pipelines = price_candidates(candidates, full_graph=full_graph, tables=tables, progress=progress)
+    if STAGE_DP not in priced:  # the DP's best microbatch counts did not fit once priced exactly: try the others
+        _price_further_dp(
+            settings, setup, priced=priced, graph_of=graph_of, pipelines=pipelines, tables=tables, full_graph=full_graph
+        )
+    if STAGE_DP not in priced and any(s.stage_plan is not None for s in settings):
+        _retry_tighter_dp(inputs, priced=priced, graph_of=graph_of, pipelines=pipelines)
     _add_schedule_variants(priced, graph_of, pipelines, full_graph=full_graph, tables=tables, mode=options.schedule)
     if at_scale:
         _add_megatron_at_scale(priced, graph_of, inputs)
@@ -206,6 +215,86 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
         dp_s=search_dp_s + handwritten_s,
         price_s=time.perf_counter() - searched - handwritten_s,
     )
+
+
+def _price_further_dp(
+    settings: list[PipelineChoice],
+    setup: CostSetup,
+    *,
+    priced: dict[str, PricedPipeline],
+    graph_of: dict[str, OpGraph],
+    pipelines: dict[str, Pipelines],
+    tables: LayerTables,
+    full_graph: OpGraph,
+) -> None:
+    """The DP's plans of the microbatch counts after the :data:`DP_CANDIDATES` best, priced exactly one by one
+    (fastest first by the DP's estimate) until one fits: the DP's estimate of a stage's memory is approximate, so a
+    fitting plan may rank below three that do not (a tighter budget once found one that a looser one did not)."""
+    ranked = sorted((s for s in settings if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
+    for setting in ranked[DP_CANDIDATES:]:
+        candidate = Candidate(
+            setting=setting, specs=tuple(specs_from_dp(setting.stage_plan, setting.spans, setup)), refine=True
+        )
+        more, more_graphs, more_pipelines = price_candidates(
+            [(STAGE_DP, candidate)], full_graph=full_graph, tables=tables, progress=None
+        )
+        if STAGE_DP in more:
+            priced.update(more)
+            graph_of.update(more_graphs)
+            for key, found in more_pipelines.items():
+                pipelines.setdefault(key, []).extend(found)
+            return
+
+
+def _retry_tighter_dp(
+    inputs: PlanningInput,
+    *,
+    priced: dict[str, PricedPipeline],
+    graph_of: dict[str, OpGraph],
+    pipelines: dict[str, Pipelines],
+) -> None:
+    """The DP run again until one of its plans fits once priced exactly: under :data:`TIGHTER_SHARES` of the memory
+    budget (priced against that share, so it fits the whole budget), then — when the user left recomputation to the
+    search — with every stage recomputed in full. The DP's memory per stage is an estimate, below the exact price
+    in places, and it keeps one plan per microbatch count, so at the edge of the budget every plan it returns may
+    be over while a slower one fits. The plan says which retry found it, in a note."""
+    for setup, options, note in _retries(inputs):
+        tables = LayerTables(setup, options)
+        search = search_pipeline(inputs.graphs, setup, tables, options=options, progress=None)
+        ranked = sorted((s for s in search.choices if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
+        for setting in ranked[:DP_CANDIDATES]:
+            specs = tuple(specs_from_dp(setting.stage_plan, setting.spans, setup))
+            more, more_graphs, more_pipelines = price_candidates(
+                [(STAGE_DP, Candidate(setting=setting, specs=specs, refine=True))],
+                full_graph=inputs.full_graph,
+                tables=tables,
+                progress=None,
+            )
+            if STAGE_DP in more:
+                priced[STAGE_DP] = replace(more[STAGE_DP], notes=(*more[STAGE_DP].notes, note))
+                graph_of.update(more_graphs)
+                for key, found in more_pipelines.items():
+                    pipelines.setdefault(key, []).extend(found)
+                return
+
+
+def _retries(inputs: PlanningInput) -> list[tuple[CostSetup, PlanOptions, str]]:
+    """The setups and options :func:`_retry_tighter_dp` runs the DP under, each with the note its plan carries."""
+    setup, options = inputs.setup, inputs.options
+    whole = "under the whole budget the stage DP's plans did not fit once priced exactly"
+    retries = [
+        (
+            replace(setup, memory_fraction=setup.memory_fraction * share),
+            options,
+            f"the stage DP planned under {share:.0%} of the memory budget: {whole}",
+        )
+        for share in TIGHTER_SHARES
+    ]
+    if options.remat in (RematChoice.AUTO, RematChoice.OFF_OR_FULL):
+        share = f"{TIGHTER_SHARES[-1]:.0%}"
+        note = f"the stage DP planned with full recomputation on every stage: {whole}, nor under {share} of it"
+        retries.append((setup, replace(options, remat=RematChoice.ON), note))
+    return retries
 
 
 def _left_out_unrunnable(priced: dict[str, PricedPipeline], inputs: PlanningInput) -> dict[str, str]:
