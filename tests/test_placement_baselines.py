@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -259,3 +260,37 @@ def test_critical_path_length_is_the_source_rank(p: PlacementProblem) -> None:
     length += sum(transfer(weights[edge]) for edge in itertools.pairwise(path))
     assert rank[path[0]] == pytest.approx(length)
     assert rank[path[0]] == pytest.approx(max(rank))
+
+
+class _RotaryByCopy(torch.nn.Module):
+    """Assembles its output by ``copy_`` into slices of an empty tensor, as Hugging Face DeepSeek-V3's rotary
+    embedding does: the update reaches the base tensor only through aliasing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        out = h.new_empty(h.shape)
+        out[..., :4].copy_(h[..., 4:])
+        out[..., 4:].copy_(h[..., :4])
+        return out.sum(-1)
+
+
+def test_a_placement_refuses_a_model_that_updates_a_view_in_place() -> None:
+    """Each operator on its own device, an in-place update runs on a copy: writing into a view would not reach the
+    base tensor's readers, so the plan is refused at planning time with the reason (it ran on uninitialised values)."""
+    from cost_models.cluster import load_cluster
+    from planner.api import plan as plan_model
+    from planner.baselines.placement.aliasing import aliasing_refusal
+
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    inputs = (torch.randn(4, 8),)
+    with pytest.raises(AutoplanError, match=r"updates a view \(slice\w*\) of another tensor in place \(copy_"):
+        plan_model(_RotaryByCopy(), inputs, cluster, batch_size=4, method="hash")
+    assert plan_model(_RotaryByCopy(), inputs, cluster, batch_size=4, method="data-parallel") is not None
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    from planner.ir.capture import capture
+
+    assert aliasing_refusal(capture(plain, inputs), method="hash") is None

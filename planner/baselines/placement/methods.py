@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from cost_models.units import GIB
+from planner.baselines.placement.aliasing import aliasing_refusal
 from planner.baselines.placement.critical_path import critical_path_placement
 from planner.baselines.placement.dataflow import simulate_assignment
 from planner.baselines.placement.hash_placement import hash_placement
@@ -79,6 +80,9 @@ def run_placement(
 ) -> tuple[PricedPipeline, tuple[str, ...]]:
     """The placement of ``method`` as plan stages with its simulated estimate, and notes."""
     assert method in PLACEMENT_METHODS, method
+    refusal = aliasing_refusal(graphs.full, method=method)
+    if refusal is not None:
+        raise AutoplanError(refusal)
     m = placement_microbatches(batch_size, setup.cluster.num_devices, microbatches)
     notes = []
     while microbatches is None and m > 1 and rows_difference(graphs, batch_size // m) is not None:
