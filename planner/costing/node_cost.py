@@ -4,12 +4,12 @@ The intra-op ILP (:mod:`planner.intra.stage_problem`) prices every strategy of e
 :func:`node_cost`; the simulator (:mod:`planner.costing.stage_work`) prices the one strategy a plan stores
 with the same function, so what was searched and what is judged are one cost::
 
-    compute_s = t_v(fwd + bwd) / shards(s) + h · passes_v + 2·c_v   compute — cost_models.compute
+    compute_s = t_v(fwd + bwd) / shards(s) + h · passes_v + c_v     compute — cost_models.compute
     comm_s    = the strategy's own collectives (NodeStrategy.comm_s)
-    forward_s = t_v(fwd) / shards(s) + h + comm_s / 2 + c_v           the forward pass alone: its share of
+    forward_s = t_v(fwd) / shards(s) + h + comm_s / 2                 the forward pass alone: its share of
                 the compute and half the collectives (each has a forward and a backward half), what
                 recomputing the node costs (:func:`planner.costing.stage_work.recompute_s`)
-    step_s    = grad_sync(s) + optimizer(local params) + h · params_v   once per step
+    step_s    = grad_sync(s) + optimizer(local params) + h · params_v + c_v   once per step
               grad_sync: per parameter and sync axis its additive share of a bucketed all-reduce
               (cost_models.communication.bucketed_all_reduce_s: sharded stages reduce in buckets too,
               executors.parallel.grad_sync; the estimate and the simulator charge the exact buckets, overlapped
@@ -28,11 +28,14 @@ with the same function, so what was searched and what is judged are one cost::
                        (planner.sharding.sequence_parallel.computed_output), plus what it keeps beyond them
                        (kept_extra_bytes: pooling indices, RNN gates, attention scores under CPU dropout)
 
-``c_v`` (:func:`autocast_cast_s`) is what bf16 autocast's casts of a matmul's or convolution's fp32 parameters cost in
-one pass, under our runtime with ``adam-mixed`` on a device with a kernel model (the GPU presets): the local
-parameters' elements × :data:`AUTOCAST_CAST_BYTES` (fp32 read, bf16 written; the backward casts the gradient back)
-at the streaming bandwidth, plus one kernel's overhead per parameter (:mod:`planner.costing.runtime_profiles` says
-why; 0 elsewhere).
+``c_v`` (:func:`autocast_cast_s`) is what one of bf16 autocast's casts of a matmul's or convolution's fp32 parameters
+costs, under our runtime with ``adam-mixed`` on a device with a kernel model (the GPU presets): the local parameters'
+elements × :data:`AUTOCAST_CAST_BYTES` (fp32 read, bf16 written) at the streaming bandwidth, plus one kernel's
+overhead per parameter (0 elsewhere). The forward's cast is paid once per step: the executor runs the whole step in
+one autocast region (``executors/training/parallel_model.py``), whose cache keeps a parameter's bf16 copy for every
+microbatch (and for recomputation); each microbatch's backward casts its bf16 weight gradient back to fp32 (the same
+bytes the other way). The in-place accumulation of the second and later microbatches' gradients is not priced
+(:mod:`planner.costing.runtime_profiles`).
 
 ``h`` is the device's calibrated ``sharded_op_overhead_s`` on a mesh of more than one device
 (:func:`sharded_dispatch_s`: the executor runs such stages on DTensors), 0 on one device and for a
@@ -123,20 +126,21 @@ def node_cost(
     grad_sync_s = _ddp_share_s(node, strategy, setup, mesh) if ddp else strategy.grad_sync_s
     if zero and (ddp or zero >= 2):  # FSDP's reduce-scatters replace the all-reduce
         grad_sync_s = 0.0
+    cast_s = autocast_cast_s(node, strategy, setup, mesh)  # the forward's once per step, the backward's per microbatch
     step_s = grad_sync_s + zero_step_s + optimizer_step_s(local_params, setup) + dispatch_s * len(strategy.params)
+    step_s += cast_s
     if ddp and math.prod(mesh.mesh_shape) > 1:  # DDP copies each gradient into its bucket and back (one device: no DDP)
         device = setup.cluster.device
         grad_bytes = local_params * optimizer_bytes(setup.optimizer).grads
         step_s += DDP_BUCKET_COPIES * grad_bytes / (device.memory_bandwidth * device.memory_efficiency)
     passes = 2 if any(meta.is_floating for meta in node.input_metas) else 1
-    cast_s = autocast_cast_s(node, strategy, setup, mesh)
     return NodeCost(
-        compute_s=graph_time.total_s + dispatch_s * passes + 2 * cast_s,
+        compute_s=graph_time.total_s + dispatch_s * passes + cast_s,
         comm_s=strategy.comm_s,
         step_s=step_s,
         state_bytes=state,
         activation_bytes=activation,
-        forward_s=graph_time.fwd_s + dispatch_s + strategy.comm_s / 2 + cast_s,
+        forward_s=graph_time.fwd_s + dispatch_s + strategy.comm_s / 2,
         grad_sync_s=grad_sync_s,
         zero_step_s=zero_step_s,
         zero_comm_s=zero_comm_s,
@@ -146,13 +150,14 @@ def node_cost(
     )
 
 
-AUTOCAST_CAST_BYTES = 6  # per element and pass: fp32 read and bf16 written (forward), the reverse (backward)
+AUTOCAST_CAST_BYTES = 6  # per element and cast: fp32 read and bf16 written (forward), the reverse (backward)
 CAST_KINDS = (NodeKind.MATMUL, NodeKind.CONV)  # the operators autocast runs in bf16, casting their parameters
 
 
 def autocast_cast_s(node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh) -> float:
-    """Seconds per pass (forward; the backward's cast back is the same) that bf16 autocast spends casting ``node``'s
-    fp32 parameters, at their local size under ``strategy`` (module docstring: ``c_v``)."""
+    """Seconds of one of bf16 autocast's casts of ``node``'s fp32 parameters (the forward's, once per step; the
+    backward's cast of their gradients, per microbatch), at their local size under ``strategy`` (module docstring:
+    ``c_v``)."""
     device = setup.cluster.device
     if (
         node.kind not in CAST_KINDS

@@ -35,10 +35,11 @@ Profiles and their sources:
   Every step the program also takes the gradient norm (``executors/training/parallel_model.py``
   ``_squared_norm``: the gradient read, its square written and read, :data:`GRAD_NORM_BYTES` = 12 B per
   parameter), added to each optimizer's bytes. Under ``adam-mixed`` the parameters stay fp32 and bf16 autocast
-  casts each matmul's and convolution's weight and bias to bf16 in every microbatch's forward (reads 4 B, writes
-  2) and casts their bf16 gradients back (reads 2, writes 4) (``autocast_casts``: priced per microbatch by
-  :func:`planner.costing.node_cost.autocast_cast_s`); the in-place accumulation of a second microbatch's
-  gradient is not priced.
+  casts each matmul's and convolution's weight and bias to bf16 once per step (reads 4 B, writes 2: the whole
+  step is one autocast region, whose cache serves every microbatch) and casts their bf16 gradients back in every
+  microbatch's backward (reads 2, writes 4) (``autocast_casts``: :func:`planner.costing.node_cost.autocast_cast_s`;
+  the step's cast is shown with the optimizer's part of the step). Not priced: the in-place accumulation of a
+  second microbatch's gradient, and the cached bf16 copies' memory (2 B per such parameter for the step).
 * ``megatron-lm-2019``: Megatron-LM as Shoeybi et al. (2019) ran it, commit ``ebbe40cd`` (2019-10-09) of
   github.com/NVIDIA/Megatron-LM: ``--DDP-impl local`` (the default, ``arguments.py``); ``pretrain_gpt2.py``
   ``backward_step`` calls ``model.allreduce_params(reduce_after=False)`` after ``loss.backward()``, and
