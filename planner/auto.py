@@ -260,7 +260,7 @@ def _retry_tighter_dp(
     be over while a slower one fits. The plan says which retry found it, in a note."""
     for setup, options, note in _retries(inputs):
         tables = LayerTables(setup, options)
-        search = search_pipeline(inputs.graphs, setup, tables, options=options, progress=None)
+        search = search_pipeline(inputs.graphs, setup, tables, options=options, progress=inputs.progress)
         ranked = sorted((s for s in search.choices if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
         for setting in ranked[:DP_CANDIDATES]:
             specs = tuple(specs_from_dp(setting.stage_plan, setting.spans, setup))
