@@ -1,8 +1,8 @@
 """The plan: a frozen value with a JSON round-trip that holds everything the executors need.
 
 * :mod:`~planner.plan.value` — ``Plan`` (``plan.summary()``, ``print(plan)``), saving and loading;
-* :mod:`~planner.plan.parts` — ``ModelRef``, ``Estimate`` (its ``PlanSavings``), ``SearchStats``;
-* :mod:`~planner.plan.view` — ``PlanView``: what the report reads of a plan;
+* :mod:`~planner.plan.parts` — ``ModelRef``, ``Estimate`` (its ``PlanSavings``), ``SearchStats``, and ``PlanView``:
+  what the report reads of a plan;
 * :mod:`~planner.plan.codec` — the generic dataclass ⇄ JSON codec and JSON Schema every class of the plan is written by;
 * :mod:`~planner.plan.schema` — the plan's JSON Schema (``python -m planner.plan.schema``: ``docs/plan-schema.json``);
 * :mod:`~planner.plan.grad_sync` — ``GradSync``: exact, or the lossy gradient sync the user allowed;

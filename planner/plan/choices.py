@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 
 from planner.plan.codec import JsonCoded
+from planner.plan.parts import PlanView
 from planner.plan.stage import Remat, Saving, Stage
-from planner.plan.view import PlanView
 
 EXACT_SYNC = "exact (bucketed, overlapped with the last backward)"
 REMAT_WORDS = {Remat.NONE: "none", Remat.ATTENTION: "selective (attention)", Remat.FULL: "full"}

@@ -1,7 +1,9 @@
 """The plan's parts that are values of their own: what it is expected to cost (:class:`Estimate`, with what its choices
 saved, :class:`PlanSavings`), where its search spent its time (:class:`SearchStats`) and the model it was made for
-(:class:`ModelRef`). The report reads them without the plan (:mod:`planner.plan.report`), so the plan can print its
-report (:meth:`planner.plan.value.Plan.summary`) without an import cycle.
+(:class:`ModelRef`); and what the plan's report reads of a plan (:class:`PlanView`), so the report, its shape line and
+its choices (:mod:`planner.plan.report`, :mod:`~planner.plan.shape`, :mod:`~planner.plan.choices`) take a
+:class:`planner.plan.value.Plan` without importing it, and the plan prints its own summary
+(:meth:`~planner.plan.value.Plan.summary`, ``print(plan)``) without an import cycle.
 """
 
 from __future__ import annotations
@@ -9,9 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from cost_models.cluster import Cluster
 from planner.plan.codec import JsonCoded
+from planner.plan.grad_sync import GradSync
+from planner.plan.megatron_terms import MegatronTerms
+from planner.plan.method import Method
+from planner.plan.schedules import Schedule
+from planner.plan.stage import Stage
 
 BREAKDOWN_TOLERANCE = 1e-9  # relative: float rounding between a step and the sum of its parts
 
@@ -81,3 +89,58 @@ class ModelRef(JsonCoded):
     tracer: str = "export"
     # the second dim of the first input when it is batch × sequence integer token ids; None: not tokens
     sequence_length: int | None = None
+
+
+class PlanView(Protocol):
+    """The fields and derived figures of a plan that its report reads (all read-only)."""
+
+    @property
+    def method(self) -> Method: ...
+
+    @property
+    def model(self) -> ModelRef: ...
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def num_microbatches(self) -> int: ...
+
+    @property
+    def schedule(self) -> Schedule: ...
+
+    @property
+    def optimizer(self) -> str: ...
+
+    @property
+    def stages(self) -> tuple[Stage, ...]: ...
+
+    @property
+    def estimate(self) -> Estimate: ...
+
+    @property
+    def search(self) -> SearchStats: ...
+
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+
+    @property
+    def memory_fraction(self) -> float: ...
+
+    @property
+    def grad_sync(self) -> GradSync: ...
+
+    @property
+    def zero(self) -> int: ...
+
+    @property
+    def virtual_stages(self) -> int: ...
+
+    @property
+    def memory_budget_bytes(self) -> float: ...
+
+    @property
+    def megatron(self) -> MegatronTerms: ...

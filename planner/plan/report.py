@@ -20,10 +20,9 @@ from planner.plan.choices import memory_saving_of
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 from planner.plan.megatron_terms import megatron_terms_text
 from planner.plan.method import Method
-from planner.plan.parts import Estimate
+from planner.plan.parts import Estimate, PlanView
 from planner.plan.shape import count_of, plan_shape
 from planner.plan.stage import Saving, Stage, stage_degrees
-from planner.plan.view import PlanView
 
 COMPARED_NOTE = "compared under the same cost model: "  # planner.api's note on the auto-family candidates
 CHOSEN_MARK = "; chosen: "

@@ -13,9 +13,9 @@ microbatches flow.
 
 from __future__ import annotations
 
+from planner.plan.parts import PlanView
 from planner.plan.schedules import Schedule
 from planner.plan.stage import Stage, stage_degrees
-from planner.plan.view import PlanView
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B", "zero-bubble": "zero bubble"}
 

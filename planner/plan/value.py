@@ -27,7 +27,7 @@ derived, read-only: the plan in Megatron-LM's terms (:func:`planner.plan.megatro
 by :meth:`Plan.to_json` on every save and ignored by :meth:`Plan.from_json`, which recomputes it from the plan
 (``Plan.megatron``): a derived value that is not read cannot disagree with the plan it describes. The summary
 ``plan`` prints is :meth:`Plan.summary` (and ``print(plan)``; :func:`planner.plan.report.plan_summary`): the
-report reads the plan through :class:`planner.plan.view.PlanView` and its parts (:mod:`planner.plan.parts`), so
+report reads the plan through :class:`planner.plan.parts.PlanView` and its parts (:mod:`planner.plan.parts`), so
 neither imports the other's module in a cycle.
 
 The plan is the program: every node's :class:`NodeSharding` is the strategy the search chose, and
