@@ -143,7 +143,9 @@ def lower_stages(
     state_bytes = [math.fsum(work[n].state_bytes for n in stage.nodes) for stage in stages]
     step_bytes: tuple[float, ...] = ()
     if pipeline or ddp or fsdp:  # one chunk per stage: its memory as the estimate charges it (plan_memory)
-        state_bytes, step_bytes, chunks = _as_estimated(stages, graph, setup, chunks, m=m, ddp=ddp, fsdp=fsdp)
+        state_bytes, step_bytes, chunks = _as_estimated(
+            stages, graph, setup, chunks, m=m, ddp=ddp, fsdp=fsdp, schedule=schedule
+        )
     if fsdp_step is not None:  # the last reduce-scatters instead of the additive shares
         step_s[0] += fsdp_step.tail_s - math.fsum(work[n].zero_step_s for n in stages[0].nodes)
         if stages[0].offload:  # the optimizer on the CPU instead of the device's (planner.costing.offload)
@@ -206,11 +208,24 @@ def _as_estimated(
     m: int,
     ddp: bool,
     fsdp: bool,
+    schedule: str,
 ) -> tuple[list[float], tuple[float, ...], tuple[Chunk, ...]]:
     """(state bytes, step bytes, chunks) with each stage's memory as the estimate charges it (one chunk per stage):
-    its state and what its executor holds, what it holds through its step, its kept activations and peak above."""
+    its state and what its executor holds, what it holds through its step, its kept activations and peak above.
+    A pipeline stage's receive buffers (held all step) are those of the microbatches not in flight at its peak, as
+    the estimate counts them (:func:`_peak_in_flight`): the in-flight ones are in their kept activations."""
     memories = [
-        _stage_memory(stage, graph, setup, m=m, last=s == len(stages) - 1, fsdp=fsdp, ddp=ddp, pipeline=len(stages) > 1)
+        _stage_memory(
+            stage,
+            graph,
+            setup,
+            m=m,
+            last=s == len(stages) - 1,
+            fsdp=fsdp,
+            ddp=ddp,
+            pipeline=len(stages) > 1,
+            in_flight=_peak_in_flight(schedule, num_stages=len(stages), stage=s, m=m),
+        )
         for s, stage in enumerate(stages)
     ]
     state_bytes = [memory.state_bytes + memory.held_bytes for memory in memories]
@@ -249,8 +264,27 @@ def _bucket_syncs(
     return segments
 
 
+def _peak_in_flight(schedule: str, *, num_stages: int, stage: int, m: int) -> int:
+    """The microbatches stage ``stage`` holds at its peak under GPipe (``m``) and 1F1B (``min(S − s, m)``), as the
+    estimate prices them (:mod:`planner.inter.pricing`); 1 under the schedules whose estimate is this replay."""
+    if schedule == Schedule.GPIPE:
+        return m
+    if schedule == Schedule.ONE_F_ONE_B:
+        return max(1, min(num_stages - stage, m))
+    return 1
+
+
 def _stage_memory(
-    stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, last: bool, fsdp: bool, ddp: bool, pipeline: bool
+    stage: Stage,
+    graph: OpGraph,
+    setup: CostSetup,
+    *,
+    m: int,
+    last: bool,
+    fsdp: bool,
+    ddp: bool,
+    pipeline: bool,
+    in_flight: int = 1,
 ) -> StageMemory:
     """A pipeline stage's (or a data-parallel plan's) memory parts, as the estimate charges them: FSDP's through
     :func:`planner.costing.zero.fsdp_memory`, any other stage's through
@@ -258,9 +292,18 @@ def _stage_memory(
     if fsdp:
         return fsdp_memory(stage, graph, setup, num_microbatches=m)
     data = frozenset(value.name for value in graph.inputs)
-    return sharded_stage_memory(
-        stage, graph, setup, in_flight=1, num_microbatches=m, last=last, data_inputs=data, ddp=ddp, pipeline=pipeline
+    memory = sharded_stage_memory(
+        stage,
+        graph,
+        setup,
+        in_flight=in_flight,
+        num_microbatches=m,
+        last=last,
+        data_inputs=data,
+        ddp=ddp,
+        pipeline=pipeline,
     )
+    return replace(memory, in_flight=1)  # the replay holds the in-flight microbatches' activations itself
 
 
 def _chunk(graph: OpGraph, run: list[int], stage: int, work: dict[str, NodeWork]) -> Chunk:
