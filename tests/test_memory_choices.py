@@ -183,14 +183,14 @@ def test_plans_the_executors_cannot_run_are_refused() -> None:
 
 
 def test_golden_a_model_that_barely_fits_trades_full_recomputation_for_selective_or_zero() -> None:
-    """A 4-layer GPT (hidden 768, seq 1024, unfused attention) at batch 16 on 4 V100s with 7.7% of their memory
-    (1.06 GiB; the loss alone holds ~0.6 GiB per 1024-token sample: float32 log-softmax of 51,200 logits per token
+    """A 4-layer GPT (hidden 768, seq 1024, unfused attention) at batch 16 on 4 V100s with 8% of their memory
+    (1.1 GiB; the loss alone holds ~0.6 GiB per 1024-token sample: float32 log-softmax of 51,200 logits per token
     and two gradients as large): Alpa's space (each stage recomputed whole or not at all, no ZeRO) recomputes a
     stage in full; auto recomputes the attention cores or uses ZeRO where a stage has data-parallel axes instead,
     and is faster than Alpa's plan, than recomputing everything and than recomputing nothing."""
     cluster = load_cluster("p3.16xlarge", num_nodes=1, devices_per_node=4)
     args = {"size": "125m", "layers": 4, "attention": "unfused"}
-    prepared = prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args=args, memory_fraction=0.077)
+    prepared = prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args=args, memory_fraction=0.08)
 
     def best(**options: str) -> Plan:
         return plan_prepared(

@@ -12,9 +12,9 @@ from cost_models.compute import RooflineCompute
 from planner.api import plan_model_file
 from planner.costing.estimate import optimizer_step_s
 from planner.costing.lowering import lower_plan, simulate_lowered
-from planner.costing.node_cost import AUTOCAST_CAST_BYTES, autocast_cast_s, node_cost
+from planner.costing.node_cost import autocast_cast_s, node_cost
 from planner.costing.overlap import ddp_segments, exposed_sync_s
-from planner.costing.runtime_profiles import AUTOPLAN, PROFILES, runtime_profile
+from planner.costing.runtime_profiles import AUTOCAST_CAST_BYTES, AUTOPLAN, PROFILES, runtime_profile
 from planner.costing.setup import CostSetup, plan_setup
 from planner.errors import AutoplanError
 from planner.ir.graph import NodeKind

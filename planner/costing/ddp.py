@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from planner.costing.compression import EXACT, stage_sync
 from planner.costing.estimate import mfu, model_tflops_per_device
-from planner.costing.offload import optimizer_step_s
+from planner.costing.offload import offloaded_casts_s, optimizer_step_s
 from planner.costing.overlap import after_backward_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import stage_node_work
@@ -93,6 +93,7 @@ def fsdp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int) -> DdpS
         recompute_s=m * math.fsum(w.recompute_s for w in work.values()),
         zero_sync_s=waits,
         **{("host_optimizer_s" if stage.offload else "optimizer_s"): optimizer_step_s(stage, graph, setup, work=work)},
+        weight_casts_s=offloaded_casts_s(stage, graph, setup),  # in optimizer_s's node steps when not offloaded
         host_overhead_s=setup.cluster.device.step_overhead_s,
     )
     hidden = {"zero_sync_overlapped_s": max(0.0, price.comm_s - waits)}

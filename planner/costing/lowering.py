@@ -65,7 +65,7 @@ from cost_models.simulator import SimResult, simulate
 from planner.costing.compression import EXACT, stage_sync
 from planner.costing.estimate import shared_param_sync_s
 from planner.costing.lowered_tasks import PIPELINE_SCHEDULES, Chunk, Lowered, build_tasks
-from planner.costing.offload import optimizer_step_s
+from planner.costing.offload import offloaded_casts_s, optimizer_step_s
 from planner.costing.overlap import SyncSegment
 from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.setup import CostSetup
@@ -153,6 +153,7 @@ def lower_stages(
             step_s[0] += optimizer_step_s(stages[0], graph, setup, work=own) - optimizer_step_s(
                 replace(stages[0], offload=False), graph, setup, work=own
             )
+            step_s[0] += offloaded_casts_s(stages[0], graph, setup)  # the device's weight casts stay
     synced = stages if (pipeline or ddp) and not fsdp else []
     segments = _bucket_syncs(synced, graph, setup, work, step_s, state_bytes, grad_sync=grad_sync, ddp=ddp)
     homes = list(dict.fromkeys(stage.devices for stage in stages))  # pipeline ranks, in stage order

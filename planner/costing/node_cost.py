@@ -30,12 +30,12 @@ with the same function, so what was searched and what is judged are one cost::
 
 ``c_v`` (:func:`autocast_cast_s`) is what one of bf16 autocast's casts of a matmul's or convolution's fp32 parameters
 costs, under our runtime with ``adam-mixed`` on a device with a kernel model (the GPU presets): the local parameters'
-elements × :data:`AUTOCAST_CAST_BYTES` (fp32 read, bf16 written) at the streaming bandwidth, plus one kernel's
-overhead per parameter (0 elsewhere). The forward's cast is paid once per step: the executor runs the whole step in
-one autocast region (``executors/training/parallel_model.py``), whose cache keeps a parameter's bf16 copy for every
-microbatch (and for recomputation); each microbatch's backward casts its bf16 weight gradient back to fp32 (the same
-bytes the other way). The in-place accumulation of the second and later microbatches' gradients is not priced
-(:mod:`planner.costing.runtime_profiles`).
+elements × ``AUTOCAST_CAST_BYTES`` (fp32 read, bf16 written; :mod:`planner.costing.runtime_profiles`) at the
+streaming bandwidth, plus one kernel's overhead per parameter (0 elsewhere). The forward's cast is paid once per
+step: the executor runs the whole step in one autocast region (``executors/training/parallel_model.py``), whose
+cache keeps a parameter's bf16 copy for every microbatch (and for recomputation); each microbatch's backward casts
+its bf16 weight gradient back to fp32 (the same bytes the other way). The in-place accumulation of the second and
+later microbatches' gradients is not priced (:mod:`planner.costing.runtime_profiles`).
 
 ``h`` is the device's calibrated ``sharded_op_overhead_s`` on a mesh of more than one device
 (:func:`sharded_dispatch_s`: the executor runs such stages on DTensors), 0 on one device and for a
@@ -58,10 +58,11 @@ from cost_models.memory import (
     zero_shards,
 )
 from planner.costing.estimate import DDP_BUCKET_COPIES, optimizer_step_s
+from planner.costing.runtime_profiles import autocast_cast_seconds, casts_parameters
 from planner.costing.setup import CostSetup
 from planner.costing.stage_memory import grad_values as stage_grad_values
 from planner.costing.zero import param_terms
-from planner.ir.graph import NodeKind, OpGraph, OpNode
+from planner.ir.graph import OpGraph, OpNode
 from planner.sharding.sequence_parallel import computed_output
 from planner.sharding.specs import StageMesh
 from planner.sharding.strategies import NodeStrategy, StrategyContext
@@ -150,26 +151,17 @@ def node_cost(
     )
 
 
-AUTOCAST_CAST_BYTES = 6  # per element and cast: fp32 read and bf16 written (forward), the reverse (backward)
-CAST_KINDS = (NodeKind.MATMUL, NodeKind.CONV)  # the operators autocast runs in bf16, casting their parameters
-
-
 def autocast_cast_s(node: OpNode, strategy: NodeStrategy, setup: CostSetup, mesh: StageMesh) -> float:
     """Seconds of one of bf16 autocast's casts of ``node``'s fp32 parameters (the forward's, once per step; the
     backward's cast of their gradients, per microbatch), at their local size under ``strategy`` (module docstring:
-    ``c_v``)."""
+    ``c_v``; :func:`planner.costing.runtime_profiles.autocast_cast_seconds`)."""
     device = setup.cluster.device
-    if (
-        node.kind not in CAST_KINDS
-        or not strategy.params
-        or not setup.runtime.autocast_casts
-        or setup.optimizer != "adam-mixed"
-        or device.kernels is None
+    if not strategy.params or not casts_parameters(
+        node.kind, runtime=setup.runtime, optimizer=setup.optimizer, device=device
     ):
         return 0.0
     numel = sum(_param_numel(node, name) / spec.num_shards(mesh.mesh_shape) for name, spec in strategy.params)
-    bandwidth = device.memory_bandwidth * device.memory_efficiency
-    return numel * AUTOCAST_CAST_BYTES / bandwidth + len(strategy.params) * device.kernel_overhead_s
+    return autocast_cast_seconds(numel=numel, num_params=len(strategy.params), device=device)
 
 
 def _param_costs(

@@ -38,6 +38,7 @@ import math
 from collections.abc import Mapping
 
 from cost_models.memory import optimizer_bytes, zero_shards
+from planner.costing.runtime_profiles import autocast_cast_seconds, casts_parameters
 from planner.costing.setup import CostSetup
 from planner.ir.graph import OpGraph
 from planner.plan import Stage
@@ -90,3 +91,19 @@ def optimizer_step_s(stage: Stage, graph: OpGraph, setup: CostSetup, *, work: Ma
     if stage.offload:
         return host_optimizer_s(stage, graph, setup)
     return math.fsum(w.step_s - w.zero_step_s for w in work.values())  # type: ignore[attr-defined]
+
+
+def offloaded_casts_s(stage: Stage, graph: OpGraph, setup: CostSetup) -> float:
+    """Under offload, autocast's casts of the stage's gathered weights on the device, once per step
+    (:mod:`planner.costing.runtime_profiles`; without offload they are in each node's ``step_s``); 0 otherwise."""
+    if not stage.offload:
+        return 0.0
+    device, params = setup.cluster.device, set(graph.param_names)
+    total = 0.0
+    for name in stage.nodes:
+        node = graph.node(name)
+        if casts_parameters(node.kind, runtime=setup.runtime, optimizer=setup.optimizer, device=device):
+            metas = [meta for value, meta in zip(node.inputs, node.input_metas, strict=True) if value in params]
+            numel = math.fsum(meta.numel for meta in metas)
+            total += autocast_cast_seconds(numel=numel, num_params=len(metas), device=device) if metas else 0.0
+    return total

@@ -68,9 +68,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cost_models.device import DeviceSpec
 from planner.errors import AutoplanError
+from planner.ir.graph import NodeKind
 
 OUR_RUNTIME = "autoplan"
+AUTOCAST_CAST_BYTES = 6  # per element and cast: fp32 read and bf16 written (forward), the reverse (backward)
+CAST_KINDS = (NodeKind.MATMUL, NodeKind.CONV)  # the operators autocast runs in bf16, casting their parameters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,3 +171,16 @@ def runtime_profile(name: str) -> RuntimeProfile:
     if name not in PROFILES:
         raise AutoplanError(f"--runtime must be one of {', '.join(PROFILES)}, got {name!r}")
     return PROFILES[name]
+
+
+def casts_parameters(kind: NodeKind, *, runtime: RuntimeProfile, optimizer: str, device: DeviceSpec) -> bool:
+    """Whether an operator of ``kind`` has its fp32 parameters cast by autocast in ``runtime`` (module docstring):
+    matmuls and convolutions, under ``adam-mixed``, on a device with a kernel model (the GPU presets)."""
+    return kind in CAST_KINDS and runtime.autocast_casts and optimizer == "adam-mixed" and device.kernels is not None
+
+
+def autocast_cast_seconds(*, numel: float, num_params: int, device: DeviceSpec) -> float:
+    """One cast of ``numel`` parameter elements in ``num_params`` tensors: :data:`AUTOCAST_CAST_BYTES` each at the
+    streaming bandwidth, one kernel's overhead per tensor."""
+    bandwidth = device.memory_bandwidth * device.memory_efficiency
+    return numel * AUTOCAST_CAST_BYTES / bandwidth + num_params * device.kernel_overhead_s
