@@ -39,7 +39,7 @@ Profiles and their sources:
   step is one autocast region, whose cache serves every microbatch) and casts their bf16 gradients back in every
   microbatch's backward (reads 2, writes 4) (``autocast_casts``: :func:`planner.costing.node_cost.autocast_cast_s`;
   the step's cast is shown with the optimizer's part of the step). Not priced: the in-place accumulation of a
-  second microbatch's gradient, and the cached bf16 copies' memory (2 B per such parameter for the step).
+  second microbatch's gradient, and the bf16 copies' memory (2 B per such parameter, kept for the backward).
 * ``megatron-lm-2019``: Megatron-LM as Shoeybi et al. (2019) ran it, commit ``ebbe40cd`` (2019-10-09) of
   github.com/NVIDIA/Megatron-LM: ``--DDP-impl local`` (the default, ``arguments.py``); ``pretrain_gpt2.py``
   ``backward_step`` calls ``model.allreduce_params(reduce_after=False)`` after ``loss.backward()``, and
