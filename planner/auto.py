@@ -185,7 +185,7 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
     priced, graph_of, pipelines = price_candidates(candidates, full_graph=full_graph, tables=tables, progress=progress)
     if STAGE_DP not in priced:  # the DP's best microbatch counts did not fit once priced exactly: try the others
         _price_further_dp(
-            settings, setup, priced=priced, graph_of=graph_of, pipelines=pipelines, tables=tables, full_graph=full_graph
+            settings, priced=priced, graph_of=graph_of, pipelines=pipelines, tables=tables, full_graph=full_graph
         )
     if STAGE_DP not in priced and any(s.stage_plan is not None for s in settings):
         _retry_tighter_dp(inputs, priced=priced, graph_of=graph_of, pipelines=pipelines)
@@ -219,7 +219,6 @@ def auto_plan(inputs: PlanningInput) -> AutoResult:
 
 def _price_further_dp(
     settings: list[PipelineChoice],
-    setup: CostSetup,
     *,
     priced: dict[str, PricedPipeline],
     graph_of: dict[str, OpGraph],
@@ -232,17 +231,9 @@ def _price_further_dp(
     fitting plan may rank below three that do not (a tighter budget once found one that a looser one did not)."""
     ranked = sorted((s for s in settings if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
     for setting in ranked[DP_CANDIDATES:]:
-        candidate = Candidate(
-            setting=setting, specs=tuple(specs_from_dp(setting.stage_plan, setting.spans, setup)), refine=True
-        )
-        more, more_graphs, more_pipelines = price_candidates(
-            [(STAGE_DP, candidate)], full_graph=full_graph, tables=tables, progress=None
-        )
-        if STAGE_DP in more:
-            priced.update(more)
-            graph_of.update(more_graphs)
-            for key, found in more_pipelines.items():
-                pipelines.setdefault(key, []).extend(found)
+        found = _priced_dp_plan(setting, tables=tables, full_graph=full_graph)
+        if found is not None:
+            _merge(found, priced=priced, graph_of=graph_of, pipelines=pipelines)
             return
 
 
@@ -263,19 +254,43 @@ def _retry_tighter_dp(
         search = search_pipeline(inputs.graphs, setup, tables, options=options, progress=inputs.progress)
         ranked = sorted((s for s in search.choices if s.stage_plan is not None), key=lambda s: s.stage_plan.step_time_s)
         for setting in ranked[:DP_CANDIDATES]:
-            specs = tuple(specs_from_dp(setting.stage_plan, setting.spans, setup))
-            more, more_graphs, more_pipelines = price_candidates(
-                [(STAGE_DP, Candidate(setting=setting, specs=specs, refine=True))],
-                full_graph=inputs.full_graph,
-                tables=tables,
-                progress=None,
-            )
-            if STAGE_DP in more:
-                priced[STAGE_DP] = replace(more[STAGE_DP], notes=(*more[STAGE_DP].notes, note))
-                graph_of.update(more_graphs)
-                for key, found in more_pipelines.items():
-                    pipelines.setdefault(key, []).extend(found)
+            found = _priced_dp_plan(setting, tables=tables, full_graph=inputs.full_graph)
+            if found is not None:
+                _merge(found, priced=priced, graph_of=graph_of, pipelines=pipelines, note=note)
                 return
+
+
+_Priced = tuple[dict[str, PricedPipeline], dict[str, OpGraph], dict[str, Pipelines]]
+
+
+def _priced_dp_plan(setting: PipelineChoice, *, tables: LayerTables, full_graph: OpGraph) -> _Priced | None:
+    """One of the stage DP's plans priced exactly (with its refined specs); None when it does not fit."""
+    specs = tuple(specs_from_dp(setting.stage_plan, setting.spans, tables.setup))
+    found = price_candidates(
+        [(STAGE_DP, Candidate(setting=setting, specs=specs, refine=True))],
+        full_graph=full_graph,
+        tables=tables,
+        progress=None,
+    )
+    return found if STAGE_DP in found[0] else None
+
+
+def _merge(
+    found: _Priced,
+    *,
+    priced: dict[str, PricedPipeline],
+    graph_of: dict[str, OpGraph],
+    pipelines: dict[str, Pipelines],
+    note: str | None = None,
+) -> None:
+    """A priced stage-DP plan joins auto's candidates (``note``: the retry that found it, for the plan's notes)."""
+    more, more_graphs, more_pipelines = found
+    if note is not None:
+        more = {**more, STAGE_DP: replace(more[STAGE_DP], notes=(*more[STAGE_DP].notes, note))}
+    priced.update(more)
+    graph_of.update(more_graphs)
+    for key, found_pipelines in more_pipelines.items():
+        pipelines.setdefault(key, []).extend(found_pipelines)
 
 
 def _retries(inputs: PlanningInput) -> list[tuple[CostSetup, PlanOptions, str]]:

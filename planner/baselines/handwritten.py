@@ -33,7 +33,7 @@ from planner.inter.search import MAX_LAYERS, PipelineChoice, allowed_slots, mesh
 from planner.inter.stage_pricing import StageSpec
 from planner.options import Method, PlanOptions
 from planner.plan import ZERO_LEVELS
-from planner.plan.schedules import Schedule
+from planner.plan.schedules import Schedule, in_flight_microbatches
 
 HANDWRITTEN = ("data-parallel", "megatron", "uniform-pipeline")
 
@@ -110,8 +110,7 @@ def _span_index(setting: PipelineChoice, spec: StageSpec) -> tuple[int, int, int
 
 def _in_flight(setting: PipelineChoice, stage: int, count: int) -> int:
     """Microbatches stage ``stage`` of ``count`` holds at once: all under GPipe, at most ``count − stage`` in 1F1B."""
-    m = setting.num_microbatches
-    return m if setting.schedule == Schedule.GPIPE else min(count - stage, m)
+    return in_flight_microbatches(setting.schedule, num_stages=count, stage=stage, m=setting.num_microbatches)
 
 
 def _stage_memory(setting: PipelineChoice, index: tuple[int, int, int, int], *, in_flight: int) -> tuple[float, float]:

@@ -75,7 +75,7 @@ from planner.costing.zero import FsdpPrice, fsdp_memory, fsdp_price, runs_as_fsd
 from planner.ir.graph import OpGraph
 from planner.ir.layers import boundary_bytes
 from planner.plan import GradSync, Plan, Stage
-from planner.plan.schedules import Schedule
+from planner.plan.schedules import Schedule, in_flight_microbatches
 
 
 def simulate_lowered(
@@ -266,12 +266,10 @@ def _bucket_syncs(
 
 
 def _peak_in_flight(schedule: str, *, num_stages: int, stage: int, m: int) -> int:
-    """The microbatches stage ``stage`` holds at its peak under GPipe (``m``) and 1F1B (``min(S − s, m)``), as the
-    estimate prices them (:mod:`planner.inter.pricing`); 1 under the schedules whose estimate is this replay."""
-    if schedule == Schedule.GPIPE:
-        return m
-    if schedule == Schedule.ONE_F_ONE_B:
-        return max(1, min(num_stages - stage, m))
+    """The microbatches stage ``stage`` holds at its peak under GPipe and 1F1B, as the estimate prices them
+    (:func:`planner.plan.schedules.in_flight_microbatches`); 1 under the schedules whose estimate is this replay."""
+    if schedule in (Schedule.GPIPE, Schedule.ONE_F_ONE_B):
+        return in_flight_microbatches(schedule, num_stages=num_stages, stage=stage, m=m)
     return 1
 
 

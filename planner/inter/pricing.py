@@ -54,7 +54,7 @@ from planner.inter.stage_pricing import PricedPipeline, PricedStage, StageSpec, 
 from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Stage
-from planner.plan.schedules import Schedule
+from planner.plan.schedules import Schedule, in_flight_microbatches
 
 
 def price_stages(
@@ -158,7 +158,7 @@ def _price_each(
     count = len(specs)
     line = _StageLine(priced=[], times=[], periods=[], drains=[])
     for s, spec in enumerate(specs):
-        in_flight = m if schedule == Schedule.GPIPE else min(count - s, m)
+        in_flight = in_flight_microbatches(schedule, num_stages=count, stage=s, m=m)
         stage = price_stage(
             graph,
             layers,

@@ -20,7 +20,8 @@ forward of the stage's recomputed runs once more (:func:`planner.intra.stage_pro
 microbatch keeps for backward (:func:`planner.intra.stage_problem.kept_bytes`; all activations without
 recomputation), ``zero_*`` and ``state`` the stage's ZeRO level (:func:`planner.intra.stage_problem.zero_costs`).
 ``in_flight`` is the microbatches a stage holds: ``m`` under GPipe, ``min(S − s, m)`` for stage ``s`` of ``S``
-otherwise (interleaved and zero-bubble plans: the same formula over their virtual stages, an approximation).
+otherwise (interleaved and zero-bubble plans: the same formula over their virtual stages, an approximation;
+:func:`planner.plan.schedules.in_flight_microbatches`).
 ``saved_s = seconds(y) − seconds(x)``, ``saved_bytes = bytes(y) − bytes(x)``.
 
 :func:`with_sequence_parallel_savings` runs once on the chosen plan (:func:`planner.api.plan_prepared`); stages
@@ -39,18 +40,13 @@ from planner.intra.ilp import solve_unconstrained
 from planner.intra.problem import evaluate
 from planner.intra.stage_problem import StageProblem, kept_bytes, recompute_s, zero_costs
 from planner.plan import Plan, Saving, Stage
-from planner.plan.schedules import Schedule
+from planner.plan.schedules import in_flight_microbatches
 from planner.sharding.sequence_parallel import is_sequence_parallel
 
 PINNED_S = 1e6  # the objective of a strategy a kept node may not take: never chosen
 NEXT_BEST = "no sequence parallelism (its operators' best other strategies)"
 Figures = tuple[float, float, float]  # seconds per step, state bytes, kept bytes per microbatch
 Runs = tuple[tuple[str, ...], ...]
-
-
-def in_flight(schedule: str, *, num_stages: int, stage: int, m: int) -> int:
-    """Microbatches stage ``stage`` of ``num_stages`` holds at once (see the module docstring)."""
-    return m if schedule in (Schedule.GPIPE, Schedule.DATAFLOW) else max(1, min(num_stages - stage, m))
 
 
 def with_sequence_parallel_savings(plan: Plan, picked: Sequence[StageChoice], setup: CostSetup) -> Plan:
@@ -62,7 +58,7 @@ def with_sequence_parallel_savings(plan: Plan, picked: Sequence[StageChoice], se
     m, count, stages = plan.num_microbatches, len(plan.stages), []
     for stage, choice in zip(plan.stages, choices, strict=True):
         if stage.uses_sequence_parallelism and choice is not None:
-            held = in_flight(plan.schedule, num_stages=count, stage=stage.index, m=m)
+            held = in_flight_microbatches(plan.schedule, num_stages=count, stage=stage.index, m=m)
             stage = replace(stage, sequence_parallel_saving=stage_saving(stage, choice, setup, in_flight=held))
         stages.append(stage)
     return replace(plan, stages=tuple(stages))

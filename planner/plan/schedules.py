@@ -54,6 +54,12 @@ Action = tuple[int, str, int]  # (stage, "F" | "B" | "I" | "W", microbatch)
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED, Schedule.ZERO_BUBBLE)
 
 
+def in_flight_microbatches(schedule: str, *, num_stages: int, stage: int, m: int) -> int:
+    """The microbatches stage ``stage`` of ``num_stages`` holds at its peak, as the estimate prices its memory: all
+    ``m`` under GPipe (and dataflow placements), ``min(S − s, m)`` under 1F1B and the schedules priced like it."""
+    return m if schedule in (Schedule.GPIPE, Schedule.DATAFLOW) else max(1, min(num_stages - stage, m))
+
+
 def rounds(num_microbatches: int, num_ranks: int) -> int:
     """How many rounds torch's interleaved schedules cut the microbatches into."""
     return max(1, num_microbatches // num_ranks)
