@@ -26,14 +26,22 @@ from tests.conftest import EXAMPLES, captured
 
 
 def test_grad_sync_round_trips_through_json_and_the_command_line_form() -> None:
-    for text in ("exact", "bf16", "powersgd:4", "local-sgd:16"):
+    forms = ("exact", "bf16", "powersgd:4", "local-sgd:16", "topk:0.01", "onebit", "threshold:0.001", "terngrad")
+    for text in (*forms, "qsgd:4", "signsgd"):
         choice = GradSync.parse(text)
         assert choice.label == text
         assert GradSync.from_json(json.loads(json.dumps(choice.to_json()))) == choice
+        assert choice.describe() and (choice.lossy == (text != "exact"))
     assert GradSync.parse("powersgd:4").warmup_steps >= 2  # torch's PowerSGD needs two exact steps first
-    for bad in ("powersgd", "local-sgd:0", "fp8", "bf16:2"):
+    assert GradSync.parse("topk:0.01").error_feedback and not GradSync.parse("terngrad").error_feedback
+    bad_forms = ("powersgd", "local-sgd:0", "fp8", "bf16:2", "topk", "topk:1.5", "topk:x", "onebit:2", "qsgd:2.5")
+    for bad in (*bad_forms, "qsgd:128", "threshold:-1"):
         with pytest.raises(GradSyncError):
             GradSync.parse(bad)
+    with pytest.raises(GradSyncError, match="at least 2 exact warm-up steps"):
+        GradSync(kind="topk", ratio=0.1, warmup_steps=1)
+    with pytest.raises(GradSyncError, match="takes no ratio"):
+        GradSync(kind="qsgd", levels=4, ratio=0.1, warmup_steps=2)
 
 
 def test_a_plan_keeps_its_grad_sync_and_an_old_plan_loads_as_exact() -> None:
@@ -285,7 +293,7 @@ def test_golden_gpt_1_3b_on_four_p3_nodes_compresses_its_cross_node_sync_only_wh
     ("extra", "message"),
     [
         (["--grad-sync", "bf16"], "--grad-sync bf16 changes the gradients the optimizer sees: add --allow-lossy"),
-        (["--allow-lossy", "--grad-sync", "powersgd"], "use exact, bf16, powersgd:R or local-sgd:H"),
+        (["--allow-lossy", "--grad-sync", "powersgd"], "powersgd takes a rank"),
         (
             ["--allow-lossy", "--grad-sync", "local-sgd:4", "--method", "data-parallel"],
             "cannot run --grad-sync local-sgd:4",

@@ -14,8 +14,25 @@ syncs exactly). The kinds, each run with torch's own DDP communication hooks
   ``warmup_steps`` exact steps each node's replicas average gradients among themselves only, and the
   parameters are averaged over every replica once every ``period`` steps.
 
-:meth:`GradSync.parse` reads the command-line form (``exact``, ``bf16``, ``powersgd:4``,
-``local-sgd:16``); :meth:`GradSync.describe` says what the choice changes numerically.
+The compressors of :mod:`executors.compressors` run in our own hook (:mod:`executors.compressed_sync`): each
+rank compresses its bucket, the payloads are all-gathered (a sparse or quantized gradient cannot be summed on
+the wire) and every rank decompresses and averages them:
+
+* ``topk`` ratio ``ρ`` — Aji & Heafield (2017): the ``⌈ρ·N⌉`` largest-magnitude elements (values and indices),
+  the rest kept in a per-bucket residual added to the next step's gradient (error feedback);
+* ``onebit`` — Seide et al. (2014): one sign bit an element and two reconstruction values per column, with error
+  feedback;
+* ``threshold`` τ — Strom (2015): ``±τ`` for the elements with ``|x| ≥ τ``, the rest in the residual;
+* ``terngrad`` — Wen et al. (2017): unbiased stochastic ternary levels ``{−s, 0, s}``, 2 bits an element;
+* ``qsgd`` levels ``s`` — Alistarh et al. (2017): unbiased stochastic levels of the bucket's norm;
+* ``signsgd`` — Bernstein et al. (2019): the majority vote of the replicas' signs, scaled by their mean
+  ``‖g‖₁ / N`` (one number each) so that the step keeps the gradient's size.
+
+:meth:`GradSync.parse` reads the command-line form (``exact``, ``bf16``, ``powersgd:4``, ``local-sgd:16``,
+``topk:0.01``, ``onebit``, ``threshold:0.001``, ``terngrad``, ``qsgd:4``, ``signsgd``);
+:meth:`GradSync.describe` says what the choice changes numerically. Every kind but ``exact`` and ``bf16``
+starts after ``warmup_steps`` exact steps; those that keep error feedback per bucket need at least 2, because
+DDP rebuilds its buckets after its first step.
 """
 
 from __future__ import annotations
@@ -26,9 +43,29 @@ from typing import Literal, get_args
 from planner.errors import AutoplanError
 from planner.plan.codec import JsonCoded
 
-GradSyncKind = Literal["exact", "bf16", "powersgd", "local-sgd"]
+GradSyncKind = Literal[
+    "exact", "bf16", "powersgd", "local-sgd", "topk", "onebit", "threshold", "terngrad", "qsgd", "signsgd"
+]
 GRAD_SYNC_KINDS: tuple[str, ...] = get_args(GradSyncKind)
-DEFAULT_WARMUP_STEPS = 10  # exact steps before PowerSGD or local SGD start (torch needs at least 2 for PowerSGD)
+DEFAULT_WARMUP_STEPS = 10  # exact steps before a compressing or local sync starts (PowerSGD needs at least 2)
+# each kind's one parameter (the number after the colon on the command line); the others must stay 0
+PARAMETER_OF: dict[str, str] = {
+    "powersgd": "rank",
+    "local-sgd": "period",
+    "topk": "ratio",
+    "threshold": "threshold",
+    "qsgd": "levels",
+}
+PARAMETER_LIMITS: dict[str, tuple[float, float]] = {  # (exclusive low, inclusive high)
+    "rank": (0, float("inf")),
+    "period": (0, float("inf")),
+    "ratio": (0, 1),
+    "threshold": (0, float("inf")),
+    "levels": (0, 127),  # a level and its sign packed in 8 bits at most
+}
+INTEGER_PARAMETERS = frozenset({"rank", "period", "levels"})
+ERROR_FEEDBACK_KINDS = frozenset({"powersgd", "topk", "onebit", "threshold"})  # a residual kept per bucket
+GATHERED_KINDS = frozenset({"topk", "onebit", "threshold", "terngrad", "qsgd", "signsgd"})  # all-gathered payloads
 
 
 class GradSyncError(AutoplanError):
@@ -42,17 +79,43 @@ class GradSync(JsonCoded):
     kind: GradSyncKind = "exact"
     rank: int = 0  # powersgd: the matrix approximation rank r
     period: int = 0  # local-sgd: steps between two parameter averages H
-    warmup_steps: int = 0  # powersgd, local-sgd: exact steps first (start_powerSGD_iter, start_localSGD_iter)
+    ratio: float = 0.0  # topk: the share of elements sent
+    threshold: float = 0.0  # threshold: τ
+    levels: int = 0  # qsgd: the levels s
+    warmup_steps: int = 0  # every kind but exact and bf16: exact steps first (start_powerSGD_iter, …)
 
     def __post_init__(self) -> None:
         if self.kind not in GRAD_SYNC_KINDS:
             raise GradSyncError(f"unknown gradient sync {self.kind!r}: use one of {', '.join(GRAD_SYNC_KINDS)}")
-        if (self.kind == "powersgd") != (self.rank > 0):
-            raise GradSyncError(f"gradient sync {self.kind}: a PowerSGD rank (>= 1) goes with powersgd only")
-        if (self.kind == "local-sgd") != (self.period > 0):
-            raise GradSyncError(f"gradient sync {self.kind}: an averaging period (>= 1) goes with local-sgd only")
-        if self.warmup_steps < 0 or (self.kind == "powersgd" and self.warmup_steps < 2):
-            raise GradSyncError("PowerSGD needs at least 2 exact warm-up steps (torch's start_powerSGD_iter > 1)")
+        own = PARAMETER_OF.get(self.kind)
+        for name, (low, high) in PARAMETER_LIMITS.items():
+            value = getattr(self, name)
+            if name == own and not low < value <= high:
+                bound = "positive" if high == float("inf") else f"in ({low:g}, {high:g}]"
+                raise GradSyncError(f"gradient sync {self.kind}: its {name} must be {bound}, got {value:g}")
+            if name != own and value != 0:
+                raise GradSyncError(f"gradient sync {self.kind} takes no {name} (got {value})")
+        if self.warmup_steps < 0 or (self.kind in ERROR_FEEDBACK_KINDS and self.warmup_steps < 2):
+            raise GradSyncError(
+                f"gradient sync {self.kind} needs at least 2 exact warm-up steps: it keeps error feedback per bucket "
+                "and DDP rebuilds its buckets after the first step"
+            )
+
+    @property
+    def parameter(self) -> float:
+        """The kind's one parameter (0 for the kinds without one)."""
+        own = PARAMETER_OF.get(self.kind)
+        return getattr(self, own) if own else 0
+
+    @property
+    def error_feedback(self) -> bool:
+        """The sync keeps a residual per bucket (its memory: one buffer the bucket's size)."""
+        return self.kind in ERROR_FEEDBACK_KINDS
+
+    @property
+    def gathered(self) -> bool:
+        """Each rank's compressed payload is all-gathered and every rank decompresses them all."""
+        return self.kind in GATHERED_KINDS
 
     @property
     def lossy(self) -> bool:
@@ -60,27 +123,32 @@ class GradSync(JsonCoded):
 
     @property
     def label(self) -> str:
-        """The command-line form: ``exact``, ``bf16``, ``powersgd:4``, ``local-sgd:16``."""
-        if self.kind == "powersgd":
-            return f"powersgd:{self.rank}"
-        if self.kind == "local-sgd":
-            return f"local-sgd:{self.period}"
-        return self.kind
+        """The command-line form: ``exact``, ``bf16``, ``powersgd:4``, ``local-sgd:16``, ``topk:0.01``, …"""
+        own = PARAMETER_OF.get(self.kind)
+        return f"{self.kind}:{getattr(self, own):g}" if own else self.kind
 
     @classmethod
     def parse(cls, text: str) -> GradSync:
-        """``exact`` | ``bf16`` | ``powersgd:R`` | ``local-sgd:H`` (warm-up: :data:`DEFAULT_WARMUP_STEPS`)."""
+        """``KIND`` or ``KIND:PARAMETER`` (module docstring); warm-up :data:`DEFAULT_WARMUP_STEPS` where it applies."""
         kind, _, number = text.strip().partition(":")
-        if kind in ("exact", "bf16") and not number:
-            return cls(kind=kind)
-        if kind in ("powersgd", "local-sgd") and number.isdigit() and int(number) > 0:
-            value = int(number)
-            if kind == "powersgd":
-                return cls(kind=kind, rank=value, warmup_steps=DEFAULT_WARMUP_STEPS)
-            return cls(kind=kind, period=value, warmup_steps=DEFAULT_WARMUP_STEPS)
-        raise GradSyncError(
-            f"--grad-sync {text!r}: use exact, bf16, powersgd:R or local-sgd:H (R, H positive integers)"
-        )
+        forms = "exact, bf16, powersgd:R, local-sgd:H, topk:RATIO, onebit, threshold:TAU, terngrad, qsgd:S, signsgd"
+        if kind not in GRAD_SYNC_KINDS:
+            raise GradSyncError(f"--grad-sync {text!r}: use one of {forms}")
+        own = PARAMETER_OF.get(kind)
+        if (own is None) != (not number):
+            raise GradSyncError(f"--grad-sync {text!r}: " + (f"{kind} takes a {own}" if own else f"{kind} takes none"))
+        warmup = 0 if kind in ("exact", "bf16") else DEFAULT_WARMUP_STEPS
+        if own is None:
+            return cls(kind=kind, warmup_steps=warmup)
+        try:
+            value = int(number) if own in INTEGER_PARAMETERS else float(number)
+        except ValueError:
+            kind_of_number = "an integer" if own in INTEGER_PARAMETERS else "a number"
+            raise GradSyncError(f"--grad-sync {text!r}: {own} {number!r} is not {kind_of_number}") from None
+        try:
+            return cls(kind=kind, warmup_steps=warmup, **{own: value})
+        except GradSyncError as error:
+            raise GradSyncError(f"--grad-sync {text!r}: {error}") from None
 
     def describe(self) -> str:
         """What the choice changes in the numbers the optimizer sees, in one sentence."""
@@ -96,4 +164,22 @@ class GradSync(JsonCoded):
                 f"after {self.warmup_steps} exact steps, gradients are averaged within each node only and the "
                 f"parameters over every replica once every {self.period} steps (post-local SGD)"
             )
+        if self.kind in DESCRIPTIONS:
+            return DESCRIPTIONS[self.kind].format(p=self.parameter) + f", after {self.warmup_steps} exact steps"
         return "gradients are synchronised exactly"
+
+
+DESCRIPTIONS: dict[str, str] = {
+    "topk": "each replica sends the largest {p:.2%} of its gradient's elements (values and indices), the rest "
+    "kept as residual for later steps (Aji & Heafield 2017)",
+    "onebit": "each replica sends one sign bit an element and two values per column, the quantization error kept "
+    "as residual for later steps (Seide et al. 2014)",
+    "threshold": "each replica sends ±{p:g} for the elements at least {p:g} in size, the rest kept as residual "
+    "(Strom 2015)",
+    "terngrad": "each replica sends stochastic ternary levels of its gradient's largest magnitude: unbiased, with "
+    "added variance (Wen et al. 2017)",
+    "qsgd": "each replica sends its gradient quantized to {p:g} stochastic levels of its norm: unbiased, with added "
+    "variance (Alistarh et al. 2017)",
+    "signsgd": "the replicas' gradient signs are majority-voted and scaled by their mean magnitude: every element "
+    "moves by the same amount (Bernstein et al. 2019)",
+}
