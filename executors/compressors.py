@@ -22,10 +22,15 @@ are built on these; here each is a function of its input and a ``torch.Generator
   ``s·|g_i| / ‖g‖₂`` down or up at random so its mean is that value: unbiased, with variance
   ``E‖D(C(g)) − g‖² ≤ min(n / s², √n / s)·‖g‖²`` (their Lemma 3.1).
 * :class:`SignSGD` — Bernstein et al. (2019), "signSGD with Majority Vote": each worker sends ``sign(g)`` (1 bit an
-  element); the aggregate is the sign of the sum of the workers' signs, their majority vote (:func:`majority_vote`).
+  element) and its mean magnitude ``‖g‖₁ / n``; the aggregate is the sign of the sum of the workers' signs, their
+  majority vote (:func:`majority_vote`), scaled by the mean of their magnitudes (so an optimizer tuned for the
+  gradient's size takes steps of that size; the sign is the paper's).
 
-Wire sizes count what the payload tensors hold, packed: an index 4 bytes, a value or scale 4, a sign 1 bit, a
-ternary or QSGD level ``⌈log₂(levels)⌉`` bits (:meth:`Payload.wire_bytes`; no entropy coding).
+Codes are unsigned integers (a sign bit, ``sign + 1`` for ternary levels, ``level + s`` for QSGD) packed
+``8 / code_bits`` to a byte (:func:`pack_codes`); :meth:`Payload.to_bytes` lays a payload out as one ``uint8``
+buffer (tensors by name, codes packed, indices int32, the rest fp32) and :meth:`Payload.from_bytes` reads it back.
+Its length is :meth:`Payload.wire_bytes`, the formula the cost model prices
+(:func:`planner.costing.wire_bytes.payload_bytes`; no entropy coding).
 """
 
 from __future__ import annotations
@@ -35,8 +40,27 @@ from dataclasses import dataclass, field
 
 import torch
 
+from planner.costing.wire_bytes import code_width
+
 INDEX_BYTES = 4  # int32 element indices
 SCALE_BYTES = 4  # fp32 scales and reconstruction values
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """``codes`` (unsigned, below ``2**bits``; ``bits`` 1, 2, 4 or 8) packed ``8 / bits`` to a ``uint8``."""
+    per_byte = 8 // bits
+    flat = codes.reshape(-1).to(torch.uint8)
+    padded = torch.nn.functional.pad(flat, (0, (-flat.numel()) % per_byte)).reshape(-1, per_byte)
+    shifts = torch.arange(per_byte, dtype=torch.uint8, device=codes.device) * bits
+    return (padded << shifts).sum(1, dtype=torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """The first ``count`` codes of :func:`pack_codes`'s output, as ``uint8``."""
+    per_byte = 8 // bits
+    shifts = torch.arange(per_byte, dtype=torch.uint8, device=packed.device) * bits
+    mask = (1 << bits) - 1
+    return ((packed.reshape(-1, 1) >> shifts) & mask).reshape(-1)[:count]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,14 +73,44 @@ class Payload:
     code_bits: int = 0  # bits per element of tensors["codes"] once packed (signs 1, ternary 2, QSGD levels)
 
     def wire_bytes(self) -> int:
-        """Bytes on the wire: codes packed at ``code_bits`` each, every other tensor at its element size."""
+        """Bytes on the wire: codes packed at ``code_bits`` each, indices int32, every other tensor fp32."""
         total = 0
         for name, tensor in self.tensors.items():
             if name == "codes":
                 total += math.ceil(tensor.numel() * self.code_bits / 8)
             else:
-                total += tensor.numel() * (INDEX_BYTES if name == "indices" else tensor.element_size())
+                total += tensor.numel() * (INDEX_BYTES if name == "indices" else SCALE_BYTES)
         return total
+
+    def to_bytes(self) -> torch.Tensor:
+        """The payload as one ``uint8`` buffer of :meth:`wire_bytes` bytes (tensors in name order)."""
+        parts = []
+        for name in sorted(self.tensors):
+            tensor = self.tensors[name].reshape(-1)
+            if name == "codes":
+                parts.append(pack_codes(tensor, self.code_bits))
+            else:
+                wire_dtype = torch.int32 if name == "indices" else torch.float32
+                parts.append(tensor.to(wire_dtype).view(torch.uint8))
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+    @classmethod
+    def from_bytes(cls, buffer: torch.Tensor, *, like: Payload) -> Payload:
+        """The payload :meth:`to_bytes` wrote, read with the tensor sizes of ``like`` (same compressor and shape;
+        threshold: the same number of sent elements)."""
+        tensors, offset = {}, 0
+        for name in sorted(like.tensors):
+            count = like.tensors[name].numel()
+            if name == "codes":
+                size = math.ceil(count * like.code_bits / 8)
+                tensors[name] = unpack_codes(buffer[offset : offset + size], like.code_bits, count)
+            else:
+                wire_dtype = torch.int32 if name == "indices" else torch.float32
+                size = count * 4
+                tensors[name] = buffer[offset : offset + size].clone().view(wire_dtype)
+            offset += size
+        assert offset == buffer.numel(), f"payload of {buffer.numel()} bytes read as {offset}"
+        return cls(shape=like.shape, tensors=tensors, code_bits=like.code_bits)
 
 
 def _dense(grad: torch.Tensor) -> torch.Tensor:
@@ -107,13 +161,13 @@ class OneBit:
         low = torch.where(count_negative > 0, sum_negative / count_negative.clamp(min=1), 0.0)
         return Payload(
             shape=tuple(grad.shape),
-            tensors={"codes": positive.reshape(-1), "high": high, "low": low},
+            tensors={"codes": positive.reshape(-1).to(torch.uint8), "high": high, "low": low},
             code_bits=1,
         )
 
     def decompress(self, payload: Payload) -> torch.Tensor:
         high, low = payload.tensors["high"], payload.tensors["low"]
-        bits = payload.tensors["codes"].reshape(-1, high.numel())
+        bits = payload.tensors["codes"].reshape(-1, high.numel()).bool()
         return torch.where(bits, high, low).reshape(payload.shape)
 
 
@@ -132,7 +186,7 @@ class Threshold:
         indices = (flat.abs() >= self.tau).nonzero().reshape(-1)
         return Payload(
             shape=tuple(grad.shape),
-            tensors={"indices": indices.int(), "codes": flat[indices] >= 0},
+            tensors={"indices": indices.int(), "codes": (flat[indices] >= 0).to(torch.uint8)},
             code_bits=1,
         )
 
@@ -152,11 +206,11 @@ class TernGrad:
         scale = flat.abs().max()
         probability = flat.abs() / scale if scale > 0 else torch.zeros_like(flat)
         keep = torch.rand(flat.shape, generator=generator, device=flat.device) < probability
-        codes = (torch.sign(flat) * keep).to(torch.int8)  # −1, 0, 1
+        codes = (torch.sign(flat) * keep + 1).to(torch.uint8)  # 0, 1, 2 for −s, 0, s
         return Payload(shape=tuple(grad.shape), tensors={"codes": codes, "scale": scale.reshape(1)}, code_bits=2)
 
     def decompress(self, payload: Payload) -> torch.Tensor:
-        return (payload.tensors["codes"].float() * payload.tensors["scale"]).reshape(payload.shape)
+        return ((payload.tensors["codes"].float() - 1) * payload.tensors["scale"]).reshape(payload.shape)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,8 +220,8 @@ class QSGD:
     levels: int
 
     def __post_init__(self) -> None:
-        if self.levels < 1:
-            raise ValueError(f"QSGD needs at least 1 level, got {self.levels}")
+        if not 1 <= self.levels <= 127:
+            raise ValueError(f"QSGD takes 1 to 127 levels (a signed level in 8 bits), got {self.levels}")
 
     def compress(self, grad: torch.Tensor, generator: torch.Generator | None = None) -> Payload:
         flat = _dense(grad)
@@ -175,29 +229,42 @@ class QSGD:
         scaled = flat.abs() / norm * self.levels if norm > 0 else torch.zeros_like(flat)
         lower = scaled.floor()
         level = lower + (torch.rand(flat.shape, generator=generator, device=flat.device) < scaled - lower)
-        codes = (torch.sign(flat) * level).to(torch.int32)
-        bits = 1 + math.ceil(math.log2(self.levels + 1))  # a sign and a level in 0..s
-        return Payload(shape=tuple(grad.shape), tensors={"codes": codes, "norm": norm.reshape(1)}, code_bits=bits)
+        codes = (torch.sign(flat) * level + self.levels).to(torch.uint8)  # a signed level in −s..s, offset by s
+        return Payload(
+            shape=tuple(grad.shape),
+            tensors={"codes": codes, "norm": norm.reshape(1)},
+            code_bits=code_width(self.levels),
+        )
 
     def decompress(self, payload: Payload) -> torch.Tensor:
-        codes, norm = payload.tensors["codes"].float(), payload.tensors["norm"]
+        codes, norm = payload.tensors["codes"].float() - self.levels, payload.tensors["norm"]
         return (codes * norm / self.levels).reshape(payload.shape)
 
 
 @dataclass(frozen=True, kw_only=True)
 class SignSGD:
-    """Bernstein et al.'s signSGD: one bit an element (module docstring); ``decompress`` gives ``±1``."""
+    """Bernstein et al.'s signSGD: one bit an element and the mean magnitude (module docstring); ``decompress``
+    gives ``±scale``."""
 
     def compress(self, grad: torch.Tensor, generator: torch.Generator | None = None) -> Payload:
-        return Payload(shape=tuple(grad.shape), tensors={"codes": _dense(grad) >= 0}, code_bits=1)
+        flat = _dense(grad)
+        codes = (flat >= 0).to(torch.uint8)
+        return Payload(
+            shape=tuple(grad.shape), tensors={"codes": codes, "scale": flat.abs().mean().reshape(1)}, code_bits=1
+        )
 
     def decompress(self, payload: Payload) -> torch.Tensor:
-        return (payload.tensors["codes"].float() * 2 - 1).reshape(payload.shape)
+        return (signs(payload) * payload.tensors["scale"]).reshape(payload.shape)
 
 
-def majority_vote(signs: list[torch.Tensor]) -> torch.Tensor:
+def signs(payload: Payload) -> torch.Tensor:
+    """A sign payload's ``±1`` per element (flat)."""
+    return payload.tensors["codes"].float() * 2 - 1
+
+
+def majority_vote(votes: list[torch.Tensor]) -> torch.Tensor:
     """signSGD's aggregate: the sign of the sum of the workers' ``±1`` signs (0 only on a tie)."""
-    return torch.sign(torch.stack(signs).sum(0))
+    return torch.sign(torch.stack(votes).sum(0))
 
 
 Compressor = TopK | OneBit | Threshold | TernGrad | QSGD | SignSGD

@@ -16,12 +16,18 @@ from executors.compressors import (
     QSGD,
     ErrorFeedback,
     OneBit,
+    Payload,
     SignSGD,
     TernGrad,
     Threshold,
     TopK,
     majority_vote,
+    pack_codes,
+    signs,
+    unpack_codes,
 )
+from planner.costing.wire_bytes import payload_bytes
+from planner.plan import GradSync
 
 SHAPES = st.sampled_from([(7,), (64,), (5, 9), (16, 4, 3)])
 
@@ -125,7 +131,7 @@ def test_terngrad_and_qsgd_wire_sizes() -> None:
     grad = gradient((10, 10), 1)
     assert TernGrad().compress(grad, torch.Generator().manual_seed(0)).wire_bytes() == 25 + 4  # 2 bits, a scale
     payload = QSGD(levels=4).compress(grad, torch.Generator().manual_seed(0))
-    assert payload.code_bits == 4 and payload.wire_bytes() == 50 + 4  # sign + ⌈log2 5⌉ = 4 bits, the norm
+    assert payload.code_bits == 4 and payload.wire_bytes() == 50 + 4  # 9 signed levels in 4 bits, the norm
 
 
 @settings(max_examples=40, deadline=None)
@@ -133,11 +139,14 @@ def test_terngrad_and_qsgd_wire_sizes() -> None:
 def test_sign_sgd_majority_vote(seed: int, workers: int) -> None:
     grads = [gradient((33,), seed + w) for w in range(workers)]
     compressor = SignSGD()
-    signs = [compressor.decompress(compressor.compress(g)) for g in grads]
-    vote = majority_vote(signs)
-    agree = torch.stack([(s > 0).float() for s in signs]).sum(0)
+    votes = [signs(compressor.compress(g)) for g in grads]
+    vote = majority_vote(votes)
+    agree = torch.stack([(v > 0).float() for v in votes]).sum(0)
     assert torch.equal(vote, torch.where(agree > workers / 2, 1.0, -1.0))  # odd workers: never a tie
-    assert compressor.compress(grads[0]).wire_bytes() == math.ceil(33 / 8)
+    payload = compressor.compress(grads[0])
+    assert payload.wire_bytes() == math.ceil(33 / 8) + 4  # the signs and the mean magnitude
+    scaled = compressor.decompress(payload)
+    assert torch.allclose(scaled.abs(), grads[0].abs().mean().expand(33))
 
 
 @pytest.mark.parametrize(
@@ -165,3 +174,37 @@ def test_error_feedback_drives_the_accumulated_error_to_zero(compressor: TopK | 
             errors.append(float((total_grad - total_sent).norm()) / step)
     assert errors[1] < errors[0] / 4  # 8× the steps: the mean error falls about 8×
     assert errors[1] < 0.05 * float(direction.norm())
+
+
+@settings(max_examples=30, deadline=None)
+@given(bits=st.sampled_from([1, 2, 4, 8]), count=st.integers(0, 70), seed=st.integers(0, 2**16))
+def test_codes_pack_and_unpack(bits: int, count: int, seed: int) -> None:
+    codes = torch.randint(0, 2**bits, (count,), generator=torch.Generator().manual_seed(seed)).to(torch.uint8)
+    packed = pack_codes(codes, bits)
+    assert packed.numel() == math.ceil(count * bits / 8)
+    assert torch.equal(unpack_codes(packed, bits, count), codes)
+
+
+SYNCS = {
+    "topk": (TopK(ratio=0.1), GradSync(kind="topk", ratio=0.1, warmup_steps=2)),
+    "onebit": (OneBit(), GradSync(kind="onebit", warmup_steps=2)),
+    "threshold": (Threshold(tau=0.7), GradSync(kind="threshold", threshold=0.7, warmup_steps=2)),
+    "terngrad": (TernGrad(), GradSync(kind="terngrad")),
+    "qsgd": (QSGD(levels=3), GradSync(kind="qsgd", levels=3)),
+    "signsgd": (SignSGD(), GradSync(kind="signsgd")),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=SHAPES, seed=st.integers(0, 2**16), which=st.sampled_from(sorted(SYNCS)))
+def test_the_bytes_sent_are_the_bytes_priced_and_read_back_the_same(
+    shape: tuple[int, ...], seed: int, which: str
+) -> None:
+    compressor, grad_sync = SYNCS[which]
+    payload = compressor.compress(gradient(shape, seed), torch.Generator().manual_seed(seed))
+    buffer = payload.to_bytes()
+    sent = payload.tensors["indices"].numel() if which == "threshold" else None
+    assert buffer.dtype == torch.uint8 and buffer.numel() == payload.wire_bytes()
+    assert buffer.numel() == payload_bytes(grad_sync, shape, sent=sent)
+    back = Payload.from_bytes(buffer, like=payload)
+    assert torch.equal(compressor.decompress(back), compressor.decompress(payload))
