@@ -20,6 +20,17 @@ PowerSGD of rank 1 was in the first run too and failed that tolerance on both pl
 exact's by up to 0.10 against the 0.06 allowed: rank 1 of a 32 × 32 gradient loses too much), so
 :data:`planner.inter.grad_sync_choice.LOSSY_CHOICES`, what ``auto --allow-lossy`` may pick, leaves it out; the
 choices here are exactly the ones auto offers (local SGD needs replicas on several nodes: the two-rank case only).
+
+The gathered syncs (:mod:`executors.compressed_sync`) were tried under the same tolerance, unchanged, on 2026-11-27
+(largest window gap / allowed, every attempt listed): on the MLP at world 2
+top-k 0.1 0.075/0.060 ✗, top-k 0.01 0.139/0.060 ✗, 1-bit 0.050/0.060 ✓, threshold 0.001 diverged (5.27) ✗,
+TernGrad 0.038/0.060 ✓, QSGD 4 levels 0.063/0.060 ✗, signSGD 0.022/0.060 ✓; at world 4 (Megatron) top-k 0.1
+0.083/0.061 ✗, 1-bit 0.065/0.061 ✗, threshold 0.01 0.076/0.061 ✗, TernGrad 0.031 ✓, QSGD 4 0.044 ✓, QSGD 16 0.005 ✓,
+signSGD 0.026 ✓. QSGD 16 was tried after QSGD 4 failed (a choice made on the MLP); GPT at world 2 and Llama at world 4
+then passed every one of top-k 0.1, 1-bit, TernGrad, QSGD 16 and signSGD (GPT ≤ 0.007/0.069, Llama ≤ 0.057/0.090).
+Auto may pick the three that passed everywhere: TernGrad, QSGD 16 and signSGD (:data:`GATHERED`); the others run
+only when forced. CI trains them on the MLP at both sizes and GPT; Llama at world 4 (110 s a run here) keeps the
+older choices only, for CI time.
 """
 
 from __future__ import annotations
@@ -44,12 +55,20 @@ MODELS = {  # model -> (model file, its args)
     "gpt": (ROOT / "tests" / "counting_lm.py", {"family": "gpt"}),
     "llama": (ROOT / "tests" / "counting_lm.py", {"family": "llama"}),
 }
+GATHERED = ("terngrad", "qsgd:16", "signsgd")
 WORLDS = {  # world -> (cluster shape (nodes, devices per node), method options, lossy choices)
-    2: ((2, 1), {"method": "data-parallel"}, ("bf16", "powersgd:4", "local-sgd:4", "local-sgd:16")),
-    4: ((1, 4), {"method": "megatron", "degrees": (2, 1, 2)}, ("bf16", "powersgd:4")),
+    2: ((2, 1), {"method": "data-parallel"}, ("bf16", "powersgd:4", "local-sgd:4", "local-sgd:16", *GATHERED)),
+    4: ((1, 4), {"method": "megatron", "degrees": (2, 1, 2)}, ("bf16", "powersgd:4", *GATHERED)),
 }
-# every choice on the MLP at both world sizes, and once more on a language model: GPT on 2, Llama on 4 (CI time)
+# every choice on the MLP at both world sizes, and once more on a language model: GPT on 2, Llama on 4 (CI time:
+# Llama without the gathered syncs, trained by hand instead, module docstring)
 CASES = [("mlp", 2), ("mlp", 4), ("gpt", 2), ("llama", 4)]
+LEFT_OUT = {("llama", 4): GATHERED}
+
+
+def _choices(model: str, world: int) -> tuple[str, ...]:
+    return tuple(c for c in WORLDS[world][2] if c not in LEFT_OUT.get((model, world), ()))
+
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -62,7 +81,8 @@ def _windows(losses: list[float]) -> list[float]:
 def curves(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], dict[str, list[float]]]:
     found = {}
     for model, world in CASES:
-        (nodes, per_node), options, choices = WORLDS[world]
+        (nodes, per_node), options, _ = WORLDS[world]
+        choices = _choices(model, world)
         file, args = MODELS[model]
         directory = tmp_path_factory.mktemp(f"lossy-{model}-{world}")
         cluster = load_cluster("local-cpu", num_nodes=nodes, devices_per_node=per_node)
@@ -82,7 +102,7 @@ def curves(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], di
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "world", "choice"), [(m, w, c) for m, w in CASES for c in WORLDS[w][2]])
+@pytest.mark.parametrize(("model", "world", "choice"), [(m, w, c) for m, w in CASES for c in _choices(m, w)])
 def test_a_lossy_sync_follows_the_exact_loss_curve(curves, model: str, world: int, choice: str) -> None:
     exact, lossy = _windows(curves[model, world]["exact"]), _windows(curves[model, world][choice])
     assert len(exact) == STEPS // WINDOW
@@ -97,7 +117,7 @@ def test_a_lossy_sync_follows_the_exact_loss_curve(curves, model: str, world: in
 def test_the_lossy_runs_are_not_the_exact_run(curves) -> None:
     """The hooks really ran: a lossy sync changes the numbers (a test that could not fail otherwise)."""
     for model, world in CASES:
-        for choice in WORLDS[world][2]:
+        for choice in _choices(model, world):
             assert curves[model, world][choice] != curves[model, world]["exact"], (model, world, choice)
 
 

@@ -18,7 +18,8 @@ optimizer step. :class:`GradReducer` does it as DDP does for replicas:
   gradients whose placements are not the planned partial sums (an operator run on whole tensors) are left
   to :meth:`executors.parallel.tensor_parallel.StageSharding.sync_grads`, which redistributes them one by one.
 
-A lossy :class:`~planner.plan.GradSync` runs torch's own DDP communication hooks on the same buckets:
+A lossy :class:`~planner.plan.GradSync` runs a DDP communication hook on the same buckets (the gathered kinds: ours,
+:func:`executors.compressed_sync.compressed_hook`, one state per process group; the others torch's own):
 ``default_hooks.bf16_compress_hook`` or ``powerSGD_hook.powerSGD_hook`` with one ``PowerSGDState`` per
 process group (``torch.distributed.GradBucket`` has no Python constructor in torch 2.13, so a bucket is
 handed to them as :class:`HookBucket`, the part of its interface they read). The hooks average; a stage's
@@ -31,7 +32,8 @@ backward goes on (NCCL runs the callbacks inline).
 backward (``scale_grads``); a bucket already launched by then holds undivided sums, divided on arrival.
 
 DDP plans (:mod:`executors.parallel.data_parallel`) register the same hooks on DDP itself (:func:`register_ddp_hook`):
-``bf16_compress_hook``, ``powerSGD_hook`` with a ``PowerSGDState``, or ``post_localSGD_hook`` with a
+``bf16_compress_hook``, ``powerSGD_hook`` with a ``PowerSGDState``, ``compressed_hook`` with a
+``CompressedSyncState``, or ``post_localSGD_hook`` with a
 ``PostLocalSGDState`` whose subgroup is each node's replicas (:func:`local_sgd_subgroup`) and a
 ``PeriodicModelAverager`` the runner calls after every optimizer step. DDP refuses to register a hook named
 ``bf16_compress_hook`` without NCCL, so on gloo it is called through :func:`bf16_hook`, and PowerSGD
@@ -54,6 +56,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from cost_models.memory import optimizer_bytes
+from executors.compressed_sync import CompressedSyncState, compressed_hook
 from planner.costing.overlap import GradEntry, stage_buckets, stage_grad_entries
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Plan, Stage
@@ -212,6 +215,8 @@ class GradReducer:
         bucket = HookBucket(index=k, buffer=flat, gradients=views, last=self._last_of_axis[axis] == k)
         if kind == "bf16":
             future = default_hooks.bf16_compress_hook(group, bucket)
+        elif self.grad_sync.gathered:
+            future = compressed_hook(self._compressed_state(axis, group), bucket)
         else:
             assert kind == "powersgd", f"{kind} does not run on sharded stages (refused at planning time)"
             future = powerSGD_hook.powerSGD_hook(self._powersgd_state(axis, group), bucket)
@@ -227,6 +232,11 @@ class GradReducer:
                 start_powerSGD_iter=self.grad_sync.warmup_steps,
                 random_seed=0,
             )
+        return self._states[axis]
+
+    def _compressed_state(self, axis: int, group: Any) -> CompressedSyncState:
+        if axis not in self._states:
+            self._states[axis] = CompressedSyncState(process_group=group, grad_sync=self.grad_sync)
         return self._states[axis]
 
     def finish(self, *, divided_by: float = 1.0) -> None:
@@ -331,6 +341,8 @@ def register_ddp_hook(
             random_seed=0,
         )
         ddp.register_comm_hook(state, completed(powerSGD_hook.powerSGD_hook) if gloo else powerSGD_hook.powerSGD_hook)
+    elif grad_sync.gathered:
+        ddp.register_comm_hook(CompressedSyncState(process_group=group, grad_sync=grad_sync), compressed_hook)
     elif grad_sync.kind == "local-sgd":
         state = post_localSGD_hook.PostLocalSGDState(
             process_group=group, subgroup=subgroup, start_localSGD_iter=grad_sync.warmup_steps

@@ -1,0 +1,168 @@
+"""The gathered gradient syncs (``GradSync.gathered``: top-k, 1-bit, threshold, TernGrad, QSGD, signSGD) as a DDP
+communication hook, for DDP itself and for the sharded stages' buckets
+(:class:`executors.parallel.grad_sync.GradReducer`).
+
+A sparse or quantized gradient cannot be summed on the wire, so each rank's compressed bucket is all-gathered and
+every rank decodes all of them — :func:`compressed_hook`, per bucket of a process group of ``n`` ranks:
+
+1. each gradient of the bucket is compressed on its own, in fp32 (:func:`compressor_of`: the papers' per-layer
+   scales, columns and top-k); the error-feedback kinds first add the gradient's residual and keep
+   ``residual ← corrected − D(C(corrected))`` (:class:`executors.compressors.ErrorFeedback`, one per gradient,
+   kept in :class:`CompressedSyncState` by bucket index: DDP rebuilds its buckets after its first step, so these
+   kinds start after at least 2 exact steps, as torch's PowerSGD does);
+2. the payloads travel as one ``uint8`` buffer (:meth:`executors.compressors.Payload.to_bytes`) of
+   ``Σ payload_bytes`` (:func:`planner.costing.wire_bytes.payload_bytes`, the size the cost model prices); threshold's
+   payload size depends on the data, so its ranks first all-gather one int32 count per gradient and pad their
+   buffers to the longest (:func:`_gather`);
+3. every rank decodes the ``n`` payloads of each gradient and averages them (signSGD: the majority vote of the
+   signs times the mean of the ``n`` magnitudes) into the bucket's buffer, the mean DDP's hooks return.
+
+Before ``warmup_steps`` steps (counted at each step's last bucket) the bucket is all-reduced exactly. Random
+compressors (TernGrad, QSGD) draw from a generator seeded by the plan's seed and the rank, so a run repeats. The
+collectives are waited for inside the hook and the future it returns is complete (on gloo a future's callbacks
+run on the process group's thread, where a second collective would race the main thread's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executors.compressors import (
+    QSGD,
+    Compressor,
+    ErrorFeedback,
+    OneBit,
+    Payload,
+    SignSGD,
+    TernGrad,
+    Threshold,
+    TopK,
+    majority_vote,
+    signs,
+)
+from planner.plan import GradSync
+
+RANK_SEED_STRIDE = 7919  # distinct random streams per rank
+
+
+def compressor_of(grad_sync: GradSync) -> Compressor:
+    """The compressor a gathered gradient sync runs."""
+    kind = grad_sync.kind
+    if kind == "topk":
+        return TopK(ratio=grad_sync.ratio)
+    if kind == "onebit":
+        return OneBit()
+    if kind == "threshold":
+        return Threshold(tau=grad_sync.threshold)
+    if kind == "terngrad":
+        return TernGrad()
+    if kind == "qsgd":
+        return QSGD(levels=grad_sync.levels)
+    assert kind == "signsgd", f"{kind} is not a gathered gradient sync (a bug: refused at planning time)"
+    return SignSGD()
+
+
+@dataclass(kw_only=True)
+class CompressedSyncState:
+    """A process group's compressed sync: its choice, the step count, the residuals by bucket, the random stream."""
+
+    process_group: Any
+    grad_sync: GradSync
+    seed: int = 0
+    iteration: int = 0
+    feedback: dict[int, list[ErrorFeedback]] = field(default_factory=dict)
+    generator: torch.Generator | None = None
+    sent_bytes: int = 0  # payload bytes this rank sent since the state was made (the evidence's "bytes per step")
+
+    def random(self, device: torch.device) -> torch.Generator:
+        if self.generator is None:
+            rank = dist.get_rank(self.process_group)
+            self.generator = torch.Generator(device=device).manual_seed(self.seed + RANK_SEED_STRIDE * rank)
+        return self.generator
+
+
+def compressed_hook(state, bucket):  # DDP checks a hook's annotations against its own types: left unannotated
+    """DDP communication hook of the gathered syncs (module docstring); returns a complete future of the mean."""
+    buffer = bucket.buffer()
+    group = state.process_group
+    if state.iteration < state.grad_sync.warmup_steps:
+        dist.all_reduce(buffer, group=group)
+        buffer.div_(dist.get_world_size(group))
+    else:
+        _compressed_mean(state, index=bucket.index(), gradients=bucket.gradients())
+    if bucket.is_last():
+        state.iteration += 1
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+def _compressed_mean(state: CompressedSyncState, *, index: int, gradients: list[torch.Tensor]) -> None:
+    """Compress each gradient (views into the bucket), gather every rank's, write their mean into the views."""
+    compressor = compressor_of(state.grad_sync)
+    generator = state.random(gradients[0].device)
+    if state.grad_sync.error_feedback and index not in state.feedback:
+        state.feedback[index] = [ErrorFeedback(compressor=compressor) for _ in gradients]
+    payloads = []
+    for position, gradient in enumerate(gradients):
+        if state.grad_sync.error_feedback:
+            payloads.append(state.feedback[index][position].step(gradient, generator))
+        else:
+            payloads.append(compressor.compress(gradient.float(), generator))
+    everyone = _gather(payloads, state.process_group, variable=isinstance(compressor, Threshold))
+    state.sent_bytes += sum(payload.wire_bytes() for payload in payloads)
+    for position, gradient in enumerate(gradients):
+        received = [rank_payloads[position] for rank_payloads in everyone]
+        gradient.copy_(_mean(compressor, received).reshape(gradient.shape))
+
+
+def _mean(compressor: Compressor, received: list[Payload]) -> torch.Tensor:
+    """The average the ranks' payloads of one gradient stand for (signSGD: majority vote × mean magnitude)."""
+    if isinstance(compressor, SignSGD):
+        scale = torch.stack([payload.tensors["scale"] for payload in received]).mean()
+        return majority_vote([signs(payload) for payload in received]) * scale
+    return torch.stack([compressor.decompress(payload) for payload in received]).mean(0)
+
+
+def _gather(payloads: list[Payload], group: Any, *, variable: bool) -> list[list[Payload]]:
+    """Every rank's payloads of the bucket: one all-gather of one byte buffer each; ``variable`` (threshold): the
+    sent counts are gathered first and the buffers padded to the longest."""
+    world = dist.get_world_size(group)
+    buffer = torch.cat([payload.to_bytes() for payload in payloads])
+    likes = [payloads] * world
+    if variable:
+        counts = torch.tensor([_sent(payload) for payload in payloads], dtype=torch.int32, device=buffer.device)
+        all_counts = [torch.empty_like(counts) for _ in range(world)]
+        dist.all_gather(all_counts, counts, group=group)
+        likes = [[_resized(p, int(n)) for p, n in zip(payloads, c.tolist(), strict=True)] for c in all_counts]
+    lengths = [sum(like.wire_bytes() for like in rank_likes) for rank_likes in likes]
+    padded = torch.zeros(max(1, *lengths), dtype=torch.uint8, device=buffer.device)  # gloo: no empty collectives
+    padded[: buffer.numel()] = buffer
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded, group=group)
+    return [
+        _split(data[:length], rank_likes) for data, length, rank_likes in zip(gathered, lengths, likes, strict=True)
+    ]
+
+
+def _sent(payload: Payload) -> int:
+    return payload.tensors["indices"].numel() if "indices" in payload.tensors else 0
+
+
+def _resized(payload: Payload, sent: int) -> Payload:
+    """A threshold payload's layout with ``sent`` elements (another rank's count), to read its bytes."""
+    empty = torch.empty(sent, dtype=torch.uint8)
+    return Payload(shape=payload.shape, tensors={"indices": empty, "codes": empty}, code_bits=payload.code_bits)
+
+
+def _split(data: torch.Tensor, likes: list[Payload]) -> list[Payload]:
+    out, offset = [], 0
+    for like in likes:
+        size = like.wire_bytes()
+        out.append(Payload.from_bytes(data[offset : offset + size], like=like))
+        offset += size
+    return out

@@ -1,0 +1,106 @@
+"""Run each gathered gradient sync as DDP's communication hook and check its result against a by-hand reconstruction.
+
+Used by ``tests/test_compressed_sync.py``: ``torchrun --nproc-per-node N tests/compressed_sync_worker.py OUT.json``.
+Per kind, a DDP model registers :func:`executors.parallel.grad_sync.register_ddp_hook` for a ``GradSync`` with 2 exact
+warm-up steps; each rank trains 3 steps on its own batch. At the third (the first compressed one) every rank also
+computes its local gradient without DDP, all-gathers everyone's, and reconstructs the mean the hook must give:
+``mean_r D(C(g_r))`` with the rank's generator (seed ``RANK_SEED_STRIDE · r``: the random kinds run a one-parameter
+model, one draw per step) — signSGD: the majority vote of the signs times the mean magnitude. Rank 0 writes, per kind,
+the relative error of every parameter's gradient at every step (the exact warm-up's too).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from executors.compressed_sync import RANK_SEED_STRIDE, compressor_of
+from executors.compressors import SignSGD, majority_vote, signs
+from executors.parallel.grad_sync import register_ddp_hook
+from executors.session import init_distributed
+from planner.plan import GradSync
+
+KINDS = ("topk:0.25", "onebit", "threshold:0.05", "terngrad", "qsgd:3", "signsgd")
+RANDOM = ("terngrad", "qsgd")
+
+
+def model_for(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind.split(":")[0] in RANDOM:  # one gradient: the generator's draws are replayed by hand
+        return nn.Linear(12, 6, bias=False)
+    return nn.Sequential(nn.Linear(12, 10), nn.Tanh(), nn.Linear(10, 6))
+
+
+def step_grads(model: nn.Module, rank: int, step: int) -> None:
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(8, 12, generator=generator)
+    model.zero_grad()
+    model(x).pow(2).mean().backward()
+
+
+def expected_mean(kind: str, local: dict[str, torch.Tensor], world: int) -> dict[str, torch.Tensor]:
+    grad_sync = GradSync.parse(kind)
+    compressor = compressor_of(grad_sync)
+    everyone = []
+    for name, grad in local.items():
+        gathered = [torch.empty_like(grad) for _ in range(world)]
+        dist.all_gather(gathered, grad)
+        everyone.append((name, gathered))
+    expected = {}
+    for name, gathered in everyone:
+        payloads = []
+        for rank, grad in enumerate(gathered):
+            generator = torch.Generator().manual_seed(RANK_SEED_STRIDE * rank)
+            payloads.append(compressor.compress(grad, generator))
+        if isinstance(compressor, SignSGD):
+            scale = torch.stack([p.tensors["scale"] for p in payloads]).mean()
+            expected[name] = (majority_vote([signs(p) for p in payloads]) * scale).reshape(gathered[0].shape)
+        else:
+            expected[name] = torch.stack([compressor.decompress(p) for p in payloads]).mean(0)
+    return expected
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / (want.norm() + 1e-12))
+
+
+def check(kind: str, rank: int, world: int) -> dict:
+    grad_sync = GradSync.parse(kind)
+    grad_sync = GradSync(**{**grad_sync.to_json(), "warmup_steps": 2})
+    ddp = DistributedDataParallel(model_for(kind))
+    register_ddp_hook(ddp, grad_sync=grad_sync, group=dist.group.WORLD, subgroup=None)
+    plain = model_for(kind)
+    errors = {}
+    for step in range(3):
+        step_grads(ddp, rank, step)
+        step_grads(plain, rank, step)
+        local = {name: p.grad.detach().clone() for name, p in plain.named_parameters()}
+        if step < 2:  # exact warm-up: the plain mean
+            want = {}
+            for name, grad in local.items():
+                dist.all_reduce(grad)
+                want[name] = grad / world
+        else:
+            want = expected_mean(kind, local, world)
+        got = {name.removeprefix("module."): p.grad for name, p in ddp.named_parameters()}
+        errors[f"step{step}"] = {name: relative(got[name], want[name]) for name in want}
+    return errors
+
+
+def main() -> None:
+    out = sys.argv[1]
+    init_distributed(backend="gloo", timeout_s=120)
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    report = {kind: check(kind, rank, world) for kind in KINDS}
+    if rank == 0:
+        Path(out).write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
