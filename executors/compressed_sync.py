@@ -17,6 +17,14 @@ every rank decodes all of them — :func:`compressed_hook`, per bucket of a proc
 3. every rank decodes the ``n`` payloads of each gradient and averages them (signSGD: the majority vote of the
    signs times the mean of the ``n`` magnitudes) into the bucket's buffer, the mean DDP's hooks return.
 
+Deep Gradient Compression (``dgc`` ρ; Lin et al. 2018) runs the same way with its own state per gradient
+(:class:`DgcGradient`): momentum correction ``u ← m·u + g``, ``v ← v + u`` (the optimizer runs without momentum:
+the hook holds it, :data:`DGC_MOMENTUM` = the plan's SGD momentum), top-k of ``v`` sent, momentum factor masking
+(``u`` and ``v`` zeroed where sent), and the warm-up of the sparsity: the kept share is ``max(ρ, 4^−(k+1))`` in
+the ``k``-th :data:`DGC_WARMUP_STAGE_STEPS` steps after the exact warm-up (75%, 93.75%, 98.4%, 99.6% sparse, then
+ρ: the paper's schedule, in steps instead of epochs). Local gradient clipping (the paper's, before ``g`` joins the
+momentum) is not done: the program clips the global norm after the sync.
+
 Before ``warmup_steps`` steps (counted at each step's last bucket) the bucket is all-reduced exactly. Random
 compressors (TernGrad, QSGD) draw from a generator seeded by the plan's seed and the rank, so a run repeats. The
 collectives are waited for inside the hook and the future it returns is complete (on gloo a future's callbacks
@@ -44,9 +52,39 @@ from executors.compressors import (
     majority_vote,
     signs,
 )
+from executors.precision import SGD_MOMENTUM
 from planner.plan import GradSync
 
 RANK_SEED_STRIDE = 7919  # distinct random streams per rank
+DGC_MOMENTUM = SGD_MOMENTUM  # executors.precision.make_optimizer's SGD momentum, moved into the hook
+DGC_WARMUP_STAGE_STEPS = 25  # steps per stage of DGC's sparsity warm-up (the paper: one epoch per stage)
+DGC_WARMUP_STAGES = 4  # kept shares 1/4, 1/16, 1/64, 1/256 before the target ratio
+
+
+@dataclass(kw_only=True)
+class DgcGradient:
+    """DGC's state of one gradient: the momentum ``u`` and the accumulated velocity ``v`` (module docstring)."""
+
+    momentum: torch.Tensor | None = None
+    velocity: torch.Tensor | None = None
+
+    def step(self, grad: torch.Tensor, *, ratio: float) -> Payload:
+        g = grad.detach().float()
+        self.momentum = g.clone() if self.momentum is None else DGC_MOMENTUM * self.momentum + g  # not a view of g
+        self.velocity = self.momentum.clone() if self.velocity is None else self.velocity + self.momentum
+        payload = TopK(ratio=ratio).compress(self.velocity)
+        sent = payload.tensors["indices"].long()
+        self.velocity.view(-1)[sent] = 0.0  # momentum factor masking: what was sent starts over
+        self.momentum.view(-1)[sent] = 0.0
+        return payload
+
+
+def dgc_ratio(grad_sync: GradSync, compressed_steps: int) -> float:
+    """The share DGC keeps ``compressed_steps`` steps after its exact warm-up (the sparsity warm-up)."""
+    stage = compressed_steps // DGC_WARMUP_STAGE_STEPS
+    if stage >= DGC_WARMUP_STAGES:
+        return grad_sync.ratio
+    return max(grad_sync.ratio, 0.25 ** (stage + 1))
 
 
 def compressor_of(grad_sync: GradSync) -> Compressor:
@@ -62,6 +100,8 @@ def compressor_of(grad_sync: GradSync) -> Compressor:
         return TernGrad()
     if kind == "qsgd":
         return QSGD(levels=grad_sync.levels)
+    if kind == "dgc":
+        return TopK(ratio=grad_sync.ratio)
     assert kind == "signsgd", f"{kind} is not a gathered gradient sync (a bug: refused at planning time)"
     return SignSGD()
 
@@ -75,6 +115,7 @@ class CompressedSyncState:
     seed: int = 0
     iteration: int = 0
     feedback: dict[int, list[ErrorFeedback]] = field(default_factory=dict)
+    dgc: dict[int, list[DgcGradient]] = field(default_factory=dict)
     generator: torch.Generator | None = None
     sent_bytes: int = 0  # payload bytes this rank sent since the state was made (the evidence's "bytes per step")
 
@@ -104,20 +145,28 @@ def compressed_hook(state, bucket):  # DDP checks a hook's annotations against i
 def _compressed_mean(state: CompressedSyncState, *, index: int, gradients: list[torch.Tensor]) -> None:
     """Compress each gradient (views into the bucket), gather every rank's, write their mean into the views."""
     compressor = compressor_of(state.grad_sync)
-    generator = state.random(gradients[0].device)
-    if state.grad_sync.error_feedback and index not in state.feedback:
-        state.feedback[index] = [ErrorFeedback(compressor=compressor) for _ in gradients]
-    payloads = []
-    for position, gradient in enumerate(gradients):
-        if state.grad_sync.error_feedback:
-            payloads.append(state.feedback[index][position].step(gradient, generator))
-        else:
-            payloads.append(compressor.compress(gradient.float(), generator))
+    payloads = _compress(state, compressor, index=index, gradients=gradients)
     everyone = _gather(payloads, state.process_group, variable=isinstance(compressor, Threshold))
     state.sent_bytes += sum(payload.wire_bytes() for payload in payloads)
     for position, gradient in enumerate(gradients):
         received = [rank_payloads[position] for rank_payloads in everyone]
         gradient.copy_(_mean(compressor, received).reshape(gradient.shape))
+
+
+def _compress(
+    state: CompressedSyncState, compressor: Compressor, *, index: int, gradients: list[torch.Tensor]
+) -> list[Payload]:
+    """Each gradient's payload, through its error feedback or DGC state where the kind keeps one."""
+    kind = state.grad_sync.kind
+    if kind == "dgc":
+        ratio = dgc_ratio(state.grad_sync, state.iteration - state.grad_sync.warmup_steps)
+        states = state.dgc.setdefault(index, [DgcGradient() for _ in gradients])
+        return [own.step(gradient, ratio=ratio) for own, gradient in zip(states, gradients, strict=True)]
+    generator = state.random(gradients[0].device)
+    if state.grad_sync.error_feedback:
+        feedback = state.feedback.setdefault(index, [ErrorFeedback(compressor=compressor) for _ in gradients])
+        return [own.step(gradient, generator) for own, gradient in zip(feedback, gradients, strict=True)]
+    return [compressor.compress(gradient.float(), generator) for gradient in gradients]
 
 
 def _mean(compressor: Compressor, received: list[Payload]) -> torch.Tensor:

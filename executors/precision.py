@@ -32,9 +32,11 @@ from torch import nn
 
 from cost_models.memory import OPTIMIZERS, optimizer_bytes
 from planner.errors import AutoplanError
+from planner.plan import GradSync
 
 RUN_OPTIMIZERS = tuple(OPTIMIZERS)  # adam-mixed, adam-fp32, sgd, sgd-momentum
 MIXED = "adam-mixed"
+SGD_MOMENTUM = 0.9  # sgd-momentum's momentum (executors.compressed_sync.DGC_MOMENTUM moves it into the sync)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,15 +88,25 @@ def check_optimizer(name: str) -> None:
 
 
 def make_optimizer(
-    name: str, params: list[nn.Parameter], *, lr: float, weight_decay: float = 0.0
+    name: str,
+    params: list[nn.Parameter],
+    *,
+    lr: float,
+    weight_decay: float = 0.0,
+    grad_sync: GradSync | None = None,
 ) -> torch.optim.Optimizer:
-    """The torch optimizer a plan's optimizer name stands for (fp32 state in every case)."""
+    """The torch optimizer a plan's optimizer name stands for (fp32 state in every case). Under Deep Gradient
+    Compression (``grad_sync`` dgc) the momentum of ``sgd-momentum`` lives in the gradient sync
+    (:class:`executors.compressed_sync.DgcGradient`: momentum correction), so the SGD here runs without it."""
     check_optimizer(name)
     if not params:  # a rank that holds no parameter (an idle device of a placement) steps nothing
         params = [nn.Parameter(torch.empty(0))]
     if name.startswith("adam"):
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9 if name == "sgd-momentum" else 0.0, weight_decay=weight_decay)
+    momentum = SGD_MOMENTUM if name == "sgd-momentum" else 0.0
+    if grad_sync is not None and grad_sync.kind == "dgc":
+        momentum = 0.0
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def describe_optimizer(name: str) -> str:

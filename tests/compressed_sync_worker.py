@@ -6,7 +6,10 @@ warm-up steps; each rank trains 3 steps on its own batch. At the third (the firs
 computes its local gradient without DDP, all-gathers everyone's, and reconstructs the mean the hook must give:
 ``mean_r D(C(g_r))`` with the rank's generator (seed ``RANK_SEED_STRIDE · r``: the random kinds run a one-parameter
 model, one draw per step) — signSGD: the majority vote of the signs times the mean magnitude. Rank 0 writes, per kind,
-the relative error of every parameter's gradient at every step (the exact warm-up's too).
+the relative error of every parameter's gradient at every step (the exact warm-up's too). DGC and DGA
+(:data:`STATEFUL`) run five steps against :class:`ByHand`, which keeps their state from every rank's gradients:
+DGC's momentum and velocity per rank, DGA's own gradient and exact mean of every step (each rank checks its own
+``∇w(i) − ∇w(i−D) + avg ∇w(i−D)``).
 """
 
 import json
@@ -18,13 +21,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from executors.compressed_sync import RANK_SEED_STRIDE, compressor_of
-from executors.compressors import SignSGD, majority_vote, signs
+from executors.compressed_sync import RANK_SEED_STRIDE, DgcGradient, compressor_of, dgc_ratio
+from executors.compressors import SignSGD, TopK, majority_vote, signs
 from executors.parallel.grad_sync import register_ddp_hook
 from executors.session import init_distributed
 from planner.plan import GradSync
 
 KINDS = ("topk:0.25", "onebit", "threshold:0.05", "terngrad", "qsgd:3", "signsgd")
+STATEFUL = {"dgc:0.25": 2, "dga:2": 3}  # kinds whose state spans steps: their warm-up (5 steps each, by hand)
 RANDOM = ("terngrad", "qsgd")
 
 
@@ -64,6 +68,57 @@ def expected_mean(kind: str, local: dict[str, torch.Tensor], world: int) -> dict
     return expected
 
 
+def gathered_grads(local: dict[str, torch.Tensor], world: int) -> dict[str, list[torch.Tensor]]:
+    out = {}
+    for name, grad in local.items():
+        everyone = [torch.empty_like(grad) for _ in range(world)]
+        dist.all_gather(everyone, grad)
+        out[name] = everyone
+    return out
+
+
+class ByHand:
+    """DGC's and DGA's results recomputed from every rank's local gradients, step by step."""
+
+    def __init__(self, grad_sync: GradSync, rank: int, world: int) -> None:
+        self.grad_sync, self.rank, self.world = grad_sync, rank, world
+        self.dgc: dict[tuple[str, int], DgcGradient] = {}
+        self.history: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []  # (own, mean) per step
+
+    def expected(self, step: int, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        everyone = gathered_grads(local, self.world)
+        mean = {name: torch.stack(grads).mean(0) for name, grads in everyone.items()}
+        self.history.append((local, mean))
+        if step < self.grad_sync.warmup_steps:
+            return mean
+        if self.grad_sync.kind == "dga":
+            own, then = self.history[step - self.grad_sync.delay]
+            return {name: local[name] - own[name] + then[name] for name in local}
+        ratio = dgc_ratio(self.grad_sync, step - self.grad_sync.warmup_steps)
+        out = {}
+        for name, grads in everyone.items():
+            decoded = []
+            for rank, grad in enumerate(grads):
+                state = self.dgc.setdefault((name, rank), DgcGradient())
+                decoded.append(TopK(ratio=ratio).decompress(state.step(grad, ratio=ratio)))
+            out[name] = torch.stack(decoded).mean(0)
+        return out
+
+
+def check_stateful(kind: str, rank: int, world: int) -> dict:
+    grad_sync = GradSync(**{**GradSync.parse(kind).to_json(), "warmup_steps": STATEFUL[kind]})
+    ddp = DistributedDataParallel(model_for(kind))
+    register_ddp_hook(ddp, grad_sync=grad_sync, group=dist.group.WORLD, subgroup=None)
+    plain, by_hand, errors = model_for(kind), ByHand(grad_sync, rank, world), {}
+    for step in range(5):
+        step_grads(ddp, rank, step)
+        step_grads(plain, rank, step)
+        want = by_hand.expected(step, {name: p.grad.detach().clone() for name, p in plain.named_parameters()})
+        got = {name.removeprefix("module."): p.grad for name, p in ddp.named_parameters()}
+        errors[f"step{step}"] = {name: relative(got[name], want[name]) for name in want}
+    return errors
+
+
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / (want.norm() + 1e-12))
 
@@ -97,6 +152,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
     report = {kind: check(kind, rank, world) for kind in KINDS}
+    report.update({kind: check_stateful(kind, rank, world) for kind in STATEFUL})
     if rank == 0:
         Path(out).write_text(json.dumps(report))
     dist.destroy_process_group()

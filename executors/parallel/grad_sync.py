@@ -33,7 +33,7 @@ backward (``scale_grads``); a bucket already launched by then holds undivided su
 
 DDP plans (:mod:`executors.parallel.data_parallel`) register the same hooks on DDP itself (:func:`register_ddp_hook`):
 ``bf16_compress_hook``, ``powerSGD_hook`` with a ``PowerSGDState``, ``compressed_hook`` with a
-``CompressedSyncState``, or ``post_localSGD_hook`` with a
+``CompressedSyncState``, ``delayed_hook`` (DGA) with a ``DelayedState``, or ``post_localSGD_hook`` with a
 ``PostLocalSGDState`` whose subgroup is each node's replicas (:func:`local_sgd_subgroup`) and a
 ``PeriodicModelAverager`` the runner calls after every optimizer step. DDP refuses to register a hook named
 ``bf16_compress_hook`` without NCCL, so on gloo it is called through :func:`bf16_hook`, and PowerSGD
@@ -57,6 +57,7 @@ from torch.distributed.tensor import DTensor
 
 from cost_models.memory import optimizer_bytes
 from executors.compressed_sync import CompressedSyncState, compressed_hook
+from executors.delayed_sync import DelayedState, delayed_hook
 from planner.costing.overlap import GradEntry, stage_buckets, stage_grad_entries
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Plan, Stage
@@ -343,6 +344,8 @@ def register_ddp_hook(
         ddp.register_comm_hook(state, completed(powerSGD_hook.powerSGD_hook) if gloo else powerSGD_hook.powerSGD_hook)
     elif grad_sync.gathered:
         ddp.register_comm_hook(CompressedSyncState(process_group=group, grad_sync=grad_sync), compressed_hook)
+    elif grad_sync.kind == "dga":
+        ddp.register_comm_hook(DelayedState(process_group=group, grad_sync=grad_sync), delayed_hook)
     elif grad_sync.kind == "local-sgd":
         state = post_localSGD_hook.PostLocalSGDState(
             process_group=group, subgroup=subgroup, start_localSGD_iter=grad_sync.warmup_steps

@@ -80,8 +80,9 @@ def make_dataloader(rank_info):
 
 
 def make_optimizer(params, args):
-    """AdamW for the Adam optimizers (fp32 state), SGD for sgd and sgd-momentum."""
-    return runtime.make_optimizer(args.optimizer, params, lr=args.lr)
+    """AdamW for the Adam optimizers (fp32 state), SGD for sgd and sgd-momentum (its momentum in the gradient sync
+    under Deep Gradient Compression)."""
+    return runtime.make_optimizer(args.optimizer, params, lr=args.lr, grad_sync=PLAN.grad_sync)
 
 
 def make_lr_schedule(optimizer, args):

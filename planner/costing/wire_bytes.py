@@ -5,7 +5,8 @@ scale, its columns, its top-k: as the papers do, per layer) and sends the bucket
 the cost model prices that buffer's all-gather. For a gradient of ``n`` elements (shape ``(r, …)``) the payload
 is — :func:`payload_bytes`:
 
-* ``topk`` ρ: ``k = max(1, ⌈ρ·n⌉)`` fp32 values and int32 indices: ``8·k``;
+* ``topk`` ρ (and ``dgc`` ρ, after its sparsity warm-up): ``k = max(1, ⌈ρ·n⌉)`` fp32 values and int32 indices:
+  ``8·k``;
 * ``onebit``: ``n`` sign bits packed, and two fp32 reconstruction values per column (``n / r`` columns of a
   matrix, one for a vector): ``⌈n/8⌉ + 8·columns``;
 * ``threshold`` τ: an int32 index and a sign bit per sent element: ``4·s + ⌈s/8⌉`` (``s`` depends on the data:
@@ -49,7 +50,7 @@ def payload_bytes(grad_sync: GradSync, shape: tuple[int, ...], *, sent: int | No
     """One gradient's payload under ``grad_sync`` (module docstring); ``sent``: threshold's sent elements."""
     numel = math.prod(shape)
     kind = grad_sync.kind
-    if kind == "topk":
+    if kind in ("topk", "dgc"):
         return topk_count(grad_sync.ratio, numel) * (VALUE_BYTES + INDEX_BYTES)
     if kind == "onebit":
         return math.ceil(numel / 8) + 2 * VALUE_BYTES * columns(shape)

@@ -14,6 +14,15 @@ syncs exactly). The kinds, each run with torch's own DDP communication hooks
   ``warmup_steps`` exact steps each node's replicas average gradients among themselves only, and the
   parameters are averaged over every replica once every ``period`` steps.
 
+Two more change the update itself:
+
+* ``dgc`` ratio ``ρ`` — Deep Gradient Compression (Lin et al. 2018): top-k with momentum correction (the replicas
+  keep SGD's momentum and accumulate it; the optimizer runs without it: ``sgd-momentum`` plans only), momentum
+  factor masking and a warm-up of the sparsity (:mod:`executors.compressed_sync`);
+* ``dga`` delay ``D`` — Delayed Gradient Averaging (Zhu et al. 2021): each replica steps on
+  ``∇w(i) − ∇w(i−D) + avg ∇w(i−D)``, the average launched ``D`` steps before (:mod:`executors.delayed_sync`; DDP
+  only).
+
 The compressors of :mod:`executors.compressors` run in our own hook (:mod:`executors.compressed_sync`): each
 rank compresses its bucket, the payloads are all-gathered (a sparse or quantized gradient cannot be summed on
 the wire) and every rank decompresses and averages them:
@@ -44,7 +53,7 @@ from planner.errors import AutoplanError
 from planner.plan.codec import JsonCoded
 
 GradSyncKind = Literal[
-    "exact", "bf16", "powersgd", "local-sgd", "topk", "onebit", "threshold", "terngrad", "qsgd", "signsgd"
+    "exact", "bf16", "powersgd", "local-sgd", "topk", "onebit", "threshold", "terngrad", "qsgd", "signsgd", "dgc", "dga"
 ]
 GRAD_SYNC_KINDS: tuple[str, ...] = get_args(GradSyncKind)
 DEFAULT_WARMUP_STEPS = 10  # exact steps before a compressing or local sync starts (PowerSGD needs at least 2)
@@ -55,6 +64,8 @@ PARAMETER_OF: dict[str, str] = {
     "topk": "ratio",
     "threshold": "threshold",
     "qsgd": "levels",
+    "dgc": "ratio",
+    "dga": "delay",
 }
 PARAMETER_LIMITS: dict[str, tuple[float, float]] = {  # (exclusive low, inclusive high)
     "rank": (0, float("inf")),
@@ -62,10 +73,12 @@ PARAMETER_LIMITS: dict[str, tuple[float, float]] = {  # (exclusive low, inclusiv
     "ratio": (0, 1),
     "threshold": (0, float("inf")),
     "levels": (0, 127),  # a level and its sign packed in 8 bits at most
+    "delay": (0, 1000),
 }
-INTEGER_PARAMETERS = frozenset({"rank", "period", "levels"})
-ERROR_FEEDBACK_KINDS = frozenset({"powersgd", "topk", "onebit", "threshold"})  # a residual kept per bucket
-GATHERED_KINDS = frozenset({"topk", "onebit", "threshold", "terngrad", "qsgd", "signsgd"})  # all-gathered payloads
+INTEGER_PARAMETERS = frozenset({"rank", "period", "levels", "delay"})
+# state kept per bucket (residuals, momenta, delayed averages): DDP's buckets must have been rebuilt first
+ERROR_FEEDBACK_KINDS = frozenset({"powersgd", "topk", "onebit", "threshold", "dgc", "dga"})
+GATHERED_KINDS = frozenset({"topk", "onebit", "threshold", "terngrad", "qsgd", "signsgd", "dgc"})  # all-gathered
 
 
 class GradSyncError(AutoplanError):
@@ -82,6 +95,7 @@ class GradSync(JsonCoded):
     ratio: float = 0.0  # topk: the share of elements sent
     threshold: float = 0.0  # threshold: τ
     levels: int = 0  # qsgd: the levels s
+    delay: int = 0  # dga: the steps D an average arrives late
     warmup_steps: int = 0  # every kind but exact and bf16: exact steps first (start_powerSGD_iter, …)
 
     def __post_init__(self) -> None:
@@ -99,6 +113,10 @@ class GradSync(JsonCoded):
             raise GradSyncError(
                 f"gradient sync {self.kind} needs at least 2 exact warm-up steps: it keeps error feedback per bucket "
                 "and DDP rebuilds its buckets after the first step"
+            )
+        if self.kind == "dga" and self.warmup_steps < self.delay:
+            raise GradSyncError(
+                f"dga:{self.delay} needs at least {self.delay} exact warm-up steps (one per step of delay)"
             )
 
     @property
@@ -131,13 +149,18 @@ class GradSync(JsonCoded):
     def parse(cls, text: str) -> GradSync:
         """``KIND`` or ``KIND:PARAMETER`` (module docstring); warm-up :data:`DEFAULT_WARMUP_STEPS` where it applies."""
         kind, _, number = text.strip().partition(":")
-        forms = "exact, bf16, powersgd:R, local-sgd:H, topk:RATIO, onebit, threshold:TAU, terngrad, qsgd:S, signsgd"
+        forms = (
+            "exact, bf16, powersgd:R, local-sgd:H, topk:RATIO, onebit, threshold:TAU, terngrad, qsgd:S, signsgd, "
+            "dgc:RATIO, dga:D"
+        )
         if kind not in GRAD_SYNC_KINDS:
             raise GradSyncError(f"--grad-sync {text!r}: use one of {forms}")
         own = PARAMETER_OF.get(kind)
         if (own is None) != (not number):
             raise GradSyncError(f"--grad-sync {text!r}: " + (f"{kind} takes a {own}" if own else f"{kind} takes none"))
         warmup = 0 if kind in ("exact", "bf16") else DEFAULT_WARMUP_STEPS
+        if kind == "dga" and number.isdigit():
+            warmup = max(warmup, int(number) + 1)
         if own is None:
             return cls(kind=kind, warmup_steps=warmup)
         try:
@@ -180,6 +203,10 @@ DESCRIPTIONS: dict[str, str] = {
     "added variance (Wen et al. 2017)",
     "qsgd": "each replica sends its gradient quantized to {p:g} stochastic levels of its norm: unbiased, with added "
     "variance (Alistarh et al. 2017)",
+    "dgc": "Deep Gradient Compression (Lin et al. 2018): each replica keeps the momentum (the optimizer runs without "
+    "it), accumulates it locally and sends its largest {p:.2%} (warm-up of the sparsity, momentum factor masking)",
+    "dga": "Delayed Gradient Averaging (Zhu et al. 2021): each replica steps on its own gradient, corrected by the "
+    "average from {p:g} steps before (∇w(i) − ∇w(i−D) + avg ∇w(i−D)): the average arrives D steps late",
     "signsgd": "the replicas' gradient signs are majority-voted and scaled by their mean magnitude: every element "
     "moves by the same amount (Bernstein et al. 2019)",
 }

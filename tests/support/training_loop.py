@@ -59,7 +59,8 @@ def run_plan(
         precision=Precision.for_optimizer(name),
         dropout=not options.check_parity,
     )
-    optimizer = make_optimizer(name, model.parameters(), lr=options.lr) if model.parameters() else None
+    made = model.parameters()
+    optimizer = make_optimizer(name, made, lr=options.lr, grad_sync=plan.grad_sync) if made else None
     parity = None
     if options.check_parity:
         parity = ParityCheck(
