@@ -41,6 +41,7 @@ class DelayedState:
 
     process_group: Any
     grad_sync: GradSync
+    correction: bool = True  # False: the ablation that steps on the delayed average alone (benchmarks only)
     iteration: int = 0
     sent: dict[int, deque[_Sent]] = field(default_factory=dict)
 
@@ -64,7 +65,10 @@ def delayed_hook(state, bucket):  # DDP checks a hook's annotations against its 
         if old.work is not None:
             old.work.wait()
             old.work = None
-        buffer.add_(old.summed / world - old.local)
+        if state.correction:
+            buffer.add_(old.summed / world - old.local)
+        else:
+            buffer.copy_(old.summed / world)
     while len(queue) > delay:
         queue.popleft()
     if bucket.is_last():
