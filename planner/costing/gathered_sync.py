@@ -21,7 +21,8 @@ majority vote of the signs times the mean of the scales) and writes the result i
 
   - cast to fp32 when ``b ≠ 4``: ``(b + 4)·N`` (one kernel); error-feedback kinds (topk, onebit, threshold) add
     the residual, ``12·N`` (read both, write the sum), and after compressing decode their own payload (one
-    payload's decode, below, plus a dense zero-fill ``4·N`` for the sparse kinds) and store
+    received payload's decode, below — its unpacking a slight over-count, the local payload is not packed —
+    plus a dense zero-fill ``4·N`` for the sparse kinds) and store
     ``residual = corrected − decoded``, ``12·N``;
   - encode: ``e_enc·N + σ_enc·k`` and ``κ_enc`` kernels, plus :data:`PAYLOAD_COPY_PASSES` passes of the payload
     (``Payload.to_bytes``'s concatenation and the bucket's: read and write each);
@@ -59,8 +60,10 @@ majority vote of the signs times the mean of the scales) and writes the result i
     (read 4): ``e_sum`` 12; finish: the sum's write (4), its sign (8), the scale (8) and the copy (4): 24.
 
   Kernel counts (``κ``) count the same ops, the selection as :data:`TOPK_SELECT_KERNELS` and the packing and
-  unpacking as 4 and 3. A bucket synced over several mesh axes pays all of this once per axis (as
-  :func:`planner.costing.compression.bucket_sync_s` loops its groups).
+  unpacking as 4 and 3, plus one each for the payload's concatenation, the cast, the residual's add and store,
+  the sparse kinds' zero-fill and each payload's accumulation (:func:`gradient_compute`). A bucket synced over
+  several mesh axes pays all of this once per axis (as :func:`planner.costing.compression.bucket_sync_s` loops
+  its groups).
 
 Memory (:func:`gathered_state_bytes`): the error-feedback kinds keep one fp32 residual per gradient, ``4·N`` per
 bucket, for the whole run. The gathered buffers (``n·P`` bytes) and the decoded sums of one bucket are transients
@@ -98,86 +101,58 @@ ERROR_FEEDBACK_STORE_BYTES = 12  # residual = corrected − decoded: read 4 + 4,
 ZERO_FILL_BYTES = VALUE_BYTES  # the sparse kinds' dense zeros before a scatter
 
 
+DENSE_SUM_BYTES = 12  # sum += decoded payload: read 4 + 4, write 4 per element
+DENSE_FINISH_BYTES = 8 + 4  # the division by n (read, write) and the read of the copy into the bucket
+
+
 @dataclass(frozen=True, kw_only=True)
 class KindCosts:
-    """Bytes and kernels of one kind's encode and decode (module docstring): per element, per sent element."""
+    """Bytes and kernels of one kind's encode and decode (module docstring): per element, per sent element; the
+    defaults are the dense kinds' accumulation and finish."""
 
     encode_per_element: float
-    encode_per_sent: float
     encode_kernels: int
     decode_per_element: float  # per received payload
-    decode_per_sent: float  # per received payload
     decode_kernels: int  # per received payload
-    sum_per_element: float  # per received payload: accumulate it into the sum
-    finish_per_element: float  # once, besides writing the result in the gradient's dtype
-    finish_kernels: int
+    encode_per_sent: float = 0.0
+    decode_per_sent: float = 0.0  # per received payload
+    sum_per_element: float = DENSE_SUM_BYTES  # per received payload: accumulate it into the sum
+    finish_per_element: float = DENSE_FINISH_BYTES  # once, besides writing the result in the gradient's dtype
+    finish_kernels: int = 2
+
+
+SPARSE_FINISH_BYTES = ZERO_FILL_BYTES + DENSE_FINISH_BYTES  # the sum zero-filled before the scatter-adds
+
+
+def sparse_costs(*, encode: tuple[float, float, int], decode: tuple[float, int]) -> KindCosts:
+    """A sparse kind's costs: encode (bytes per element, per sent element, kernels), decode (bytes per sent
+    element, kernels), scatter-added into one zero-filled sum (no dense pass per payload)."""
+    (per_element, per_sent, kernels), (decode_per_sent, decode_kernels) = encode, decode
+    return KindCosts(
+        encode_per_element=per_element,
+        encode_per_sent=per_sent,
+        encode_kernels=kernels,
+        decode_per_element=0,
+        decode_per_sent=decode_per_sent,
+        decode_kernels=decode_kernels,
+        sum_per_element=0,
+        finish_per_element=SPARSE_FINISH_BYTES,
+        finish_kernels=3,
+    )
 
 
 KIND_COSTS: dict[str, KindCosts] = {
-    "topk": KindCosts(
-        encode_per_element=8 + 4 * TOPK_SELECT_READS,
-        encode_per_sent=28,
-        encode_kernels=3 + TOPK_SELECT_KERNELS,
-        decode_per_element=0,
-        decode_per_sent=48,
-        decode_kernels=4,
-        sum_per_element=0,
-        finish_per_element=ZERO_FILL_BYTES + 8 + 4,
-        finish_kernels=3,
-    ),
-    "onebit": KindCosts(
-        encode_per_element=30,
-        encode_per_sent=0,
-        encode_kernels=19,
-        decode_per_element=10,
-        decode_per_sent=0,
-        decode_kernels=7,
-        sum_per_element=12,
-        finish_per_element=8 + 4,
-        finish_kernels=2,
-    ),
-    "threshold": KindCosts(
-        encode_per_element=15,
-        encode_per_sent=40,
-        encode_kernels=11,
-        decode_per_element=0,
-        decode_per_sent=60,
-        decode_kernels=9,
-        sum_per_element=0,
-        finish_per_element=ZERO_FILL_BYTES + 8 + 4,
-        finish_kernels=3,
-    ),
-    "terngrad": KindCosts(
-        encode_per_element=76,
-        encode_per_sent=0,
-        encode_kernels=15,
-        decode_per_element=24,
-        decode_per_sent=0,
-        decode_kernels=7,
-        sum_per_element=12,
-        finish_per_element=8 + 4,
-        finish_kernels=2,
-    ),
-    "qsgd": KindCosts(
-        encode_per_element=108,
-        encode_per_sent=0,
-        encode_kernels=18,
-        decode_per_element=32,
-        decode_per_sent=0,
-        decode_kernels=8,
-        sum_per_element=12,
-        finish_per_element=8 + 4,
-        finish_kernels=2,
-    ),
+    "topk": sparse_costs(encode=(8 + 4 * TOPK_SELECT_READS, 28, 3 + TOPK_SELECT_KERNELS), decode=(48, 4)),
+    "threshold": sparse_costs(encode=(15, 40, 11), decode=(60, 9)),
+    "onebit": KindCosts(encode_per_element=30, encode_kernels=19, decode_per_element=10, decode_kernels=7),
+    "terngrad": KindCosts(encode_per_element=76, encode_kernels=15, decode_per_element=24, decode_kernels=7),
+    "qsgd": KindCosts(encode_per_element=108, encode_kernels=18, decode_per_element=32, decode_kernels=8),
     "signsgd": KindCosts(
         encode_per_element=24,
-        encode_per_sent=0,
         encode_kernels=8,
         decode_per_element=24,
-        decode_per_sent=0,
         decode_kernels=7,
-        sum_per_element=12,
-        finish_per_element=4 + 8 + 8 + 4,
+        finish_per_element=4 + 8 + 8 + 4,  # the vote's write, its sign, the mean scale, the copy's read
         finish_kernels=4,
     ),
 }
