@@ -141,6 +141,8 @@ def sparse_costs(*, encode: tuple[float, float, int], decode: tuple[float, int])
     )
 
 
+# derived, not measured: the eager kernels of executors.compressors (module docstring); assumption: the executor
+# scatter-adds the sparse kinds' payloads into one sum and decodes then accumulates the dense kinds' one by one
 KIND_COSTS: dict[str, KindCosts] = {
     "topk": sparse_costs(encode=(8 + 4 * TOPK_SELECT_READS, 28, 3 + TOPK_SELECT_KERNELS), decode=(48, 4)),
     "threshold": sparse_costs(encode=(15, 40, 11), decode=(60, 9)),
