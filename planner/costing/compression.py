@@ -23,7 +23,13 @@ devices on a link (α, β), costs — :func:`bucket_sync_s`:
   all-reduced exactly but only among the replicas on the same node (the node's devices of the group, the
   intra-node link: :func:`sync_groups`), and once every ``H`` steps the parameters (fp32 master weights, 4
   bytes each) are averaged over the whole group: one all-reduce plus flattening, dividing and copying back
-  (6 passes of 4-byte parameters), amortised — :func:`local_sgd_average_s`.
+  (6 passes of 4-byte parameters), amortised — :func:`local_sgd_average_s`;
+* the gathered kinds (``topk``, ``onebit``, ``threshold``, ``terngrad``, ``qsgd``, ``signsgd``: our own hook,
+  :mod:`executors.compressed_sync`): an all-gather of every rank's compressed payloads (a sparse or quantized
+  gradient cannot be summed on the wire), each rank decompressing and averaging all ``n`` of them —
+  :func:`planner.costing.gathered_sync.gathered_sync_s` (its docstring states the bytes and passes of each
+  kind, and threshold's assumed density). Memory: the error-feedback kinds' fp32 residuals
+  (:func:`planner.costing.gathered_sync.gathered_state_bytes`).
 
 The compression compute runs on the device when its bucket goes out (:class:`planner.costing.overlap.SyncSegment`
 ``compress_s``: it delays the rest of the backward), the communication on the group's link. A bucket summed
@@ -36,7 +42,8 @@ runtime that keeps one gradient buffer (:mod:`planner.costing.runtime_profiles`:
 has one bucket per process group, and under one that syncs after the backward every bucket is ready at the
 backward's end, so nothing overlaps it.
 :func:`refusal` says why a plan cannot run a choice exactly as priced (local SGD outside DDP, anything lossy
-under FSDP).
+under FSDP; the gathered kinds run wherever PowerSGD does: on DDP's buckets and on the sharded or pipeline stages'
+buckets).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from dataclasses import dataclass
 from cost_models.cluster import Cluster, Link
 from cost_models.communication import all_reduce_s
 from cost_models.memory import optimizer_bytes
+from planner.costing.gathered_sync import gathered_state_bytes, gathered_sync_s
 from planner.costing.overlap import (
     GradEntry,
     ReadyBucket,
@@ -77,7 +85,7 @@ class StageSync:
 
     segments: tuple[SyncSegment, ...] = ()
     amortised_s: float = 0.0  # local SGD: the parameter average every H steps, per step
-    state_bytes: float = 0.0  # PowerSGD: error-feedback buffers per device
+    state_bytes: float = 0.0  # PowerSGD and the gathered error-feedback kinds: their buffers per device
 
     @property
     def comm_s(self) -> float:
@@ -129,6 +137,9 @@ def bucket_sync_s(
         elif grad_sync.kind == "powersgd":
             comm += powersgd_comm_s(entries, rank=grad_sync.rank, itemsize=itemsize, devices=devices, link=link)
             compress += powersgd_compress_s(entries, rank=grad_sync.rank, itemsize=itemsize, setup=setup)
+        elif grad_sync.gathered:
+            group_comm, group_compress = gathered_sync_s(entries, grad_sync, devices=devices, link=link, setup=setup)
+            comm, compress = comm + group_comm, compress + group_compress
         else:
             comm += all_reduce_s(numel * itemsize, num_devices=devices, link=link)
     return comm, compress
@@ -193,7 +204,10 @@ def local_sgd_average_s(num_params: int, *, period: int, devices: int, link: Lin
 
 
 def sync_state_bytes(buckets: Sequence[ReadyBucket], grad_sync: GradSync, *, itemsize: float) -> float:
-    """PowerSGD's error-feedback buffers: one bucket-sized buffer per bucket (P and Q are far smaller)."""
+    """Error-feedback buffers: PowerSGD's one bucket-sized buffer per bucket (P and Q are far smaller), the
+    gathered kinds' fp32 residuals (:func:`planner.costing.gathered_sync.gathered_state_bytes`)."""
+    if grad_sync.gathered:
+        return gathered_state_bytes(buckets, grad_sync)
     if grad_sync.kind != "powersgd":
         return 0.0
     return sum(bucket.numel for bucket in buckets) * itemsize

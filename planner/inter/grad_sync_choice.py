@@ -17,9 +17,10 @@ step work after its last backward is, under a gradient sync ``g``,
 
 A one-stage DDP plan is ``m·compute + rest + A(g) + o`` (:func:`planner.costing.ddp.ddp_step`). The
 choices (:func:`offered`): ``exact``; with ``allow_lossy`` also :data:`LOSSY_CHOICES` where the plan can run
-them (:func:`planner.costing.compression.refusal`); a forced one (``--grad-sync``) alone. PowerSGD's
-error-feedback buffers must still fit in memory. :func:`choose_grad_sync` keeps the fastest (exact on a tie);
-``grad_sync_saved_s`` = ``T(exact) − T(chosen)``.
+them (:func:`planner.costing.compression.refusal`); a forced one (``--grad-sync``) alone — any kind, the gathered
+ones (topk, onebit, threshold, terngrad, qsgd, signsgd) included. The error-feedback buffers (PowerSGD's, and the
+fp32 residuals of topk, onebit and threshold) must still fit in memory. :func:`choose_grad_sync` keeps the
+fastest (exact on a tie); ``grad_sync_saved_s`` = ``T(exact) − T(chosen)``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.costing.compression import EXACT, stage_sync
+from planner.costing.gathered_sync import pricing_caveat
 from planner.costing.overlap import after_backward_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import stage_node_work
@@ -99,7 +101,7 @@ def after_s(
 class SyncChoice:
     grad_sync: GradSync
     step_s: float
-    state_bytes: float  # added per device (PowerSGD's error feedback)
+    state_bytes: float  # added per device (error feedback: PowerSGD's, the gathered kinds' residuals)
     exact_step_s: float | None  # the same candidate under exact sync (None: not offered)
 
     @property
@@ -109,6 +111,9 @@ class SyncChoice:
     def note(self) -> str:
         """What the chosen sync changed and what it saved, for the plan's notes."""
         text = f"gradient sync {self.grad_sync.label}: {self.grad_sync.describe()}"
+        caveat = pricing_caveat(self.grad_sync)
+        if caveat:
+            text = f"{text}; {caveat}"
         if self.exact_step_s is None:
             return text
         return (
