@@ -132,7 +132,11 @@ def run_case(model: str, world: int, *, steps: int, work: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.compression_accuracy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--worlds", default="2,4")

@@ -33,6 +33,7 @@ run on the process group's thread, where a second collective would race the main
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,11 +171,21 @@ def _compress(
 
 
 def _mean(compressor: Compressor, received: list[Payload]) -> torch.Tensor:
-    """The average the ranks' payloads of one gradient stand for (signSGD: majority vote × mean magnitude)."""
+    """The average the ranks' payloads of one gradient stand for (signSGD: majority vote × mean magnitude): the sparse
+    kinds scatter-add every payload into one zero-filled sum, the dense ones add each decoded payload to a running
+    sum (what :mod:`planner.costing.gathered_sync` prices)."""
     if isinstance(compressor, SignSGD):
         scale = torch.stack([payload.tensors["scale"] for payload in received]).mean()
         return majority_vote([signs(payload) for payload in received]) * scale
-    return torch.stack([compressor.decompress(payload) for payload in received]).mean(0)
+    if isinstance(compressor, TopK | Threshold):
+        total = torch.zeros(math.prod(received[0].shape), device=received[0].tensors["indices"].device)
+        for payload in received:
+            compressor.add_into(total, payload)
+        return total.reshape(received[0].shape) / len(received)
+    total = compressor.decompress(received[0])
+    for payload in received[1:]:
+        total += compressor.decompress(payload)
+    return total / len(received)
 
 
 def _gather(payloads: list[Payload], group: Any, *, variable: bool) -> list[list[Payload]]:

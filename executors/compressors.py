@@ -139,6 +139,10 @@ class TopK:
         flat[payload.tensors["indices"].long()] = values
         return flat.reshape(payload.shape)
 
+    def add_into(self, total: torch.Tensor, payload: Payload) -> None:
+        """Scatter-add the payload into a flat ``total`` (a sum of several ranks' payloads)."""
+        total.index_add_(0, payload.tensors["indices"].long(), payload.tensors["values"])
+
 
 def _columns(grad: torch.Tensor) -> torch.Tensor:
     """``grad`` as a matrix: a 2-D or larger tensor as ``shape[0]`` rows of the rest, a 1-D one as one column."""
@@ -195,6 +199,11 @@ class Threshold:
         flat = signs.new_zeros(math.prod(payload.shape))
         flat[payload.tensors["indices"].long()] = signs * self.tau
         return flat.reshape(payload.shape)
+
+    def add_into(self, total: torch.Tensor, payload: Payload) -> None:
+        """Scatter-add the payload's ``±τ`` into a flat ``total`` (a sum of several ranks' payloads)."""
+        signs = payload.tensors["codes"].float() * 2 - 1
+        total.index_add_(0, payload.tensors["indices"].long(), signs * self.tau)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -163,3 +163,61 @@ def test_a_gathered_sharded_plan_is_priced_as_the_simulator_runs_it(choice: str)
     assert any(segment.compress_s > 0 for segment in lowered.sync_segments[0])
     assert simulate_lowered(lowered).step_time_s == pytest.approx(plan.estimate.step_time_s, rel=1e-9)
     assert plan.estimate.savings.grad_sync_saved_s is not None
+
+
+def test_delayed_averaging_leaves_exposed_what_d_backwards_do_not_hide() -> None:
+    from planner.costing.delayed_sync import delayed_segments
+    from planner.costing.overlap import SyncSegment
+
+    segments = [SyncSegment(backward_s=0.1, all_reduce_s=0.6), SyncSegment(backward_s=0.2, all_reduce_s=0.4)]
+    cut = delayed_segments(segments, backward_s=0.3, delay=2)  # C = 1.0, hidden 0.6: 0.4 left, in proportion
+    assert [s.all_reduce_s for s in cut] == pytest.approx([0.24, 0.16])
+    assert [s.backward_s for s in cut] == [0.1, 0.2]
+    assert all(s.all_reduce_s == 0 for s in delayed_segments(segments, backward_s=0.3, delay=4))
+
+
+def _slow_mlp_plan(grad_sync: str | None, *, optimizer: str = "adam-fp32"):
+    cluster = load_cluster(str(EXAMPLES / "clusters" / "ethernet-1g.toml"), num_nodes=2)
+    return plan_model_file(
+        EXAMPLES / "mlp.py",
+        cluster,
+        batch_size=64,
+        model_args={"hidden": 1024, "layers": 2},
+        method="data-parallel",
+        optimizer=optimizer,
+        allow_lossy=grad_sync is not None,
+        grad_sync=grad_sync,
+    )
+
+
+@pytest.mark.parametrize(("choice", "optimizer"), [("dga:4", "adam-fp32"), ("dgc:0.001", "sgd-momentum")])
+def test_dga_and_dgc_plans_are_priced_as_the_simulator_runs_them(choice: str, optimizer: str) -> None:
+    plan, bf16 = _slow_mlp_plan(choice, optimizer=optimizer), _slow_mlp_plan("bf16", optimizer=optimizer)
+    assert plan.grad_sync == GradSync.parse(choice)
+    assert plan.estimate.savings.grad_sync_saved_s > 0  # on 1 Gbit/s either saves time over the same DDP plan
+    graph = captured("mlp", 64 // plan.num_microbatches, "export", hidden=1024, layers=2)
+    num_params = sum(math.prod(entry.shape) for entry in ddp_entries(graph))
+    state = {"dga:4": 2 * 5 * 4 * num_params, "dgc:0.001": 8 * num_params}[choice]  # the queue; u and v
+    assert bf16.zero == plan.zero == 0  # the same DDP layout; bf16 keeps no state
+    assert plan.estimate.memory_per_device_bytes - bf16.estimate.memory_per_device_bytes == pytest.approx(state, abs=2)
+    lowered = lower_plan(plan, graph, plan_setup(plan))
+    assert simulate_lowered(lowered).step_time_s == pytest.approx(plan.estimate.step_time_s, rel=1e-6)
+
+
+def test_dgc_is_refused_without_sgd_momentum_and_dga_outside_ddp() -> None:
+    from planner.errors import AutoplanError
+
+    with pytest.raises(AutoplanError, match="sgd-momentum"):
+        _slow_mlp_plan("dgc:0.001", optimizer="adam-fp32")
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
+    with pytest.raises(AutoplanError, match=r"needs a one-stage data-parallel plan \(DDP\)"):
+        plan_model_file(
+            EXAMPLES / "mlp.py",
+            cluster,
+            batch_size=8,
+            model_args={"hidden": 32, "layers": 1},
+            method="megatron",
+            degrees=(2, 1, 1),
+            allow_lossy=True,
+            grad_sync="dga:2",
+        )

@@ -87,10 +87,12 @@ def test_a_lossy_choice_needs_allow_lossy_and_a_plan_that_runs_it() -> None:
         degrees=(1, 2, 1),
         microbatches=2,
     )
-    assert "only a one-stage data-parallel plan" in refusal(
-        GradSync.parse("local-sgd:4"), pipeline.stages, zero=False, cluster=one_node, ddp=False
-    )
-    assert refusal(GradSync.parse("powersgd:4"), pipeline.stages, zero=False, cluster=one_node, ddp=False) is None
+    where = {"zero": False, "cluster": one_node, "ddp": False, "optimizer": "adam-mixed"}
+    assert "only a one-stage data-parallel plan" in refusal(GradSync.parse("local-sgd:4"), pipeline.stages, **where)
+    assert refusal(GradSync.parse("powersgd:4"), pipeline.stages, **where) is None
+    assert "only a one-stage data-parallel plan" in refusal(GradSync.parse("dga:4"), pipeline.stages, **where)
+    assert "--optimizer sgd-momentum" in refusal(GradSync.parse("dgc:0.01"), pipeline.stages, **where)
+    assert refusal(GradSync.parse("dgc:0.01"), pipeline.stages, **{**where, "optimizer": "sgd-momentum"}) is None
 
 
 def test_buckets_follow_ddp_caps_per_process_group_in_the_order_they_go_out() -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from cost_models.memory import model_state_bytes, optimizer_bytes, zero_shards
 from cost_models.units import GIB
+from planner.costing.compression import requirements
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.options import (
@@ -219,10 +220,7 @@ def does_not_fit_message(
     plan_words = f"{method} plan" + (f" with {choices}" if choices else "")
     forced = options.grad_sync
     if forced is not None and needed_bytes is not None and needed_bytes <= setup.memory_budget_bytes:
-        return (
-            f"the {method} plan cannot run --grad-sync {forced.label}: it needs replicas on several devices "
-            "(across nodes for local SGD), without --zero"
-        )
+        return f"the {method} plan cannot run --grad-sync {forced.label}: it needs {requirements(forced)}"
     state = state_too_large_message(setup, num_params) if num_params else None
     if state is not None:
         return state

@@ -187,17 +187,18 @@ def _add_sync_options(parser: argparse.ArgumentParser) -> None:
         "--allow-lossy",
         action="store_true",
         help="let auto also price lossy gradient syncs and keep the fastest: bf16 compression, PowerSGD of rank 4 "
-        "(with error feedback) and, for data-parallel plans across nodes, local SGD averaging every 4 or 16 steps "
-        "(the choices tests/test_lossy_sync.py trains near the exact loss curve); the plan says what it changed "
-        "and what it saved (never chosen without this flag)",
+        "(with error feedback), for data-parallel plans across nodes local SGD averaging every 4 or 16 steps, "
+        "TernGrad, QSGD of 16 levels and signSGD (the choices tests/test_lossy_sync.py trains near the exact loss "
+        "curve); the plan says what it changed and what it saved (never chosen without this flag)",
     )
     parser.add_argument(
         "--grad-sync",
         default=None,
-        metavar="exact|bf16|powersgd:R|local-sgd:H",
-        help="force this gradient sync on every candidate (torch's DDP communication hooks: bf16_compress_hook, "
-        "powerSGD_hook of rank R, post_localSGD_hook averaging the parameters every H steps); a lossy one needs "
-        "--allow-lossy",
+        metavar="FORM",
+        help="force this gradient sync on every candidate: exact, bf16, powersgd:R, local-sgd:H (torch's DDP "
+        "hooks), topk:RATIO, onebit, threshold:TAU, terngrad, qsgd:S, signsgd, dgc:RATIO (sgd-momentum only) "
+        "(all-gathered compressed gradients, executors/compressed_sync.py) or dga:D (delayed averaging, "
+        "data-parallel only); a lossy one needs --allow-lossy (README: what each trades)",
     )
 
 

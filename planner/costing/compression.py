@@ -24,12 +24,15 @@ devices on a link (α, β), costs — :func:`bucket_sync_s`:
   intra-node link: :func:`sync_groups`), and once every ``H`` steps the parameters (fp32 master weights, 4
   bytes each) are averaged over the whole group: one all-reduce plus flattening, dividing and copying back
   (6 passes of 4-byte parameters), amortised — :func:`local_sgd_average_s`;
-* the gathered kinds (``topk``, ``onebit``, ``threshold``, ``terngrad``, ``qsgd``, ``signsgd``: our own hook,
+* the gathered kinds (``topk``, ``onebit``, ``threshold``, ``terngrad``, ``qsgd``, ``signsgd``, ``dgc``: our own hook,
   :mod:`executors.compressed_sync`): an all-gather of every rank's compressed payloads (a sparse or quantized
   gradient cannot be summed on the wire), each rank decompressing and averaging all ``n`` of them —
   :func:`planner.costing.gathered_sync.gathered_sync_s` (its docstring states the bytes and passes of each
   kind, and threshold's assumed density). Memory: the error-feedback kinds' fp32 residuals
-  (:func:`planner.costing.gathered_sync.gathered_state_bytes`).
+  (:func:`planner.costing.gathered_sync.gathered_state_bytes`);
+* ``dga`` delay ``D`` (DDP only): the exact all-reduce, launched when its bucket is ready and waited for ``D``
+  steps later, so ``D`` backwards hide it; the hook's copies and correction as compression compute, its queue of
+  ``D + 1`` steps as memory — :mod:`planner.costing.delayed_sync`.
 
 The compression compute runs on the device when its bucket goes out (:class:`planner.costing.overlap.SyncSegment`
 ``compress_s``: it delays the rest of the backward), the communication on the group's link. A bucket summed
@@ -55,6 +58,7 @@ from dataclasses import dataclass
 from cost_models.cluster import Cluster, Link
 from cost_models.communication import all_reduce_s
 from cost_models.memory import optimizer_bytes
+from planner.costing.delayed_sync import delayed_copy_s, delayed_segments, delayed_state_bytes
 from planner.costing.gathered_sync import gathered_state_bytes, gathered_sync_s
 from planner.costing.overlap import (
     GradEntry,
@@ -92,12 +96,21 @@ class StageSync:
         return math.fsum(segment.all_reduce_s for segment in self.segments)
 
 
-def refusal(grad_sync: GradSync, stages: Sequence[Stage], *, zero: bool, cluster: Cluster, ddp: bool) -> str | None:
+def refusal(
+    grad_sync: GradSync, stages: Sequence[Stage], *, zero: bool, cluster: Cluster, ddp: bool, optimizer: str
+) -> str | None:
     """Why the plan of ``stages`` cannot run ``grad_sync`` exactly as priced (None: it can)."""
     if not grad_sync.lossy:
         return None
     if zero:
         return f"{grad_sync.label} runs on DDP's or the sharded stages' buckets, not under FSDP (--zero)"
+    if grad_sync.kind == "dgc" and optimizer != "sgd-momentum":
+        return (
+            f"DGC keeps SGD's momentum in the gradient sync (momentum correction): it runs with --optimizer "
+            f"sgd-momentum, not {optimizer}"
+        )
+    if grad_sync.kind == "dga" and not ddp:
+        return "DGA steps each replica on its own gradient: only a one-stage data-parallel plan (DDP) can run it"
     if grad_sync.kind == "local-sgd":
         if not ddp:
             return "local SGD averages whole replicas: only a one-stage data-parallel plan (DDP) can run it"
@@ -105,6 +118,18 @@ def refusal(grad_sync: GradSync, stages: Sequence[Stage], *, zero: bool, cluster
         if len(nodes) < 2:
             return "local SGD averages replicas across nodes: this plan's replicas are all on one node"
     return None
+
+
+def requirements(grad_sync: GradSync) -> str:
+    """What a plan needs to run ``grad_sync`` (:func:`refusal`'s rules in words), for a refusal's message."""
+    needs = ["replicas on several devices", "without --zero"]
+    if grad_sync.kind == "local-sgd":
+        needs[0] = "a one-stage data-parallel plan (DDP) with replicas on several nodes"
+    if grad_sync.kind == "dga":
+        needs[0] = "a one-stage data-parallel plan (DDP)"
+    if grad_sync.kind == "dgc":
+        needs.append("with --optimizer sgd-momentum (DGC keeps its momentum)")
+    return ", ".join(needs)
 
 
 def sync_groups(grad_sync: GradSync, bucket_axes: Sequence[int], *, mesh: StageMesh, ddp: bool) -> list[Group]:
@@ -140,6 +165,9 @@ def bucket_sync_s(
         elif grad_sync.gathered:
             group_comm, group_compress = gathered_sync_s(entries, grad_sync, devices=devices, link=link, setup=setup)
             comm, compress = comm + group_comm, compress + group_compress
+        elif grad_sync.kind == "dga":  # the exact all-reduce, hidden later (planner.costing.delayed_sync)
+            comm += all_reduce_s(numel * itemsize, num_devices=devices, link=link)
+            compress += delayed_copy_s(numel, itemsize=itemsize, setup=setup)
         else:
             comm += all_reduce_s(numel * itemsize, num_devices=devices, link=link)
     return comm, compress
@@ -208,6 +236,8 @@ def sync_state_bytes(buckets: Sequence[ReadyBucket], grad_sync: GradSync, *, ite
     gathered kinds' fp32 residuals (:func:`planner.costing.gathered_sync.gathered_state_bytes`)."""
     if grad_sync.gathered:
         return gathered_state_bytes(buckets, grad_sync)
+    if grad_sync.kind == "dga":
+        return delayed_state_bytes(buckets, delay=grad_sync.delay, itemsize=itemsize)
     if grad_sync.kind != "powersgd":
         return 0.0
     return sum(bucket.numel for bucket in buckets) * itemsize
@@ -240,8 +270,11 @@ def stage_sync(
             link=setup.cluster.link_between(stage.devices),
             setup=setup,
         )
+    segments = cut_backward(buckets, backward, price)
+    if grad_sync.kind == "dga":
+        segments = delayed_segments(segments, backward_s=backward, delay=grad_sync.delay)
     return StageSync(
-        segments=tuple(cut_backward(buckets, backward, price)),
+        segments=tuple(segments),
         amortised_s=amortised,
         state_bytes=sync_state_bytes(buckets, grad_sync, itemsize=itemsize),
     )

@@ -1,5 +1,5 @@
 """What a gathered gradient sync (:attr:`planner.plan.GradSync.gathered`: topk, onebit, threshold, terngrad, qsgd,
-signsgd) costs one bucket on one device of a group of ``n``, as :mod:`executors.compressed_sync` runs it.
+signsgd, dgc) costs one bucket on one device of a group of ``n``, as :mod:`executors.compressed_sync` runs it.
 
 The executor compresses every gradient ``i`` of the bucket (``N_i`` elements, ``b`` bytes each: the optimizer's
 gradient itemsize) on its own with :mod:`executors.compressors`, concatenates the payloads into one byte buffer
@@ -59,6 +59,12 @@ majority vote of the signs times the mean of the scales) and writes the result i
     decode per payload unpack (3) and the ``±1`` signs (5 + 8 + 8): 24, stacked for the vote (8) and summed
     (read 4): ``e_sum`` 12; finish: the sum's write (4), its sign (8), the scale (8) and the copy (4): 24.
 
+  - ``dgc`` ρ: top-k's costs (its steady state, after the sparsity warm-up), without the error-feedback residual
+    (DGC keeps no residual but its velocity), plus the momentum correction per element, ``u ← m·u + g`` (the
+    product: read 4, write 4; the sum: read 8, write 4) and ``v ← v + u`` (read 8, write 4): 32 bytes, three
+    kernels (:data:`DGC_MOMENTUM_BYTES`), and the masking of the sent elements in ``u`` and ``v`` (index 8, write
+    4, twice: 24 a sent element, two kernels).
+
   Kernel counts (``κ``) count the same ops, the selection as :data:`TOPK_SELECT_KERNELS` and the packing and
   unpacking as 4 and 3, plus one each for the payload's concatenation, the cast, the residual's add and store,
   the sparse kinds' zero-fill and each payload's accumulation (:func:`gradient_compute`). A bucket synced over
@@ -66,8 +72,9 @@ majority vote of the signs times the mean of the scales) and writes the result i
   its groups).
 
 Memory (:func:`gathered_state_bytes`): the error-feedback kinds keep one fp32 residual per gradient, ``4·N`` per
-bucket, for the whole run. The gathered buffers (``n·P`` bytes) and the decoded sums of one bucket are transients
-of its sync; no memory term holds a sync's transients, so they are not counted.
+bucket, for the whole run; DGC its momentum and velocity, ``8·N``. The gathered buffers (``n·P`` bytes) and the
+decoded sums of one bucket are transients of its sync; no memory term holds a sync's transients, so they are not
+counted.
 
 :func:`pricing_caveat` says what the estimate assumes that the data decides (threshold's density), for the plan's
 notes. Every constant below marked *assumption* is ours, not a measurement: ``plan profile`` does not time these
@@ -158,12 +165,19 @@ KIND_COSTS: dict[str, KindCosts] = {
         finish_kernels=4,
     ),
 }
-SPARSE_KINDS = frozenset({"topk", "threshold"})
+DGC_MOMENTUM_BYTES = 32  # u ← m·u + g (mul: 8, add: 12) and v ← v + u (12), per element
+DGC_MOMENTUM_KERNELS = 3
+DGC_MASK_BYTES_PER_SENT = 24  # u and v zeroed where sent: index 8 + write 4, twice
+KIND_COSTS["dgc"] = sparse_costs(
+    encode=(8 + 4 * TOPK_SELECT_READS + DGC_MOMENTUM_BYTES, 28 + DGC_MASK_BYTES_PER_SENT, 3 + TOPK_SELECT_KERNELS + 5),
+    decode=(48, 4),
+)
+SPARSE_KINDS = frozenset({"topk", "threshold", "dgc"})
 
 
 def sent_elements(grad_sync: GradSync, numel: int) -> int:
     """Elements a sparse kind sends of a gradient of ``numel`` (threshold: at :data:`THRESHOLD_DENSITY`)."""
-    if grad_sync.kind == "topk":
+    if grad_sync.kind in ("topk", "dgc"):
         return topk_count(grad_sync.ratio, numel)
     if grad_sync.kind == "threshold":
         return math.ceil(THRESHOLD_DENSITY * numel)
@@ -193,7 +207,7 @@ def gradient_compute(entry: GradEntry, grad_sync: GradSync, *, devices: int, ite
     kernels = costs.encode_kernels + 1
     if itemsize != VALUE_BYTES:
         moved, kernels = moved + (itemsize + VALUE_BYTES) * numel, kernels + 1
-    if grad_sync.error_feedback:
+    if grad_sync.error_feedback and grad_sync.kind != "dgc":  # DGC keeps its velocity instead (in its encode)
         zero_fill = ZERO_FILL_BYTES * numel if grad_sync.kind in SPARSE_KINDS else 0
         moved += (ERROR_FEEDBACK_ADD_BYTES + ERROR_FEEDBACK_STORE_BYTES) * numel + decode_bytes + zero_fill
         kernels += 2 + costs.decode_kernels + (1 if zero_fill else 0)
@@ -225,10 +239,12 @@ def gathered_sync_s(
 
 
 def gathered_state_bytes(buckets: Sequence[ReadyBucket], grad_sync: GradSync) -> float:
-    """The error-feedback kinds' fp32 residuals: ``4·N`` per bucket, kept for the run (0 for the others)."""
+    """The error-feedback kinds' fp32 residuals, ``4·N`` per bucket, and DGC's momentum and velocity, ``8·N``: kept
+    for the run (0 for the others)."""
     if not grad_sync.error_feedback:
         return 0.0
-    return float(sum(bucket.numel for bucket in buckets) * VALUE_BYTES)
+    per_element = 2 * VALUE_BYTES if grad_sync.kind == "dgc" else VALUE_BYTES
+    return float(sum(bucket.numel for bucket in buckets) * per_element)
 
 
 def pricing_caveat(grad_sync: GradSync) -> str | None:

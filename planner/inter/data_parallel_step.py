@@ -40,7 +40,9 @@ def reprice_data_parallel(
     def price(grad_sync: GradSync) -> tuple[float, float] | None:
         if grad_sync == own:
             return candidate.estimate.step_time_s, 0.0
-        if not ddp or refusal(grad_sync, candidate.stages, zero=zero, cluster=setup.cluster, ddp=ddp):
+        if not ddp or refusal(
+            grad_sync, candidate.stages, zero=zero, cluster=setup.cluster, ddp=ddp, optimizer=setup.optimizer
+        ):
             return None
         priced[grad_sync] = variant = ddp_step(candidate.stages[0], graph, setup, m=1, grad_sync=grad_sync)
         assert variant.step_s > 0, f"internal error (please report): {grad_sync.label} priced at {variant.step_s} s"

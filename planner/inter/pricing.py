@@ -207,7 +207,14 @@ class _PipelineStep:
     def under(self, grad_sync: GradSync) -> tuple[float, float] | None:
         """The step under ``grad_sync`` and the bytes it adds per device (:mod:`planner.inter.grad_sync_choice`)."""
         fsdp, setup = self.fsdp, self.setup
-        if refusal(grad_sync, self.stages, zero=fsdp is not None, cluster=setup.cluster, ddp=self.is_ddp):
+        if refusal(
+            grad_sync,
+            self.stages,
+            zero=fsdp is not None,
+            cluster=setup.cluster,
+            ddp=self.is_ddp,
+            optimizer=setup.optimizer,
+        ):
             return None
         if fsdp is not None:
             return fsdp.step_s, 0.0
