@@ -99,6 +99,8 @@ def make_optimizer(
     Compression (``grad_sync`` dgc) the momentum of ``sgd-momentum`` lives in the gradient sync
     (:class:`executors.compressed_sync.DgcGradient`: momentum correction), so the SGD here runs without it."""
     check_optimizer(name)
+    if grad_sync is not None and grad_sync.kind == "dgc" and name != "sgd-momentum":
+        raise AutoplanError(f"--grad-sync {grad_sync.label} keeps SGD's momentum in the sync: run it with sgd-momentum")
     if not params:  # a rank that holds no parameter (an idle device of a placement) steps nothing
         params = [nn.Parameter(torch.empty(0))]
     if name.startswith("adam"):

@@ -52,7 +52,7 @@ def check_grad_sync(plan: Plan) -> None:
 
     fsdp = runs_as_fsdp(plan.stages)  # ZeRO-1 on sharded stages keeps their buckets: only FSDP refuses a hook
     ddp = plan.is_pure_data_parallel and not plan.zero
-    reason = refusal(plan.grad_sync, plan.stages, zero=fsdp, cluster=plan.cluster, ddp=ddp)
+    reason = refusal(plan.grad_sync, plan.stages, zero=fsdp, cluster=plan.cluster, ddp=ddp, optimizer=plan.optimizer)
     if plan.grad_sync.lossy and plan.schedule == Schedule.DATAFLOW:
         reason = "op placements run no gradient sync to compress"
     if reason:
