@@ -221,3 +221,8 @@ def test_dgc_is_refused_without_sgd_momentum_and_dga_outside_ddp() -> None:
             allow_lossy=True,
             grad_sync="dga:2",
         )
+
+
+def test_a_forced_sync_slower_than_exact_says_more_not_a_negative_less() -> None:
+    slower = SyncChoice(grad_sync=GradSync.parse("topk:0.01"), step_s=2.5, state_bytes=0, exact_step_s=2.0)
+    assert "0.5 s more than exact sync (2 s)" in slower.note() and "-" not in slower.note().split("step")[-1]

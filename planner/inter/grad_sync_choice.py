@@ -116,8 +116,9 @@ class SyncChoice:
             text = f"{text}; {caveat}"
         if self.exact_step_s is None:
             return text
+        compared = "less" if self.saved_s >= 0 else "more"  # forced: exact sync may have had a faster layout
         return (
-            f"{text}; estimated step {self.step_s:.4g} s, {self.saved_s:.3g} s less than exact sync "
+            f"{text}; estimated step {self.step_s:.4g} s, {abs(self.saved_s):.3g} s {compared} than exact sync "
             f"({self.exact_step_s:.4g} s)"
         )
 
