@@ -115,14 +115,19 @@ def test_error_feedback_kinds_keep_an_fp32_residual_per_gradient(optimizer: str)
     assert offered(allow_lossy=False, forced=GradSync.parse("onebit")) == (GradSync.parse("onebit"),)
 
 
-def _mlp_plan(grad_sync: str | None):
-    cluster = load_cluster("local-cpu", num_nodes=2, devices_per_node=1)
+def _mlp_plan(grad_sync: str | None, *, slow: bool = False, optimizer: str | None = None):
+    """A data-parallel MLP plan on 2 local-cpu nodes, or (``slow``) a wider one on 2 nodes of 1 Gbit/s Ethernet."""
+    if slow:
+        cluster = load_cluster(str(EXAMPLES / "clusters" / "ethernet-1g.toml"), num_nodes=2)
+    else:
+        cluster = load_cluster("local-cpu", num_nodes=2, devices_per_node=1)
     return plan_model_file(
         EXAMPLES / "mlp.py",
         cluster,
-        batch_size=8,
-        model_args={"hidden": 256, "layers": 2},
+        batch_size=64 if slow else 8,
+        model_args={"hidden": 1024 if slow else 256, "layers": 2},
         method="data-parallel",
+        optimizer=optimizer,
         allow_lossy=grad_sync is not None,
         grad_sync=grad_sync,
     )
@@ -176,23 +181,9 @@ def test_delayed_averaging_leaves_exposed_what_d_backwards_do_not_hide() -> None
     assert all(s.all_reduce_s == 0 for s in delayed_segments(segments, backward_s=0.3, delay=4))
 
 
-def _slow_mlp_plan(grad_sync: str | None, *, optimizer: str = "adam-fp32"):
-    cluster = load_cluster(str(EXAMPLES / "clusters" / "ethernet-1g.toml"), num_nodes=2)
-    return plan_model_file(
-        EXAMPLES / "mlp.py",
-        cluster,
-        batch_size=64,
-        model_args={"hidden": 1024, "layers": 2},
-        method="data-parallel",
-        optimizer=optimizer,
-        allow_lossy=grad_sync is not None,
-        grad_sync=grad_sync,
-    )
-
-
 @pytest.mark.parametrize(("choice", "optimizer"), [("dga:4", "adam-fp32"), ("dgc:0.001", "sgd-momentum")])
 def test_dga_and_dgc_plans_are_priced_as_the_simulator_runs_them(choice: str, optimizer: str) -> None:
-    plan, bf16 = _slow_mlp_plan(choice, optimizer=optimizer), _slow_mlp_plan("bf16", optimizer=optimizer)
+    plan, bf16 = _mlp_plan(choice, slow=True, optimizer=optimizer), _mlp_plan("bf16", slow=True, optimizer=optimizer)
     assert plan.grad_sync == GradSync.parse(choice)
     assert plan.estimate.savings.grad_sync_saved_s > 0  # on 1 Gbit/s either saves time over the same DDP plan
     graph = captured("mlp", 64 // plan.num_microbatches, "export", hidden=1024, layers=2)
@@ -208,7 +199,7 @@ def test_dgc_is_refused_without_sgd_momentum_and_dga_outside_ddp() -> None:
     from planner.errors import AutoplanError
 
     with pytest.raises(AutoplanError, match="sgd-momentum"):
-        _slow_mlp_plan("dgc:0.001", optimizer="adam-fp32")
+        _mlp_plan("dgc:0.001", slow=True, optimizer="adam-fp32")
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=2)
     with pytest.raises(AutoplanError, match=r"needs a one-stage data-parallel plan \(DDP\)"):
         plan_model_file(
