@@ -10,8 +10,13 @@ images, batch 64; its parameter count is printed). Per model and cluster:
   :data:`planner.inter.grad_sync_choice.LOSSY_CHOICES`) against auto with exact sync: the plan's shape, the sync it
   picked and how much faster its estimate is;
 * **every sync on the data-parallel plan**: ``--method data-parallel --allow-lossy --grad-sync KIND`` for each kind
-  of :data:`SYNCS` (forced: the ones auto may not pick too), its step estimate and the part of it the gradient
-  sync leaves exposed after the backward (``Estimate.breakdown``'s sync part where the plan has one).
+  of :data:`SYNCS` (forced: the ones auto may not pick too; DGC with ``--optimizer sgd-momentum``, the one it runs
+  with), its step estimate and the part of it the gradient sync leaves exposed after the backward (the
+  ``Estimate.breakdown_s`` parts named for a sync: DGA's row shows what its ``D`` steps did not hide).
+
+Every all-reduce is priced as a ring (``2(n−1)`` latency hops): across two regions 200 ms apart that latency, not
+the bandwidth, dominates exact sync, and the all-gathers of the compressors pay ``n − 1`` hops, half as many; the
+tree and hierarchical algorithms NCCL would pick there are not priced yet (issue 35, deliver 5).
 
 Nothing here is measured: these are the cost model's estimates (roofline costs), the what-if a user on such a
 link would read before running. ``python -m benchmarks.slow_links [--save]`` (``--save`` writes
@@ -86,15 +91,27 @@ def auto_rows(model: str, cluster_name: str, cluster: Cluster) -> list[str]:
 
 
 def sync_rows(model: str, cluster_name: str, cluster: Cluster) -> list[str]:
+    """One row per sync of :data:`SYNCS` on the data-parallel plan (DGC's under SGD with momentum, its optimizer)."""
     file, args, batch = MODELS[model]
-    prepared = prepare_model_file(
-        file, cluster, batch_size=batch, model_args=args, allow_lossy=True, method="data-parallel"
-    )
+    prepared = {
+        optimizer: prepare_model_file(
+            file,
+            cluster,
+            batch_size=batch,
+            model_args=args,
+            allow_lossy=True,
+            method="data-parallel",
+            optimizer=optimizer,
+        )
+        for optimizer in (None, "sgd-momentum")
+    }
     rows, exact_s = [], None
     for text in SYNCS:
-        options = dataclasses.replace(prepared.options, grad_sync=GradSync.parse(text))
+        grad_sync = GradSync.parse(text)
+        base = prepared["sgd-momentum" if grad_sync.kind == "dgc" else None]
+        options = dataclasses.replace(base.options, grad_sync=grad_sync)
         try:
-            plan = plan_prepared(dataclasses.replace(prepared, options=options), "data-parallel")
+            plan = plan_prepared(dataclasses.replace(base, options=options), "data-parallel")
         except AutoplanError as error:
             rows.append(f"| {model} | {cluster_name} | {text} | refused: {str(error)[:90]} | | | |")
             continue
@@ -102,7 +119,8 @@ def sync_rows(model: str, cluster_name: str, cluster: Cluster) -> list[str]:
         exact_s = step_s if text == "exact" else exact_s
         ratio = f"{exact_s / step_s:.2f}×" if exact_s else ""
         rows.append(
-            f"| {model} | {cluster_name} | {text} | {step_s:.4f} | {ratio} | {plan.grad_sync.describe()[:60]}… |"
+            f"| {model} | {cluster_name} | {text} | {step_s:.4f} | {_sync_part_s(plan):.4f} | {ratio} | "
+            f"{plan.grad_sync.describe()[:60]}… |"
         )
     return rows
 
@@ -122,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---|---|---:|---:|---:|",
     ]
     every = [
-        "| model | cluster | sync | data-parallel step (s) | vs exact | what it changes |",
-        "|---|---|---|---:|---:|---|",
+        "| model | cluster | sync | data-parallel step (s) | of it, sync (s) | vs exact | what it changes |",
+        "|---|---|---|---:|---:|---:|---|",
     ]
     for model in MODELS:
         for name, cluster in found.items():

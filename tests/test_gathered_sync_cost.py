@@ -217,3 +217,23 @@ def test_dgc_is_refused_without_sgd_momentum_and_dga_outside_ddp() -> None:
 def test_a_forced_sync_slower_than_exact_says_more_not_a_negative_less() -> None:
     slower = SyncChoice(grad_sync=GradSync.parse("topk:0.01"), step_s=2.5, state_bytes=0, exact_step_s=2.0)
     assert "0.5 s more than exact sync (2 s)" in slower.note() and "-" not in slower.note().split("step")[-1]
+
+
+def test_auto_picks_a_gathered_sync_where_latency_makes_it_fastest() -> None:
+    """Small gradients on a high-latency link inside one node: an all-reduce pays 2(n − 1) latencies, an all-gather
+    n − 1; PowerSGD leaves 8 × 8 matrices uncompressed and local SGD needs several nodes, so one of the gathered
+    choices auto may pick (TernGrad, QSGD 16, signSGD) is the fastest sync there."""
+    import dataclasses
+
+    cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=8)
+    cluster = dataclasses.replace(cluster, intra_node=Link(bandwidth=10e9, latency_s=1e-3))
+    plan = plan_model_file(
+        EXAMPLES / "mlp.py",
+        cluster,
+        batch_size=64,
+        model_args={"hidden": 8, "layers": 1},
+        method="data-parallel",
+        allow_lossy=True,
+    )
+    assert plan.grad_sync.gathered, plan.grad_sync
+    assert plan.estimate.savings.grad_sync_saved_s > 0
