@@ -11,7 +11,7 @@ them under one torchrun job and evaluates the trained weights.
 Bytes per step (:func:`bytes_per_step`) are what one rank puts into the sync per step, from the parameter shapes:
 exact ``4·N`` (the all-reduce's input), bf16 ``2·N``, PowerSGD its ``P`` and ``Q`` factors and uncompressed vectors,
 local SGD the parameter average's ``4·N / H`` across nodes (its per-step sync stays inside a node), the gathered
-kinds :func:`planner.costing.wire_bytes.payload_bytes` (tested equal to the bytes the hook sends), DGA ``4·N``
+kinds :func:`planner.costing.sync.wire_bytes.payload_bytes` (tested equal to the bytes the hook sends), DGA ``4·N``
 (its saving is latency, not bytes); threshold's payload depends on the data and is not counted (—). The ratio is
 exact's bytes over the method's.
 
@@ -37,7 +37,7 @@ from executors.training.launch import torchrun_argv
 from planner.api import plan_model_file
 from planner.costing.compression import compressed
 from planner.costing.overlap import GradEntry
-from planner.costing.wire_bytes import payload_bytes
+from planner.costing.sync.wire_bytes import payload_bytes
 from planner.ir.model_file import load_model_file
 from planner.plan import GradSync, Plan, save_plan
 

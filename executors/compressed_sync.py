@@ -11,9 +11,9 @@ every rank decodes all of them — :func:`compressed_hook`, per bucket of a proc
    kept in :class:`CompressedSyncState` by bucket index: DDP rebuilds its buckets after its first step, so these
    kinds start after at least 2 exact steps, as torch's PowerSGD does);
 2. the payloads travel as one ``uint8`` buffer (:meth:`executors.compressors.Payload.to_bytes`) of
-   ``Σ payload_bytes`` (:func:`planner.costing.wire_bytes.payload_bytes`, the size the cost model prices); threshold's
-   payload size depends on the data, so its ranks first all-gather one int32 count per gradient and pad their
-   buffers to the longest (:func:`_gather`);
+   ``Σ payload_bytes`` (:func:`planner.costing.sync.wire_bytes.payload_bytes`, the size the cost model prices);
+   threshold's payload size depends on the data, so its ranks first all-gather one int32 count per gradient and
+   pad their buffers to the longest (:func:`_gather`);
 3. every rank decodes the ``n`` payloads of each gradient and averages them (signSGD: the majority vote of the
    signs times the mean of the ``n`` magnitudes) into the bucket's buffer, the mean DDP's hooks return.
 
@@ -173,7 +173,7 @@ def _compress(
 def _mean(compressor: Compressor, received: list[Payload]) -> torch.Tensor:
     """The average the ranks' payloads of one gradient stand for (signSGD: majority vote × mean magnitude): the sparse
     kinds scatter-add every payload into one zero-filled sum, the dense ones add each decoded payload to a running
-    sum (what :mod:`planner.costing.gathered_sync` prices)."""
+    sum (what :mod:`planner.costing.sync.gathered` prices)."""
     if isinstance(compressor, SignSGD):
         scale = torch.stack([payload.tensors["scale"] for payload in received]).mean()
         return majority_vote([signs(payload) for payload in received]) * scale

@@ -30,7 +30,7 @@ Codes are unsigned integers (a sign bit, ``sign + 1`` for ternary levels, ``leve
 ``8 / code_bits`` to a byte (:func:`pack_codes`); :meth:`Payload.to_bytes` lays a payload out as one ``uint8``
 buffer (tensors by name, codes packed, indices int32, the rest fp32) and :meth:`Payload.from_bytes` reads it back.
 Its length is :meth:`Payload.wire_bytes`, the formula the cost model prices
-(:func:`planner.costing.wire_bytes.payload_bytes`; no entropy coding).
+(:func:`planner.costing.sync.wire_bytes.payload_bytes`; no entropy coding).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from planner.costing.wire_bytes import code_width
+from planner.costing.sync.wire_bytes import code_width
 
 INDEX_BYTES = 4  # int32 element indices
 SCALE_BYTES = 4  # fp32 scales and reconstruction values

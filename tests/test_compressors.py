@@ -26,7 +26,7 @@ from executors.compressors import (
     signs,
     unpack_codes,
 )
-from planner.costing.wire_bytes import payload_bytes
+from planner.costing.sync.wire_bytes import payload_bytes
 from planner.plan import GradSync
 
 SHAPES = st.sampled_from([(7,), (64,), (5, 9), (16, 4, 3)])

@@ -12,17 +12,17 @@ from cost_models.cluster import Link, load_cluster
 from cost_models.communication import all_gather_s, all_reduce_s
 from cost_models.compute import RooflineCompute
 from planner.api import plan_model_file
-from planner.costing import gathered_sync
 from planner.costing.compression import bucket_sync_s, sync_state_bytes
 from planner.costing.lowering import lower_plan, simulate_lowered
 from planner.costing.overlap import GradEntry, ReadyBucket, ddp_entries
 from planner.costing.setup import CostSetup, plan_setup
+from planner.costing.sync import gathered as gathered_sync
 from planner.inter.grad_sync_choice import SyncChoice, offered
 from planner.plan import GradSync
 from tests.conftest import EXAMPLES, captured
 
 ENTRIES = (GradEntry(name="w", shape=(1024, 1024), axes=(0,)), GradEntry(name="b", shape=(1024,), axes=(0,)))
-# Σ payload bytes of ENTRIES per rank, by hand from planner/costing/wire_bytes.py's formulas
+# Σ payload bytes of ENTRIES per rank, by hand from planner/costing/sync/wire_bytes.py's formulas
 HAND_PAYLOAD_BYTES = {
     "topk:0.01": 8 * (10486 + 11),  # k = ⌈0.01·N⌉ values and indices
     "onebit": (131072 + 8 * 1024) + (128 + 8),  # a bit an element, two values a column
@@ -171,8 +171,8 @@ def test_a_gathered_sharded_plan_is_priced_as_the_simulator_runs_it(choice: str)
 
 
 def test_delayed_averaging_leaves_exposed_what_d_backwards_do_not_hide() -> None:
-    from planner.costing.delayed_sync import delayed_segments
     from planner.costing.overlap import SyncSegment
+    from planner.costing.sync.delayed import delayed_segments
 
     segments = [SyncSegment(backward_s=0.1, all_reduce_s=0.6), SyncSegment(backward_s=0.2, all_reduce_s=0.4)]
     cut = delayed_segments(segments, backward_s=0.3, delay=2)  # C = 1.0, hidden 0.6: 0.4 left, in proportion

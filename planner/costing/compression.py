@@ -27,12 +27,12 @@ devices on a link (α, β), costs — :func:`bucket_sync_s`:
 * the gathered kinds (``topk``, ``onebit``, ``threshold``, ``terngrad``, ``qsgd``, ``signsgd``, ``dgc``: our own hook,
   :mod:`executors.compressed_sync`): an all-gather of every rank's compressed payloads (a sparse or quantized
   gradient cannot be summed on the wire), each rank decompressing and averaging all ``n`` of them —
-  :func:`planner.costing.gathered_sync.gathered_sync_s` (its docstring states the bytes and passes of each
+  :func:`planner.costing.sync.gathered.gathered_sync_s` (its docstring states the bytes and passes of each
   kind, and threshold's assumed density). Memory: the error-feedback kinds' fp32 residuals
-  (:func:`planner.costing.gathered_sync.gathered_state_bytes`);
+  (:func:`planner.costing.sync.gathered.gathered_state_bytes`);
 * ``dga`` delay ``D`` (DDP only): the exact all-reduce, launched when its bucket is ready and waited for ``D``
   steps later, so ``D`` backwards hide it; the hook's copies and correction as compression compute, its queue of
-  ``D + 1`` steps as memory — :mod:`planner.costing.delayed_sync`.
+  ``D + 1`` steps as memory — :mod:`planner.costing.sync.delayed`.
 
 The compression compute runs on the device when its bucket goes out (:class:`planner.costing.overlap.SyncSegment`
 ``compress_s``: it delays the rest of the backward), the communication on the group's link. A bucket summed
@@ -58,8 +58,6 @@ from dataclasses import dataclass
 from cost_models.cluster import Cluster, Link
 from cost_models.communication import all_reduce_s
 from cost_models.memory import optimizer_bytes
-from planner.costing.delayed_sync import delayed_copy_s, delayed_segments, delayed_state_bytes
-from planner.costing.gathered_sync import gathered_state_bytes, gathered_sync_s
 from planner.costing.overlap import (
     GradEntry,
     ReadyBucket,
@@ -70,6 +68,8 @@ from planner.costing.overlap import (
     stage_grad_entries,
 )
 from planner.costing.setup import CostSetup
+from planner.costing.sync.delayed import delayed_copy_s, delayed_segments, delayed_state_bytes
+from planner.costing.sync.gathered import gathered_state_bytes, gathered_sync_s
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Stage
 from planner.sharding.specs import StageMesh
@@ -165,7 +165,7 @@ def bucket_sync_s(
         elif grad_sync.gathered:
             group_comm, group_compress = gathered_sync_s(entries, grad_sync, devices=devices, link=link, setup=setup)
             comm, compress = comm + group_comm, compress + group_compress
-        elif grad_sync.kind == "dga":  # the exact all-reduce, hidden later (planner.costing.delayed_sync)
+        elif grad_sync.kind == "dga":  # the exact all-reduce, hidden later (planner.costing.sync.delayed)
             comm += all_reduce_s(numel * itemsize, num_devices=devices, link=link)
             compress += delayed_copy_s(numel, itemsize=itemsize, setup=setup)
         else:
@@ -233,7 +233,7 @@ def local_sgd_average_s(num_params: int, *, period: int, devices: int, link: Lin
 
 def sync_state_bytes(buckets: Sequence[ReadyBucket], grad_sync: GradSync, *, itemsize: float) -> float:
     """Error-feedback buffers: PowerSGD's one bucket-sized buffer per bucket (P and Q are far smaller), the
-    gathered kinds' fp32 residuals (:func:`planner.costing.gathered_sync.gathered_state_bytes`)."""
+    gathered kinds' fp32 residuals (:func:`planner.costing.sync.gathered.gathered_state_bytes`)."""
     if grad_sync.gathered:
         return gathered_state_bytes(buckets, grad_sync)
     if grad_sync.kind == "dga":

@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planner.costing.compression import EXACT, stage_sync
-from planner.costing.gathered_sync import pricing_caveat
 from planner.costing.overlap import after_backward_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import stage_node_work
+from planner.costing.sync.gathered import pricing_caveat
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Stage
 from planner.plan.grad_sync import DEFAULT_WARMUP_STEPS

@@ -9,7 +9,7 @@ majority vote of the signs times the mean of the scales) and writes the result i
 
 * communication (:func:`gathered_comm_s`): ``all_gather(n·P)`` (:func:`cost_models.communication.all_gather_s`
   takes the gathered size) of the bucket's ``P = Σ_i payload_bytes(g, shape_i)`` bytes
-  (:func:`planner.costing.wire_bytes.payload_bytes`); ``threshold`` first all-gathers one int32 count per
+  (:func:`planner.costing.sync.wire_bytes.payload_bytes`); ``threshold`` first all-gathers one int32 count per
   gradient (``all_gather(4·n·G)`` for ``G`` gradients) and then pads to the largest rank's length: its sent count
   ``s_i = ⌈THRESHOLD_DENSITY·N_i⌉`` depends on the data and is an assumption here (:data:`THRESHOLD_DENSITY`,
   :func:`sent_elements`), the same on every rank, so nothing is padded;
@@ -92,7 +92,7 @@ from cost_models.communication import all_gather_s
 from cost_models.memory import optimizer_bytes
 from planner.costing.overlap import GradEntry, ReadyBucket
 from planner.costing.setup import CostSetup
-from planner.costing.wire_bytes import INDEX_BYTES, VALUE_BYTES, payload_bytes, topk_count
+from planner.costing.sync.wire_bytes import INDEX_BYTES, VALUE_BYTES, payload_bytes, topk_count
 from planner.plan import GradSync
 
 # assumption: threshold sends 1% of a gradient's elements (Strom's τ is tuned for a small share; the executor

@@ -10,7 +10,7 @@ is — :func:`payload_bytes`:
 * ``onebit``: ``n`` sign bits packed, and two fp32 reconstruction values per column (``n / r`` columns of a
   matrix, one for a vector): ``⌈n/8⌉ + 8·columns``;
 * ``threshold`` τ: an int32 index and a sign bit per sent element: ``4·s + ⌈s/8⌉`` (``s`` depends on the data:
-  the executor counts it, the cost model assumes :data:`planner.costing.gathered_sync.THRESHOLD_DENSITY`);
+  the executor counts it, the cost model assumes :data:`planner.costing.sync.gathered.THRESHOLD_DENSITY`);
 * ``terngrad``: 2 bits an element and one fp32 scale: ``⌈2n/8⌉ + 4``;
 * ``qsgd`` ``s`` levels: a sign and a level, ``2s + 1`` values, packed in :func:`code_width` bits (1, 2, 4 or
   8: whole codes per byte) and one fp32 norm: ``⌈w·n/8⌉ + 4``;
