@@ -26,7 +26,7 @@ the ``k``-th :data:`DGC_WARMUP_STAGE_STEPS` steps after the exact warm-up (75%, 
 momentum) is not done: the program clips the global norm after the sync.
 
 Before ``warmup_steps`` steps (counted at each step's last bucket) the bucket is all-reduced exactly. Random
-compressors (TernGrad, QSGD) draw from a generator seeded by the plan's seed and the rank, so a run repeats. The
+compressors (TernGrad, QSGD) draw from a generator seeded by the rank alone, so a run repeats. The
 collectives are waited for inside the hook and the future it returns is complete (on gloo a future's callbacks
 run on the process group's thread, where a second collective would race the main thread's).
 """
@@ -113,17 +113,15 @@ class CompressedSyncState:
 
     process_group: Any
     grad_sync: GradSync
-    seed: int = 0
     iteration: int = 0
     feedback: dict[int, list[ErrorFeedback]] = field(default_factory=dict)
     dgc: dict[int, list[DgcGradient]] = field(default_factory=dict)
     generator: torch.Generator | None = None
-    sent_bytes: int = 0  # payload bytes this rank sent since the state was made (the evidence's "bytes per step")
 
     def random(self, device: torch.device) -> torch.Generator:
         if self.generator is None:
             rank = dist.get_rank(self.process_group)
-            self.generator = torch.Generator(device=device).manual_seed(self.seed + RANK_SEED_STRIDE * rank)
+            self.generator = torch.Generator(device=device).manual_seed(RANK_SEED_STRIDE * rank)
         return self.generator
 
 
@@ -148,7 +146,6 @@ def _compressed_mean(state: CompressedSyncState, *, index: int, gradients: list[
     compressor = compressor_of(state.grad_sync)
     payloads = _compress(state, compressor, index=index, gradients=gradients)
     everyone = _gather(payloads, state.process_group, variable=isinstance(compressor, Threshold))
-    state.sent_bytes += sum(payload.wire_bytes() for payload in payloads)
     for position, gradient in enumerate(gradients):
         received = [rank_payloads[position] for rank_payloads in everyone]
         gradient.copy_(_mean(compressor, received).reshape(gradient.shape))
