@@ -73,6 +73,10 @@ def make_runner(plan: Plan, workload: Workload, model: nn.Module) -> Runner:
 
             return UnevenPipelineRunner(plan=plan, workload=workload, model=model)
         return PipelineRunner(plan=plan, workload=workload, model=model)
+    if plan.is_pure_data_parallel and plan.grad_sync.kind == "ps":
+        from executors.parameter_server import ParameterServerRunner
+
+        return ParameterServerRunner(plan=plan, workload=workload, model=model)
     if plan.is_pure_data_parallel:
         from executors.parallel.data_parallel import DataParallelRunner
 

@@ -132,7 +132,7 @@ class PlanOptions:
         self._set_choices()
         self._check_numbers()
         grad_sync = GradSync.parse(self.grad_sync) if isinstance(self.grad_sync, str) else self.grad_sync
-        if grad_sync is not None and grad_sync.lossy and not self.allow_lossy:
+        if grad_sync is not None and not grad_sync.same_update and not self.allow_lossy:
             raise AutoplanError(
                 f"--grad-sync {grad_sync.label} changes the gradients the optimizer sees: add --allow-lossy"
             )

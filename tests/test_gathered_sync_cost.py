@@ -219,21 +219,32 @@ def test_a_forced_sync_slower_than_exact_says_more_not_a_negative_less() -> None
     assert "0.5 s more than exact sync (2 s)" in slower.note() and "-" not in slower.note().split("step")[-1]
 
 
-def test_auto_picks_a_gathered_sync_where_latency_makes_it_fastest() -> None:
-    """Small gradients on a high-latency link inside one node: an all-reduce pays 2(n − 1) latencies, an all-gather
-    n − 1; PowerSGD leaves 8 × 8 matrices uncompressed and local SGD needs several nodes, so one of the gathered
-    choices auto may pick (TernGrad, QSGD 16, signSGD) is the fastest sync there."""
+def _auto_on_one_slow_node(*, hidden: int, bandwidth: float, latency_s: float):
     import dataclasses
 
     cluster = load_cluster("local-cpu", num_nodes=1, devices_per_node=8)
-    cluster = dataclasses.replace(cluster, intra_node=Link(bandwidth=10e9, latency_s=1e-3))
-    plan = plan_model_file(
+    cluster = dataclasses.replace(cluster, intra_node=Link(bandwidth=bandwidth, latency_s=latency_s))
+    return plan_model_file(
         EXAMPLES / "mlp.py",
         cluster,
         batch_size=64,
-        model_args={"hidden": 8, "layers": 1},
+        model_args={"hidden": hidden, "layers": 1},
         method="data-parallel",
         allow_lossy=True,
     )
+
+
+def test_auto_picks_a_parameter_server_where_latency_alone_is_the_cost() -> None:
+    """Tiny gradients on a 1 ms link inside one node: an all-reduce pays 2(n − 1) latencies a bucket, an all-gather
+    n − 1, a parameter server's push and pull one each for the whole gradient; local SGD needs several nodes."""
+    plan = _auto_on_one_slow_node(hidden=8, bandwidth=10e9, latency_s=1e-3)
+    assert plan.grad_sync.kind == "ps" and plan.grad_sync.same_update, plan.grad_sync
+    assert plan.estimate.savings.grad_sync_saved_s > 0
+
+
+def test_auto_picks_a_gathered_sync_where_bandwidth_and_latency_both_cost() -> None:
+    """On 100 Mbit/s with 1 ms latency a parameter server still sends every fp32 gradient element: one of the
+    gathered choices auto may pick (TernGrad, QSGD 16, signSGD), 2 bits an element or less, is the fastest."""
+    plan = _auto_on_one_slow_node(hidden=64, bandwidth=12.5e6, latency_s=1e-3)
     assert plan.grad_sync.gathered, plan.grad_sync
     assert plan.estimate.savings.grad_sync_saved_s > 0

@@ -136,6 +136,9 @@ class ParallelModel:
 
     def grad_norm(self) -> float:
         """The gradient norm of the whole model (a collective over every rank)."""
+        own_norm = getattr(self.runner, "squared_grad_norm", None)  # a parameter server: its shards' gradients
+        if own_norm is not None:
+            return float(own_norm().sqrt())
         total = torch.zeros((), dtype=torch.float64, device=self.workload.device)
         for name, param in self.held.items():
             if param.grad is None:

@@ -35,7 +35,7 @@ class ParityCheck:
     ) -> None:
         self.model = model
         self.reference: Reference | None = None
-        if model.plan.grad_sync.lossy:
+        if not model.plan.grad_sync.same_update:
             raise AutoplanError(
                 f"--check-parity compares every gradient with one process, which a lossy gradient sync "
                 f"({model.plan.grad_sync.label}) cannot match: run without it (tests/test_lossy_sync.py compares "

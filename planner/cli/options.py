@@ -189,7 +189,8 @@ def _add_sync_options(parser: argparse.ArgumentParser) -> None:
         help="let auto also price lossy gradient syncs and keep the fastest: bf16 compression, PowerSGD of rank 4 "
         "(with error feedback), for data-parallel plans across nodes local SGD averaging every 4 or 16 steps, "
         "TernGrad, QSGD of 16 levels and signSGD (the choices tests/test_lossy_sync.py trains near the exact loss "
-        "curve); the plan says what it changed and what it saved (never chosen without this flag)",
+        "curve), and synchronous parameter servers with 2 to 64 shards (exact sync's update); the plan says "
+        "what it changed and what it saved (never chosen without this flag)",
     )
     parser.add_argument(
         "--grad-sync",
@@ -197,8 +198,10 @@ def _add_sync_options(parser: argparse.ArgumentParser) -> None:
         metavar="FORM",
         help="force this gradient sync on every candidate: exact, bf16, powersgd:R, local-sgd:H (torch's DDP "
         "hooks), topk:RATIO, onebit, threshold:TAU, terngrad, qsgd:S, signsgd, dgc:RATIO (sgd-momentum only) "
-        "(all-gathered compressed gradients, executors/compressed_sync.py) or dga:D (delayed averaging, "
-        "data-parallel only); a lossy one needs --allow-lossy (README: what each trades)",
+        "(all-gathered compressed gradients, executors/compressed_sync.py), dga:D (delayed averaging, "
+        "data-parallel only), ps:S or ps:S:K (S parameter-server shards, applied K steps late; data-parallel "
+        "only); one that changes the update (all but exact and ps:S) needs --allow-lossy (README: what each "
+        "trades)",
     )
 
 

@@ -32,7 +32,10 @@ devices on a link (α, β), costs — :func:`bucket_sync_s`:
   (:func:`planner.costing.sync.gathered.gathered_state_bytes`);
 * ``dga`` delay ``D`` (DDP only): the exact all-reduce, launched when its bucket is ready and waited for ``D``
   steps later, so ``D`` backwards hide it; the hook's copies and correction as compression compute, its queue of
-  ``D + 1`` steps as memory — :mod:`planner.costing.sync.delayed`.
+  ``D + 1`` steps as memory — :mod:`planner.costing.sync.delayed`;
+* ``ps`` servers ``S``, staleness ``K`` (DDP only): no bucket goes out during the backward; after it, the push to
+  the servers, their optimizer step on the busiest shard (:attr:`StageSync.optimizer_share` of the plan's) and the
+  pull — :mod:`planner.costing.sync.parameter_server`.
 
 The compression compute runs on the device when its bucket goes out (:class:`planner.costing.overlap.SyncSegment`
 ``compress_s``: it delays the rest of the backward), the communication on the group's link. A bucket summed
@@ -70,6 +73,7 @@ from planner.costing.overlap import (
 from planner.costing.setup import CostSetup
 from planner.costing.sync.delayed import delayed_copy_s, delayed_segments, delayed_state_bytes
 from planner.costing.sync.gathered import gathered_state_bytes, gathered_sync_s
+from planner.costing.sync.parameter_server import ps_sync
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Stage
 from planner.sharding.specs import StageMesh
@@ -90,6 +94,8 @@ class StageSync:
     segments: tuple[SyncSegment, ...] = ()
     amortised_s: float = 0.0  # local SGD: the parameter average every H steps, per step
     state_bytes: float = 0.0  # PowerSGD and the gathered error-feedback kinds: their buffers per device
+    optimizer_share: float = 1.0  # ps: the share of the optimizer step the busiest server runs
+    hidden_s: float = 0.0  # ps with staleness: the push the next steps hide (not in the segments)
 
     @property
     def comm_s(self) -> float:
@@ -109,6 +115,10 @@ def refusal(
             f"DGC keeps SGD's momentum in the gradient sync (momentum correction): it runs with --optimizer "
             f"sgd-momentum, not {optimizer}"
         )
+    if grad_sync.kind == "ps" and not ddp:
+        return "a parameter server updates whole replicas: only a one-stage data-parallel plan (DDP) can run it"
+    if grad_sync.kind == "ps" and grad_sync.servers > len(stages[0].devices):
+        return f"{grad_sync.servers} servers for {len(stages[0].devices)} replicas: each server is a replica's rank"
     if grad_sync.kind == "dga" and not ddp:
         return "DGA steps each replica on its own gradient: only a one-stage data-parallel plan (DDP) can run it"
     if grad_sync.kind == "local-sgd":
@@ -125,8 +135,10 @@ def requirements(grad_sync: GradSync) -> str:
     needs = ["replicas on several devices", "without --zero"]
     if grad_sync.kind == "local-sgd":
         needs[0] = "a one-stage data-parallel plan (DDP) with replicas on several nodes"
-    if grad_sync.kind == "dga":
+    if grad_sync.kind in ("dga", "ps"):
         needs[0] = "a one-stage data-parallel plan (DDP)"
+    if grad_sync.kind == "ps":
+        needs[0] += f" with at least {grad_sync.servers} replicas"
     if grad_sync.kind == "dgc":
         needs.append("with --optimizer sgd-momentum (DGC keeps its momentum)")
     return ", ".join(needs)
@@ -253,6 +265,8 @@ def stage_sync(
     entries = ddp_entries(graph) if ddp else stage_grad_entries(stage, graph)
     if not entries or len(stage.devices) == 1:
         return StageSync()
+    if grad_sync.kind == "ps":
+        return _ps_stage_sync(stage, entries, bwd_s, setup, grad_sync=grad_sync)
     buckets, backward = runtime_buckets(
         graph, list(stage.nodes), entries, bwd_s, grad_itemsize=itemsize, runtime=setup.runtime
     )
@@ -277,4 +291,27 @@ def stage_sync(
         segments=tuple(segments),
         amortised_s=amortised,
         state_bytes=sync_state_bytes(buckets, grad_sync, itemsize=itemsize),
+    )
+
+
+def _ps_stage_sync(
+    stage: Stage, entries: Sequence[GradEntry], bwd_s: Mapping[str, float], setup: CostSetup, *, grad_sync: GradSync
+) -> StageSync:
+    """A parameter server's step (:func:`planner.costing.sync.parameter_server.ps_sync`) as one sync after the
+    whole backward: no bucket overlaps it."""
+    backward = math.fsum(bwd_s.values())
+    price = ps_sync(
+        [entry.numel for entry in entries],
+        devices=stage.devices,
+        servers=grad_sync.servers,
+        staleness=grad_sync.staleness,
+        backward_s=backward,
+        setup=setup,
+    )
+    after = SyncSegment(backward_s=backward, all_reduce_s=price.exposed_s, compress_s=price.copy_s)
+    return StageSync(
+        segments=(after, SyncSegment(backward_s=0.0, all_reduce_s=0.0)),
+        optimizer_share=price.optimizer_share,
+        state_bytes=price.state_bytes,
+        hidden_s=price.hidden_s,
     )

@@ -3,9 +3,10 @@
 A one-stage plan whose parameters are all replicated runs as DDP (:func:`planner.costing.stage_work.runs_as_ddp`)
 and is priced as it runs (:func:`ddp_step`), ``T = m·(F + B) + R + A(g) + o``: ``F`` and ``B`` each node's
 forward and backward work on plain tensors (no collectives; the recomputed forward runs first in ``B``),
-``R`` the step's optimizer and bucket copies, ``A(g)`` what DDP's buckets leave exposed past the last backward
-under gradient sync ``g`` (:mod:`planner.costing.overlap`, :mod:`planner.costing.compression`) instead of the
-parameters' additive shares, and ``o`` the device's calibrated ``step_overhead_s``.
+``R`` the step's optimizer and bucket copies (under a parameter server the busiest server's share of them,
+:attr:`planner.costing.compression.StageSync.optimizer_share`), ``A(g)`` what DDP's buckets leave exposed past the
+last backward under gradient sync ``g`` (:mod:`planner.costing.overlap`, :mod:`planner.costing.compression`)
+instead of the parameters' additive shares, and ``o`` the device's calibrated ``step_overhead_s``.
 
 At a ZeRO level it runs FSDP, priced so too (:func:`fsdp_step`, :func:`planner.costing.zero.fsdp_price`):
 ``T = m·(C + g_f + g_b) + r + R' + o`` with ``C`` each node's compute on plain tensors, ``g_f`` and ``g_b`` the
@@ -67,10 +68,10 @@ def ddp_step(stage: Stage, graph: OpGraph, setup: CostSetup, *, m: int, grad_syn
         compute_s=m * (forward + backward) - recompute,
         recompute_s=recompute,
         grad_sync_s=waited,
-        optimizer_and_bucket_copies_s=math.fsum(w.step_s - w.grad_sync_s for w in work.values()),
+        optimizer_and_bucket_copies_s=sync.optimizer_share * math.fsum(w.step_s - w.grad_sync_s for w in work.values()),
         host_overhead_s=setup.cluster.device.step_overhead_s,
     )
-    hidden = {"grad_sync_overlapped_s": max(0.0, sync.comm_s - waited)}
+    hidden = {"grad_sync_overlapped_s": max(0.0, sync.comm_s - waited) + sync.hidden_s}
     return DdpStep(
         step_s=step,
         exposed_sync_s=waited,

@@ -260,6 +260,10 @@ def _bucket_syncs(
         sync = stage_sync(stage, graph, {n: work[n].bwd_s for n in stage.nodes}, setup, grad_sync=grad_sync, ddp=ddp)
         if sync.segments:
             step_s[s] += sync.amortised_s - math.fsum(work[n].grad_sync_s for n in stage.nodes)
+            # a parameter server: the busiest server runs its shard's share of the optimizer step
+            step_s[s] -= (1.0 - sync.optimizer_share) * math.fsum(
+                work[n].step_s - work[n].grad_sync_s for n in stage.nodes
+            )
             state_bytes[s] += sync.state_bytes
             segments[s] = sync.segments
     return segments

@@ -38,7 +38,9 @@ from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Stage
 from planner.plan.grad_sync import DEFAULT_WARMUP_STEPS
 
-# What auto may choose: exactly the choices tests/test_lossy_sync.py trains within its tolerance of exact sync.
+PS_SERVERS = (2, 4, 8, 16, 32, 64)  # the server counts auto prices (refused above the replicas)
+# What auto may choose: exactly the choices tests/test_lossy_sync.py trains within its tolerance of exact sync, and
+# the synchronous parameter servers (the same update as exact sync).
 # PowerSGD of rank 1 did not (on its 32-wide MLP the loss lagged by up to 17% of the first loss) and rank 16 leaves
 # that MLP's matrices uncompressed (nothing to test): both run only when forced (--grad-sync).
 LOSSY_CHOICES = (
@@ -49,6 +51,9 @@ LOSSY_CHOICES = (
     GradSync(kind="terngrad", warmup_steps=DEFAULT_WARMUP_STEPS),
     GradSync(kind="qsgd", levels=16, warmup_steps=DEFAULT_WARMUP_STEPS),
     GradSync(kind="signsgd", warmup_steps=DEFAULT_WARMUP_STEPS),
+    # synchronous parameter servers: exact sync's update (tests/test_parameter_server.py checks it by parity); the
+    # stale ones missed the tolerance (tests/test_lossy_sync.py's docstring) and run only when forced
+    *(GradSync(kind="ps", servers=servers) for servers in PS_SERVERS),
 )
 
 

@@ -21,7 +21,14 @@ Two more change the update itself:
   factor masking and a warm-up of the sparsity (:mod:`executors.compressed_sync`);
 * ``dga`` delay ``D`` — Delayed Gradient Averaging (Zhu et al. 2021): each replica steps on
   ``∇w(i) − ∇w(i−D) + avg ∇w(i−D)``, the average launched ``D`` steps before (:mod:`executors.delayed_sync`; DDP
-  only).
+  only);
+* ``ps`` servers ``S`` (staleness ``K``) — a parameter server (Li et al. 2014, "Scaling Distributed Machine Learning
+  with the Parameter Server"): the parameters are split into ``S`` shards, each held by one server rank
+  co-located with a replica; every replica pushes each shard's gradient to its server, the server averages them,
+  runs the optimizer on its shard (its optimizer state lives there only) and sends the parameters back
+  (:mod:`executors.parameter_server`; DDP plans only). ``K = 0`` is synchronous: the same update as exact sync.
+  ``K > 0`` is asynchronous with bounded staleness: the gradient of step ``t`` is applied at step ``t + K``, so a
+  replica computes on parameters missing at most its last ``K`` updates and its push hides behind ``K`` steps.
 
 The compressors of :mod:`executors.compressors` run in our own hook (:mod:`executors.compressed_sync`): each
 rank compresses its bucket, the payloads are all-gathered (a sparse or quantized gradient cannot be summed on
@@ -38,7 +45,8 @@ the wire) and every rank decompresses and averages them:
   ``‖g‖₁ / N`` (one number each) so that the step keeps the gradient's size.
 
 :meth:`GradSync.parse` reads the command-line form (``exact``, ``bf16``, ``powersgd:4``, ``local-sgd:16``,
-``topk:0.01``, ``onebit``, ``threshold:0.001``, ``terngrad``, ``qsgd:4``, ``signsgd``);
+``topk:0.01``, ``onebit``, ``threshold:0.001``, ``terngrad``, ``qsgd:4``, ``signsgd``, ``dgc:0.001``, ``dga:4``,
+``ps:4``, ``ps:4:2``: ``ps`` takes its servers and optionally its staleness);
 :meth:`GradSync.describe` says what the choice changes numerically. Every kind but ``exact`` and ``bf16``
 starts after ``warmup_steps`` exact steps; those that keep error feedback per bucket need at least 2, because
 DDP rebuilds its buckets after its first step.
@@ -53,7 +61,19 @@ from planner.errors import AutoplanError
 from planner.plan.codec import JsonCoded
 
 GradSyncKind = Literal[
-    "exact", "bf16", "powersgd", "local-sgd", "topk", "onebit", "threshold", "terngrad", "qsgd", "signsgd", "dgc", "dga"
+    "exact",
+    "bf16",
+    "powersgd",
+    "local-sgd",
+    "topk",
+    "onebit",
+    "threshold",
+    "terngrad",
+    "qsgd",
+    "signsgd",
+    "dgc",
+    "dga",
+    "ps",
 ]
 GRAD_SYNC_KINDS: tuple[str, ...] = get_args(GradSyncKind)
 DEFAULT_WARMUP_STEPS = 10  # exact steps before a compressing or local sync starts (PowerSGD needs at least 2)
@@ -66,7 +86,9 @@ PARAMETER_OF: dict[str, str] = {
     "qsgd": "levels",
     "dgc": "ratio",
     "dga": "delay",
+    "ps": "servers",
 }
+SECOND_PARAMETER_OF: dict[str, str] = {"ps": "staleness"}  # an optional second number (``ps:S:K``), default 0
 PARAMETER_LIMITS: dict[str, tuple[float, float]] = {  # (exclusive low, inclusive high)
     "rank": (0, float("inf")),
     "period": (0, float("inf")),
@@ -74,8 +96,11 @@ PARAMETER_LIMITS: dict[str, tuple[float, float]] = {  # (exclusive low, inclusiv
     "threshold": (0, float("inf")),
     "levels": (0, 127),  # a level and its sign packed in 8 bits at most
     "delay": (0, 1000),
+    "servers": (0, 100_000),
 }
-INTEGER_PARAMETERS = frozenset({"rank", "period", "levels", "delay"})
+INTEGER_PARAMETERS = frozenset({"rank", "period", "levels", "delay", "servers", "staleness"})
+MAX_STALENESS = 1000
+NOUNS = {"servers": "server count"}  # a parameter's name in an error, where it is not a singular noun
 # state kept per bucket (residuals, momenta, delayed averages): DDP's buckets must have been rebuilt first
 ERROR_FEEDBACK_KINDS = frozenset({"powersgd", "topk", "onebit", "threshold", "dgc", "dga"})
 GATHERED_KINDS = frozenset({"topk", "onebit", "threshold", "terngrad", "qsgd", "signsgd", "dgc"})  # all-gathered
@@ -96,6 +121,8 @@ class GradSync(JsonCoded):
     threshold: float = 0.0  # threshold: τ
     levels: int = 0  # qsgd: the levels s
     delay: int = 0  # dga: the steps D an average arrives late
+    servers: int = 0  # ps: the server shards S
+    staleness: int = 0  # ps: the steps K a gradient is applied late (0: synchronous)
     warmup_steps: int = 0  # every kind but exact and bf16: exact steps first (start_powerSGD_iter, …)
 
     def __post_init__(self) -> None:
@@ -109,6 +136,10 @@ class GradSync(JsonCoded):
                 raise GradSyncError(f"gradient sync {self.kind}: its {name} must be {bound}, got {value:g}")
             if name != own and value != 0:
                 raise GradSyncError(f"gradient sync {self.kind} takes no {name} (got {value})")
+        if self.staleness and self.kind not in SECOND_PARAMETER_OF:
+            raise GradSyncError(f"gradient sync {self.kind} takes no staleness (got {self.staleness})")
+        if not 0 <= self.staleness <= MAX_STALENESS:
+            raise GradSyncError(f"gradient sync {self.kind}: its staleness must be in [0, {MAX_STALENESS}]")
         if self.warmup_steps < 0 or (self.kind in ERROR_FEEDBACK_KINDS and self.warmup_steps < 2):
             raise GradSyncError(
                 f"gradient sync {self.kind} needs at least 2 exact warm-up steps: it keeps error feedback per bucket "
@@ -137,12 +168,21 @@ class GradSync(JsonCoded):
 
     @property
     def lossy(self) -> bool:
+        """Any sync but the exact all-reduce (what ``--allow-lossy`` opens); see :attr:`same_update`."""
         return self.kind != "exact"
+
+    @property
+    def same_update(self) -> bool:
+        """The optimizer sees exact sync's gradient (summed in another order): exact, and a synchronous parameter
+        server; ``--check-parity`` can compare these with one process."""
+        return self.kind == "exact" or (self.kind == "ps" and self.staleness == 0)
 
     @property
     def label(self) -> str:
         """The command-line form: ``exact``, ``bf16``, ``powersgd:4``, ``local-sgd:16``, ``topk:0.01``, …"""
         own = PARAMETER_OF.get(self.kind)
+        if self.kind == "ps" and self.staleness:
+            return f"ps:{self.servers}:{self.staleness}"
         return f"{self.kind}:{getattr(self, own):g}" if own else self.kind
 
     @classmethod
@@ -151,14 +191,20 @@ class GradSync(JsonCoded):
         kind, _, number = text.strip().partition(":")
         forms = (
             "exact, bf16, powersgd:R, local-sgd:H, topk:RATIO, onebit, threshold:TAU, terngrad, qsgd:S, signsgd, "
-            "dgc:RATIO, dga:D"
+            "dgc:RATIO, dga:D, ps:S, ps:S:K"
         )
         if kind not in GRAD_SYNC_KINDS:
             raise GradSyncError(f"--grad-sync {text!r}: use one of {forms}")
         own = PARAMETER_OF.get(kind)
         if (own is None) != (not number):
-            raise GradSyncError(f"--grad-sync {text!r}: " + (f"{kind} takes a {own}" if own else f"{kind} takes none"))
-        warmup = 0 if kind in ("exact", "bf16") else DEFAULT_WARMUP_STEPS
+            raise GradSyncError(
+                f"--grad-sync {text!r}: " + (f"{kind} takes a {NOUNS.get(own, own)}" if own else f"{kind} takes none")
+            )
+        number, _, second = number.partition(":") if kind in SECOND_PARAMETER_OF else (number, "", "")
+        if second and not second.isdigit():
+            raise GradSyncError(f"--grad-sync {text!r}: {SECOND_PARAMETER_OF[kind]} {second!r} is not an integer")
+        extra = {SECOND_PARAMETER_OF[kind]: int(second)} if second else {}
+        warmup = 0 if kind in ("exact", "bf16", "ps") else DEFAULT_WARMUP_STEPS
         if kind == "dga" and number.isdigit():
             warmup = max(warmup, int(number) + 1)
         if own is None:
@@ -169,7 +215,7 @@ class GradSync(JsonCoded):
             kind_of_number = "an integer" if own in INTEGER_PARAMETERS else "a number"
             raise GradSyncError(f"--grad-sync {text!r}: {own} {number!r} is not {kind_of_number}") from None
         try:
-            return cls(kind=kind, warmup_steps=warmup, **{own: value})
+            return cls(kind=kind, warmup_steps=warmup, **{own: value}, **extra)
         except GradSyncError as error:
             raise GradSyncError(f"--grad-sync {text!r}: {error}") from None
 
@@ -187,9 +233,24 @@ class GradSync(JsonCoded):
                 f"after {self.warmup_steps} exact steps, gradients are averaged within each node only and the "
                 f"parameters over every replica once every {self.period} steps (post-local SGD)"
             )
+        if self.kind == "ps":
+            return self._describe_ps()
         if self.kind in DESCRIPTIONS:
             return DESCRIPTIONS[self.kind].format(p=self.parameter) + f", after {self.warmup_steps} exact steps"
         return "gradients are synchronised exactly"
+
+    def _describe_ps(self) -> str:
+        shards = f"{self.servers} parameter server{'s' if self.servers > 1 else ''}"
+        if not self.staleness:
+            return (
+                f"{shards} average the replicas' gradients and run the optimizer on their shards: the same update "
+                "as exact sync (summed in another order)"
+            )
+        return (
+            f"{shards} apply each step's averaged gradient {self.staleness} step{'s' if self.staleness > 1 else ''} "
+            "late (bounded staleness): the replicas compute on parameters missing their last "
+            f"{self.staleness} update{'s' if self.staleness > 1 else ''}"
+        )
 
 
 DESCRIPTIONS: dict[str, str] = {

@@ -17,6 +17,7 @@ from typing import Any
 from cost_models.cluster import PRESET_NAMES, Cluster, reserved_bytes
 from cost_models.units import GIB
 from planner.plan.choices import memory_saving_of
+from planner.plan.grad_sync import GradSync
 from planner.plan.launch import is_cpu_cluster, multi_node_note, torchrun_command
 from planner.plan.megatron_terms import megatron_terms_text
 from planner.plan.method import Method
@@ -204,7 +205,7 @@ def next_step_lines(plan: PlanView, *, plan_path: str | None = None) -> list[str
     if is_cpu_cluster(cluster) and cluster.num_nodes == 1:
         check = (
             "   (trains here; a lossy gradient sync is not checked against one device)"
-            if plan.grad_sync.lossy
+            if not plan.grad_sync.same_update
             else " --check-parity   (trains here, checked against one device)"
         )
         return [
@@ -215,6 +216,13 @@ def next_step_lines(plan: PlanView, *, plan_path: str | None = None) -> list[str
     lines = [f"next: plan compile {path} --out train_dir, then on the cluster: {launch}"]
     note = multi_node_note(cluster)
     return [*lines, f"      ({note})"] if note else lines
+
+
+def _sync_text(grad_sync: GradSync) -> str:
+    """The header's gradient-sync clause: none for exact sync; a lossy one points at its note."""
+    if not grad_sync.lossy:
+        return ""
+    return f", gradient sync {grad_sync.label}" + ("" if grad_sync.same_update else " (lossy: see its note)")
 
 
 def _batch_text(plan: PlanView) -> str:
@@ -241,8 +249,7 @@ def plan_summary(
         f"{model.num_params / 1e6:,.1f}M parameters",
         f"cluster {cluster.name}: {count_of(cluster.num_nodes, 'node')} × {cluster.devices_per_node} "
         f"{cluster.device.name} ({figures_text(cluster)})",
-        f"{_batch_text(plan)}, optimizer {plan.optimizer}"
-        + (f", gradient sync {plan.grad_sync.label} (lossy: see its note)" if plan.grad_sync.lossy else ""),
+        f"{_batch_text(plan)}, optimizer {plan.optimizer}" + _sync_text(plan.grad_sync),
         *(_stage_line(stage) for stage in plan.stages),
         *_estimate_lines(plan),
         *([simulated_line] if simulated_line else []),
