@@ -155,7 +155,12 @@ def _finish_plan(prepared: Prepared, method: Method, run: MethodRun) -> Plan:
             *run.notes,
             *chosen.notes,
             *prepared.notes,
-            *_notes(graphs, ddp=runs_as_ddp(chosen.stages), runtime=prepared.setup.runtime),
+            *_notes(
+                graphs,
+                ddp=runs_as_ddp(chosen.stages),
+                runtime=prepared.setup.runtime,
+                parameter_server=chosen.grad_sync.kind == "ps",
+            ),
             *_estimate_notes(prepared.setup, mfu=chosen.estimate.mfu, num_params=prepared.model.num_params),
         ),
     )
@@ -271,13 +276,17 @@ def with_batch_statistics(plan: Plan, graph: OpGraph) -> Plan:
     return replace(plan, batch_stat_rows=rows, notes=(*plan.notes, note) if rows < plan.batch_size else plan.notes)
 
 
-def _notes(graphs: MicrobatchGraphs, *, ddp: bool, runtime: RuntimeProfile) -> tuple[str, ...]:
+def _notes(
+    graphs: MicrobatchGraphs, *, ddp: bool, runtime: RuntimeProfile, parameter_server: bool = False
+) -> tuple[str, ...]:
     sync = (
         "gradient all-reduce: DDP's buckets, overlapped with the last backward as DDP runs them"
         if ddp
         else "gradient sync: each sharded stage's partial sums all-reduced in buckets, overlapped with its last "
         "backward (executors.parallel.grad_sync)"
     )
+    if parameter_server:
+        sync = "gradient sync: pushed to the parameter servers after the last backward (executors.parameter_server)"
     if runtime.grad_sync_after_backward:
         sync = f"gradient sync: one buffer per stage, all-reduced after its last backward ({runtime.name})"
     return (f"model captured {graphs.num_captures} time(s), other microbatch sizes interpolated", sync)
