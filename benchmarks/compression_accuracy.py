@@ -12,12 +12,17 @@ Bytes per step (:func:`bytes_per_step`) are what one rank puts into the sync per
 exact ``4·N`` (the all-reduce's input), bf16 ``2·N``, PowerSGD its ``P`` and ``Q`` factors and uncompressed vectors,
 local SGD the parameter average's ``4·N / H`` across nodes (its per-step sync stays inside a node), the gathered
 kinds :func:`planner.costing.sync.wire_bytes.payload_bytes` (tested equal to the bytes the hook sends), DGA ``4·N``
-(its saving is latency, not bytes); threshold's payload depends on the data and is not counted (—). The ratio is
+(its saving is latency, not bytes), a parameter server ``4·N`` (a replica's push of every shard; the servers send the
+parameters back); threshold's payload depends on the data and is not counted (—). The ratio is
 exact's bytes over the method's.
 
     python -m benchmarks.compression_accuracy [--steps 300] [--models digits,text] [--worlds 2,4] [--save]
+        [--methods exact,ps:2,...] [--add-to SAVED.json]
 
-``--save`` writes ``benchmarks/results/compression-<date>.{json,md,png}``.
+``--save`` writes ``benchmarks/results/compression-<date>.{json,md,png}``. ``--methods`` runs some of
+:data:`METHODS`; ``--add-to`` adds their rows to an earlier saved run (a method added later), after checking that the
+exact run (``exact`` must be among the methods) reproduces the saved one's losses exactly (the runs are seeded and
+deterministic on the CPU), and with ``--save`` rewrites that run's files, its header listing the added command.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ METHODS = (
     "terngrad",
     "qsgd:16",
     "signsgd",
+    "ps:2",
+    "ps:2:1",
+    "ps:2:4",
     "dga:2",
     "dga:2@no-correction",
     "dga:8",
@@ -71,7 +79,7 @@ def bytes_per_step(method: str, shapes: list[tuple[int, ...]]) -> float | None:
     """What one rank sends into the sync per step (module docstring); None where the data decides (threshold)."""
     grad_sync = GradSync.parse(method.partition("@")[0])
     numel = sum(math.prod(shape) for shape in shapes)
-    if grad_sync.kind in ("exact", "dga"):
+    if grad_sync.kind in ("exact", "dga", "ps"):
         return 4.0 * numel
     if grad_sync.kind == "bf16":
         return 2.0 * numel
@@ -93,7 +101,7 @@ def _powersgd_numel(shape: tuple[int, ...], rank: int) -> int:
     return (rows + cols) * r
 
 
-def run_case(model: str, world: int, *, steps: int, work: Path) -> dict:
+def run_case(model: str, world: int, *, steps: int, work: Path, methods: tuple[str, ...] = METHODS) -> dict:
     """Plan every method for ``model`` on ``world`` ranks, train them in one torchrun job, return the report."""
     import subprocess
 
@@ -101,7 +109,7 @@ def run_case(model: str, world: int, *, steps: int, work: Path) -> dict:
     nodes, per_node = WORLDS[world]
     cluster = load_cluster("local-cpu", num_nodes=nodes, devices_per_node=per_node)
     args = []
-    for method in METHODS:
+    for method in methods:
         choice, _, variant = method.partition("@")
         plan: Plan = plan_model_file(
             file,
@@ -119,7 +127,7 @@ def run_case(model: str, world: int, *, steps: int, work: Path) -> dict:
     command = torchrun_argv(
         world=world, program=ROOT / "benchmarks" / "compression_worker.py", args=[out, steps, lr, file, *args]
     )
-    print(f"{model} at world {world}: {len(METHODS)} runs of {steps} steps ...", file=sys.stderr, flush=True)
+    print(f"{model} at world {world}: {len(methods)} runs of {steps} steps ...", file=sys.stderr, flush=True)
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"{model} at world {world} failed:\n{done.stderr[-3000:]}")
@@ -127,7 +135,7 @@ def run_case(model: str, world: int, *, steps: int, work: Path) -> dict:
     shapes = [tuple(p.shape) for p in load_model_file(file).build_model().parameters()]
     return {
         method: {**raw[arg], "bytes_per_step": bytes_per_step(method, shapes)}
-        for method, arg in zip(METHODS, args, strict=True)
+        for method, arg in zip(methods, args, strict=True)
     }
 
 
@@ -142,23 +150,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worlds", default="2,4")
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--render", type=Path, help="re-render the page and figure of a saved JSON (no training)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated, of METHODS (default: all)")
+    parser.add_argument("--add-to", type=Path, help="add the rows to this saved JSON (module docstring)")
     args = parser.parse_args(argv)
     if args.render is not None:
         saved = json.loads(args.render.read_text())
         args.render.with_suffix(".md").write_text(render_page(saved["results"], saved["meta"]))
         save_figure(saved["results"], args.render.with_suffix(".png"))
         return
+    methods = tuple(args.methods.split(","))
+    unknown = [method for method in methods if method not in METHODS]
+    if unknown or (args.add_to is not None and "exact" not in methods):
+        raise SystemExit(f"--methods: use methods of {', '.join(METHODS)}, with exact when --add-to is given")
     results = {}
     with tempfile.TemporaryDirectory() as work:
         for model in args.models.split(","):
             for world in (int(w) for w in args.worlds.split(",")):
-                results[f"{model}@{world}"] = run_case(model, world, steps=args.steps, work=Path(work))
+                case = f"{model}@{world}"
+                results[case] = run_case(model, world, steps=args.steps, work=Path(work), methods=methods)
     meta = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.node()} ({platform.machine()}, {platform.processor() or 'cpu'})",
         "command": "python -m benchmarks.compression_accuracy " + " ".join(argv if argv is not None else sys.argv[1:]),
         "steps": args.steps,
     }
+    if args.add_to is not None:
+        _add_to(args.add_to, results, meta, save=args.save)
+        return
     page = render_page(results, meta)
     print(page)
     if args.save:
@@ -166,6 +184,27 @@ def main(argv: list[str] | None = None) -> None:
         stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
         stem.with_suffix(".md").write_text(page)
         save_figure(results, stem.with_suffix(".png"))
+
+
+def _add_to(path: Path, results: dict[str, dict], meta: dict, *, save: bool) -> None:
+    """Add ``results``' rows (not exact's) to the saved run at ``path``, once its exact runs reproduce (docstring)."""
+    saved = json.loads(path.read_text())
+    if meta["steps"] != saved["meta"]["steps"]:
+        raise SystemExit(f"--add-to {path}: it ran {saved['meta']['steps']} steps, not {meta['steps']}")
+    for case, rows in results.items():
+        if case not in saved["results"]:
+            raise SystemExit(f"--add-to {path}: it has no case {case}")
+        if rows["exact"]["losses"] != saved["results"][case]["exact"]["losses"]:
+            raise SystemExit(f"--add-to {path}: the exact run of {case} did not reproduce; re-run every method")
+        saved["results"][case].update({method: row for method, row in rows.items() if method != "exact"})
+    added = {"date": meta["date"], "machine": meta["machine"], "command": meta["command"]}
+    saved["meta"]["added"] = [*saved["meta"].get("added", []), added]
+    page = render_page(saved["results"], saved["meta"])
+    print(page)
+    if save:
+        path.write_text(json.dumps(saved, indent=1))
+        path.with_suffix(".md").write_text(page)
+        save_figure(saved["results"], path.with_suffix(".png"))
 
 
 if __name__ == "__main__":

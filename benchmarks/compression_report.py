@@ -54,12 +54,34 @@ def _findings(results: dict[str, dict[str, dict]]) -> list[str]:
             f"DGC recovers what top-k loses: {verdict}."
         )
         lines += _dga_lines(rows)
+        lines += _ps_lines(rows)
     lines += [
         "- TernGrad's unbiasedness is a property of its quantizer, checked over random gradients in "
         "`tests/test_compressors.py` (`test_stochastic_quantizers_are_unbiased`), not from these curves.",
         "",
     ]
     return lines
+
+
+def _ps_lines(rows: dict[str, dict]) -> list[str]:
+    """The synchronous parameter server against exact sync (the same update, summed in another order), and what
+    staleness costs."""
+    if "ps:2" not in rows:
+        return []
+    exact, sync = rows["exact"], rows["ps:2"]
+    same = (
+        "every loss identical to exact's"
+        if sync["losses"] == exact["losses"]
+        else "drifted from exact's losses: the same update summed in another order"
+    )
+    stale = ", ".join(
+        f"K = {method.rsplit(':', 1)[1]} {'diverged' if _diverged(rows[method]) else _quality(rows[method])}"
+        for method in rows
+        if method.startswith("ps:2:")
+    )
+    return [
+        f"  Parameter server: synchronous {_quality(sync)} ({same}), stale {stale}.",
+    ]
 
 
 def _diverged(row: dict) -> bool:
@@ -96,6 +118,11 @@ def render_page(results: dict[str, dict[str, dict]], meta: dict) -> str:
         "Every run is listed; one attempt each (nothing re-run or dropped). Data, models, optimizer, bytes: "
         "`benchmarks/compression_accuracy.py`'s docstring.",
         "",
+        *(
+            f"Rows added later ({added['date']}, {added['machine']}; its exact runs reproduced the losses above "
+            f"exactly): `{added['command']}`.\n"
+            for added in meta.get("added", [])
+        ),
     ]
     for case, rows in results.items():
         lines += _table(case, rows)
