@@ -157,8 +157,9 @@ def choose_all_reduce(
 
 
 def describe_all_reduce(num_bytes: float, *, num_devices: int, link: Link) -> str:
-    """``all-reduce 25.0 MiB over 64 devices on 8 nodes: tree``."""
+    """``all-reduce 25.0 MiB over 64 devices on 8 nodes: tree`` (KiB below a MiB)."""
     nodes = GroupShape.of(num_devices, link).num_nodes
     chosen = choose_all_reduce(num_bytes, num_devices=num_devices, link=link).algorithm
     where = f" on {nodes} nodes" if nodes > 1 else ""
-    return f"all-reduce {num_bytes / MIB:.1f} MiB over {num_devices} devices{where}: {chosen}"
+    size = f"{num_bytes / MIB:.1f} MiB" if num_bytes >= MIB else f"{num_bytes / 1024:.1f} KiB"
+    return f"all-reduce {size} over {num_devices} devices{where}: {chosen}"
