@@ -28,4 +28,4 @@ class ExplainRow(JsonCoded):
     step_s: float
     reshard_s: float
     memory_bytes: float
-    all_reduces: str = ""  # "gradient sync all-reduce 25.0 MiB over 64 devices on 8 nodes: tree; ..."
+    all_reduces: str = ""  # "gradient sync all-reduce 25.0 MiB over 1024 devices on 128 nodes: tree; ..."
