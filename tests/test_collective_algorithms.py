@@ -147,3 +147,17 @@ def test_chosen_time_is_the_cheapest_offered_never_above_the_ring(
     ring = ring_all_reduce(GroupShape.of(devices, link)).seconds(num_bytes)
     assert chosen == min(offered) if devices > 1 else chosen == 0.0
     assert chosen <= ring
+
+
+def test_the_published_view_prices_each_row_s_data_parallel_all_reduce_both_ways() -> None:
+    """GPT-76.1B on 1024 A100s: 32 replicas, one per node; a 25 MiB bucket goes by the tree, the stage's whole
+    gradient (4.4 GiB) by the ring, whose price is the one it had."""
+    from benchmarks.published_cases import rows
+    from benchmarks.published_collectives import collectives_table
+
+    row = next(row for row in rows() if row.name == "gpt-76.1b")
+    line = collectives_table([row]).splitlines()[-1]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[:5] == ["gpt-76.1b", "1024", "8·4·32", "32 devices on 32 nodes", "25 MiB"]
+    assert cells[6].startswith("tree ") and float(cells[6].split()[1]) < float(cells[5])
+    assert cells[9] == f"ring {cells[8]}"
