@@ -38,11 +38,15 @@ excluded it, measured samples/s would be 4/3 higher and the ratio × 0.75).
                                    [--timeout-s 300] [--json-out F.json] [--save]
                                    [--before OLD.json --before-commit SHA] [--middle MID.json --middle-label L]
                                    [--from-json RAW.json]   (redraw the page from an earlier run's raw results)
+    python -m benchmarks.published --collectives [--rows ...] [--save]
 
 ``--before OLD.json`` adds the ratios of an earlier run (``--json-out`` of the code before a change)
 as columns, ``--middle`` those of an intermediate one; ``--save`` writes
 ``benchmarks/results/published-<date>.{md,png}``. The auto table gives each auto plan's MFU beside the best
 published for its GPU and model size (:mod:`cost_models.mfu_bounds`), the plan's own sanity note.
+``--collectives`` plans nothing: it prices each row's data-parallel gradient all-reduce as a ring and as the
+algorithm chosen now (:mod:`benchmarks.published_collectives`); with ``--save``:
+``benchmarks/results/published-collectives-<date>.md``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ import time
 from pathlib import Path
 
 from benchmarks.published_cases import AUTO_VARIANT, V100_BATCH_1GPU, VARIANTS, Row, rows
+from benchmarks.published_collectives import __doc__ as collectives_doc
+from benchmarks.published_collectives import collectives_table
 from benchmarks.published_report import Compared, auto_table, draw, summary, table
 from benchmarks.results_page import RESULTS, save_table
 from benchmarks.scale_cases import run_case
@@ -133,6 +139,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--middle", type=Path, help="raw results (--json-out) of an intermediate version")
     parser.add_argument("--middle-label", default="middle", help="its column's name")
     parser.add_argument("--save", action="store_true", help="write benchmarks/results/published-<date>.{md,png}")
+    parser.add_argument(
+        "--collectives",
+        action="store_true",
+        help="only price each row's data-parallel all-reduce, ring against the chosen algorithm (no plans)",
+    )
     parser.add_argument("--code-note", default="", help="what code ran, for the page (default: commit + tree)")
     parser.add_argument(
         "--from-json", type=Path, help="redraw the page from raw results (--json-out) instead of running"
@@ -144,6 +155,9 @@ def main() -> None:
     options = _parser().parse_args()
     selected = [row for row in rows() if not options.rows or row.name in options.rows.split(",")]
     variants = options.variants.split(",")
+    if options.collectives:
+        _print_collectives(selected, save=options.save)
+        return
     load_before = os.getloadavg()[0]
     if options.from_json:
         results = json.loads(options.from_json.read_text())["results"]
@@ -185,6 +199,20 @@ def main() -> None:
         )
         draw(
             selected, results, compared, variants=variants, path=RESULTS / f"published-{time.strftime('%Y-%m-%d')}.png"
+        )
+
+
+def _print_collectives(selected: list[Row], *, save: bool) -> None:
+    text = collectives_table(selected)
+    print(text)
+    if save:
+        save_table(
+            "published-collectives",
+            title="Published rows: each data-parallel all-reduce, ring against the algorithm chosen now",
+            command="python -m benchmarks.published " + " ".join(sys.argv[1:]),
+            description=f"Code: commit `{_commit()}` plus the working tree. "
+            + " ".join((collectives_doc or "").split()),
+            table=text,
         )
 
 

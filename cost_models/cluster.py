@@ -64,6 +64,18 @@ class Link:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GroupLink(Link):
+    """The link of a device group that spans ``num_nodes`` nodes (its bandwidth and latency: the inter-node link
+    as the group sees it), with the ``intra_node`` link its devices on one node share and the ``backend`` that
+    runs its collectives ("nccl" on GPUs, "gloo" on CPU processes): what the all-reduce algorithms beyond a ring
+    need (:mod:`cost_models.collective_algorithms`)."""
+
+    num_nodes: int
+    intra_node: Link
+    backend: str = "nccl"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Cluster:
     name: str
     num_nodes: int
@@ -87,9 +99,23 @@ class Cluster:
         return rank // self.devices_per_node
 
     def link_between(self, ranks: tuple[int, ...] | list[int]) -> Link:
-        """The slowest link a group of ranks needs: inter-node as soon as it spans nodes."""
+        """The slowest link a group of ranks needs: inter-node as soon as it spans nodes (then a
+        :class:`GroupLink`, :meth:`spanning`)."""
         nodes = {self.node_of(rank) for rank in ranks}
-        return self.inter_node if len(nodes) > 1 else self.intra_node
+        return self.spanning(self.inter_node, num_nodes=len(nodes)) if len(nodes) > 1 else self.intra_node
+
+    def spanning(self, link: Link, *, num_nodes: int) -> Link:
+        """``link`` as the link of a group on ``num_nodes`` nodes: a :class:`GroupLink` past one node."""
+        if num_nodes <= 1:
+            return link
+        backend = "gloo" if self.device.is_cpu() else "nccl"
+        return GroupLink(
+            bandwidth=link.bandwidth,
+            latency_s=link.latency_s,
+            num_nodes=num_nodes,
+            intra_node=self.intra_node,
+            backend=backend,
+        )
 
     def host(self) -> HostLink:
         """Each device's link to its host and the host's memory (:mod:`cost_models.device`: CPU offload)."""

@@ -3,14 +3,17 @@
 A stage's devices (global ranks, in order) form a logical mesh of ``mesh_shape``, laid out
 row-major; the groups of mesh axis ``a`` are the sets of devices that differ only in their
 coordinate on ``a`` (:func:`axis_groups`). A group that spans nodes uses the cluster's
-inter-node link, otherwise the intra-node one (:func:`axis_link`).
+inter-node link, as a :class:`~cost_models.cluster.GroupLink` that says how many nodes it spans,
+otherwise the intra-node one (:func:`axis_link`).
 
 For a group of ``n`` devices, ``b`` bytes per device, link latency ``α`` and inverse
-bandwidth ``β`` (s/byte), ring algorithms give (DESIGN.md, "Communication cost"):
+bandwidth ``β`` (s/byte) (DESIGN.md, "Communication cost"):
 
-* all-reduce       ``2(n−1)·α + 2·(n−1)/n·b·β``            — :func:`all_reduce_s`
-* all-gather       ``(n−1)·α + (n−1)/n·b·β`` (b = full size) — :func:`all_gather_s`
-* reduce-scatter   ``(n−1)·α + (n−1)/n·b·β`` (b = full size) — :func:`reduce_scatter_s`
+* all-reduce       the cheapest of the algorithms the group's backend runs (NCCL: ring
+  ``2(n−1)·α + 2·(n−1)/n·b·β``, double binary tree, hierarchical across nodes; gloo: ring) —
+  :func:`all_reduce_s`, priced and chosen by :mod:`cost_models.collective_algorithms`
+* all-gather       ring ``(n−1)·α + (n−1)/n·b·β`` (b = full size) — :func:`all_gather_s`
+* reduce-scatter   ring ``(n−1)·α + (n−1)/n·b·β`` (b = full size) — :func:`reduce_scatter_s`
 * all-to-all       ``(n−1)·α + (n−1)/n·b·β`` — each device keeps 1/n of its ``b`` bytes and
   sends ``b/n`` to each of the ``n−1`` others, one peer per step — :func:`all_to_all_s`
 * point-to-point   ``α + b·β``                              — :func:`p2p_s`
@@ -29,13 +32,14 @@ import math
 from collections.abc import Sequence
 
 from cost_models.cluster import Cluster, Link
+from cost_models.collective_algorithms import choose_all_reduce
 
 
 def all_reduce_s(num_bytes: float, *, num_devices: int, link: Link) -> float:
+    """The all-reduce NCCL would run for ``num_bytes`` over the group (:func:`choose_all_reduce`)."""
     if num_devices <= 1 or num_bytes <= 0:
         return 0.0
-    n = num_devices
-    return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * num_bytes / link.bandwidth
+    return choose_all_reduce(num_bytes, num_devices=num_devices, link=link).seconds(num_bytes)
 
 
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb
@@ -45,16 +49,16 @@ def bucketed_all_reduce_s(
     num_bytes: float, *, num_devices: int, link: Link, bucket_bytes: float = DDP_BUCKET_BYTES
 ) -> float:
     """One gradient's additive share of a bucketed all-reduce, for the intra-op ILP (whose costs add up
-    per node): a tensor of ``b`` bytes pays ``min(1, b / bucket_bytes)`` of the ring's ``2(n−1)·α``
-    latency plus its bandwidth term. Summed over many small tensors this is one latency per bucket; the
-    exact count of a whole stage's buckets is :func:`ddp_all_reduce_s`, which the estimate and the
-    simulator charge.
+    per node): a tensor of ``b`` bytes rides in a bucket of ``max(b, bucket_bytes)``, whose all-reduce
+    algorithm is chosen for that size (:func:`choose_all_reduce`), and pays ``min(1, b / bucket_bytes)`` of
+    its latency plus its per-byte term for ``b``. Summed over many small tensors this is one latency per
+    bucket; the exact count of a whole stage's buckets is :func:`ddp_all_reduce_s`, which the estimate and
+    the simulator charge.
     """
     if num_devices <= 1 or num_bytes <= 0:
         return 0.0
-    n = num_devices
-    latency_share = min(1.0, num_bytes / bucket_bytes)
-    return latency_share * 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * num_bytes / link.bandwidth
+    price = choose_all_reduce(max(num_bytes, bucket_bytes), num_devices=num_devices, link=link)
+    return min(1.0, num_bytes / bucket_bytes) * price.latency_s + num_bytes * price.per_byte_s
 
 
 DDP_FIRST_BUCKET_BYTES = 1024**2  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
@@ -132,17 +136,20 @@ def axis_link(cluster: Cluster, devices: Sequence[int], mesh_shape: Sequence[int
 
     The groups of an axis run their collectives at the same time, so the cross-node groups that touch
     one node share its NICs: with ``g`` of them on the busiest node, each sees the inter-node link as
-    :meth:`Cluster.shared_inter_node` gives it for ``g`` flows (a ring enters and leaves a node once)."""
+    :meth:`Cluster.shared_inter_node` gives it for ``g`` flows (a ring enters and leaves a node once).
+    It comes as :meth:`Cluster.spanning` gives it for the most nodes a group spans."""
     groups = axis_groups(devices, mesh_shape, axis)
     crossing: dict[int, int] = {}
+    spanned = 1
     for group in groups:
         nodes = {cluster.node_of(rank) for rank in group}
         if len(nodes) > 1:
+            spanned = max(spanned, len(nodes))
             for node in nodes:
                 crossing[node] = crossing.get(node, 0) + 1
     if not crossing:
         return cluster.intra_node
-    return cluster.shared_inter_node(flows_per_node=max(crossing.values()))
+    return cluster.spanning(cluster.shared_inter_node(flows_per_node=max(crossing.values())), num_nodes=spanned)
 
 
 def stage_transfer_s(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cost_models.cluster import PRESET_NAMES, Cluster, load_cluster, preset
+from cost_models.cluster import PRESET_NAMES, Cluster, GroupLink, load_cluster, preset
 from cost_models.units import GIB
 from planner.errors import AutoplanError
 from tests.conftest import LAB_CLUSTER_TOML as TOML
@@ -30,7 +30,16 @@ def test_shape_overrides_and_ranks() -> None:
     assert cluster.num_devices == 8
     assert [cluster.node_of(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert cluster.link_between([0, 1]) == cluster.intra_node
-    assert cluster.link_between([1, 2]) == cluster.inter_node
+    spanning = cluster.link_between([1, 2])
+    assert (spanning.bandwidth, spanning.latency_s) == (cluster.inter_node.bandwidth, cluster.inter_node.latency_s)
+    assert spanning == GroupLink(
+        bandwidth=cluster.inter_node.bandwidth,
+        latency_s=cluster.inter_node.latency_s,
+        num_nodes=2,
+        intra_node=cluster.intra_node,
+        backend="nccl",
+    )
+    assert cluster.link_between(list(range(8))).num_nodes == 4
     with pytest.raises(AutoplanError, match="--nodes must be a positive"):
         load_cluster("dgx-a100", num_nodes=-1)
 

@@ -63,7 +63,7 @@ def test_axis_spanning_nodes_uses_inter_node_link() -> None:
     devices = tuple(range(16))
     assert axis_link(cluster, devices, (2, 8), 1) == cluster.intra_node
     assert axis_link(cluster, devices, (2, 8), 0).latency_s == cluster.inter_node.latency_s
-    assert axis_link(cluster, devices, (16,), 0) == cluster.inter_node
+    assert axis_link(cluster, devices, (16,), 0) == cluster.spanning(cluster.inter_node, num_nodes=2)
     slow = collective_s("all_reduce", 1e8, cluster=cluster, devices=devices, mesh_shape=(2, 8), axis=0)
     fast = collective_s("all_reduce", 1e8, cluster=cluster, devices=devices, mesh_shape=(8, 2), axis=1)
     assert slow > 10 * fast
@@ -89,8 +89,8 @@ def test_concurrent_cross_node_groups_share_the_nodes_nics() -> None:
     assert axis_link(p3, devices, (2, 8), 0).bandwidth == pytest.approx(p3.inter_node.bandwidth / 8)
     assert axis_link(p3, devices, (16,), 0).bandwidth == p3.inter_node.bandwidth  # one ring, one flow per node
     dgx = load_cluster("dgx-a100", num_nodes=2)
-    assert axis_link(dgx, devices, (2, 8), 0) == dgx.inter_node
-    eighth = Link(bandwidth=p3.inter_node.bandwidth / 8, latency_s=p3.inter_node.latency_s)
+    assert axis_link(dgx, devices, (2, 8), 0) == dgx.spanning(dgx.inter_node, num_nodes=2)
+    eighth = p3.spanning(Link(bandwidth=p3.inter_node.bandwidth / 8, latency_s=p3.inter_node.latency_s), num_nodes=2)
     eight_groups = collective_s("all_reduce", 1e8, cluster=p3, devices=devices, mesh_shape=(2, 8), axis=0)
     assert eight_groups == pytest.approx(all_reduce_s(1e8, num_devices=2, link=eighth))
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import re
 
 import pytest
 
 from cost_models.cluster import load_cluster
+from cost_models.collective_algorithms import choose_all_reduce
+from cost_models.communication import DDP_BUCKET_BYTES
 from planner.api import plan_model_file
 from planner.cli.choices_table import choices_text
+from planner.cli.explain_table import explain_table
 from planner.cli.main import main
 from planner.costing.records import record_of
 from planner.costing.setup import plan_setup
@@ -210,3 +214,27 @@ def test_a_plan_without_the_savings_loads_and_explains() -> None:
     row = plan_choices(old).stages[0]
     assert row.sequence_parallel and all(s.kind != "sequence parallel" for s in row.savings)
     assert Plan.from_json(megatron_plan().to_json()) == megatron_plan()
+
+
+def test_the_explanation_names_each_all_reduce_s_algorithm() -> None:
+    """GPT tiny, tensor 2 × data 8 on two DGX A100s: a row-split matmul's partial sum is all-reduced over its 2
+    tensor-parallel devices on one node (a ring), a parameter's gradient over the 8 data-parallel replicas on two
+    nodes, in the algorithm the chooser picks for a DDP bucket over that group; ``plan --explain`` prints them."""
+    cluster = load_cluster("dgx-a100", num_nodes=2)
+    plan = plan_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, method="megatron", degrees=(2, 1, 8))
+    stage = plan.stages[0]
+    data_axis = next(axis for axis, size in enumerate(stage.mesh_shape) if size == 8)
+    mesh = StageMesh(cluster=cluster, devices=stage.devices, mesh_shape=stage.mesh_shape)
+    bucket = choose_all_reduce(DDP_BUCKET_BYTES, num_devices=8, link=mesh.link(data_axis)).algorithm
+    words = " ".join(row.all_reduces for row in stage.explanation)
+    assert f"gradient sync all-reduce 25.0 MiB over 8 devices on 2 nodes: {bucket}" in words
+    assert re.search(r"(forward|backward) all-reduce [0-9.]+ [KM]iB over 2 devices: ring", words)
+    assert "all-reduce algorithms" in explain_table_text(list(stage.explanation))
+
+
+def explain_table_text(rows: list) -> str:
+    from rich.console import Console
+
+    console = Console(width=300, record=True, file=io.StringIO())
+    console.print(explain_table(rows, title="stage 0"))
+    return console.export_text()

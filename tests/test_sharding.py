@@ -94,11 +94,13 @@ def test_fits_requires_every_split_dim_to_exist_and_divide():
 
 
 def test_axis_links_follow_node_boundaries():
+    """A spanning axis's link is the inter-node one, carrying the nodes its groups span (a GroupLink)."""
     two_nodes = mesh((2, 4), nodes=2, per_node=4)  # rows are nodes
-    assert two_nodes.link(0) == INTER and two_nodes.link(1) == INTRA
+    spanning = two_nodes.cluster.spanning(INTER, num_nodes=2)
+    assert two_nodes.link(0) == spanning and two_nodes.link(1) == INTRA
     columns = mesh((4, 2), nodes=2, per_node=4)  # axis 0 groups (0, 2, 4, 6) span both nodes
-    assert columns.link(0) == INTER and columns.link(1) == INTRA
-    assert mesh((8,), nodes=2, per_node=4).link(0) == INTER
+    assert columns.link(0) == spanning and columns.link(1) == INTRA
+    assert mesh((8,), nodes=2, per_node=4).link(0) == spanning
     assert mesh((4,), nodes=2, per_node=4, first=4).link(0) == INTRA  # all of node 1
     one_node = mesh((2, 4))
     assert one_node.link(0) == INTRA and one_node.link(1) == INTRA

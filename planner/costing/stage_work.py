@@ -20,7 +20,8 @@ stored output specs (:func:`planner.sharding.specs.reshard_s`). A node's work is
 * ``step_s`` = gradient sync + optimizer update, once per step; ``state_bytes`` and
   ``activation_bytes`` as the intra-op problem charges them, at the stage's ZeRO level (``Stage.zero``).
 
-:func:`explain_stage` turns the same work into the plan's explanation rows.
+:func:`explain_stage` turns the same work into the plan's explanation rows, with the algorithm each of a node's
+all-reduces runs (:func:`all_reduce_words`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from cost_models.collective_algorithms import describe_all_reduce
+from cost_models.communication import DDP_BUCKET_BYTES
 from cost_models.memory import KeptUnderRecompute, kept_under_recompute, saved_values
 from planner.costing.node_cost import NodeCost, node_cost, strategy_context
 from planner.costing.records import check_records, rule_records, strategy_of
@@ -37,7 +40,7 @@ from planner.ir.graph import NodeKind, OpGraph, OpNode, ValueKind, subgraph
 from planner.plan import NodeSharding, Plan, Stage
 from planner.plan.explain import ExplainRow
 from planner.sharding.op_rules import split_label
-from planner.sharding.specs import StageMesh, reshard_s
+from planner.sharding.specs import ShardingSpec, StageMesh, reshard_s
 from planner.sharding.strategies import NodeStrategy, StrategyContext
 
 
@@ -189,6 +192,7 @@ def explain_stage(stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: objec
     """One row per node of ``stage``: its split, output spec and the seconds and bytes it costs (at the stage's
     own ZeRO level; ``zero`` is not read)."""
     work = stage_node_work(stage, graph, setup)
+    mesh = stage_context(stage, graph, setup).mesh
     rows = []
     for name in stage.nodes:
         node, w, record = graph.node(name), work[name], stage.strategies[name]
@@ -203,9 +207,33 @@ def explain_stage(stage: Stage, graph: OpGraph, setup: CostSetup, *, zero: objec
                 step_s=w.step_s,
                 reshard_s=w.reshard_s,
                 memory_bytes=w.state_bytes + w.activation_bytes,
+                all_reduces=all_reduce_words(node, record, mesh),
             )
         )
     return tuple(rows)
+
+
+def all_reduce_words(node: OpNode, record: NodeSharding, mesh: StageMesh) -> str:
+    """The all-reduces ``node`` issues and the algorithm each runs (:func:`describe_all_reduce`), ``; ``-joined:
+    a partial sum or an input's gradient at its size on the mesh axis, a parameter's gradient sync as the
+    DDP-sized bucket it rides in (other collectives are rings: :mod:`cost_models.collective_algorithms`)."""
+    words: dict[str, None] = {}
+    for collective in record.collectives:
+        if collective.kind != "all_reduce" or mesh.mesh_shape[collective.axis] <= 1:
+            continue
+        size, link = mesh.mesh_shape[collective.axis], mesh.link(collective.axis)
+        if collective.phase == "sync":
+            words["gradient sync " + describe_all_reduce(DDP_BUCKET_BYTES, num_devices=size, link=link)] = None
+            continue
+        if collective.operand is None:
+            meta, placements = node.output, record.output_spec
+        else:
+            meta, placements = node.input_metas[collective.operand], record.input_specs[collective.operand]
+        if placements is None:
+            continue
+        num_bytes = mesh.gathered_bytes(meta, ShardingSpec(tuple(placements)), collective.axis)
+        words[f"{collective.phase} " + describe_all_reduce(num_bytes, num_devices=size, link=link)] = None
+    return "; ".join(words)
 
 
 def _reshard_in(

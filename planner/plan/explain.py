@@ -3,7 +3,8 @@
 :func:`planner.costing.stage_work.explain_stage` fills the rows from the strategies a stage stores, priced
 by the same cost model as the estimate: the split (which letter or dim each mesh axis splits), the
 output spec, compute seconds at that split, the node's own collectives, gradient sync and optimizer
-step (per step), resharding of its inputs from their producers, and the bytes per device it keeps.
+step (per step), resharding of its inputs from their producers, the bytes per device it keeps, and the
+algorithm each of its all-reduces runs (``all_reduces``, :mod:`cost_models.collective_algorithms`).
 """
 
 from __future__ import annotations
@@ -27,3 +28,4 @@ class ExplainRow(JsonCoded):
     step_s: float
     reshard_s: float
     memory_bytes: float
+    all_reduces: str = ""  # "gradient sync all-reduce 25.0 MiB over 1024 devices on 128 nodes: tree; ..."
