@@ -19,13 +19,14 @@ latency plus a per-byte term, :class:`AlgorithmPrice`):
   all-gather by recursive doubling, ``log2 n`` steps each, for power-of-two ``n`` only:
   ``2·log2(n)·α + 2(n−1)/n·b·β`` — :func:`butterfly_all_reduce` (Thakur, Rabenseifner & Gropp 2005,
   "Optimization of collective communication operations in MPICH"). NCCL does not run it;
-* hierarchical — reduce-scatter inside each node, all-reduce across the nodes (a ring over ``N``, the ``m``
-  devices' slices sharing the node's inter-node link as the ring's one flow did), all-gather inside:
-  ``2(m−1)·α_i + 2(m−1)/m·b·β_i + 2(N−1)·α + 2(N−1)/N·b·β``, for a group on several nodes with several
-  devices on each — :func:`hierarchical_all_reduce`. NCCL's rings are laid out node by node, so only
-  ``2(N−1)`` of their ``2(n−1)`` steps cross the network (tuning.cc's ring latency
-  ``(nsteps − nInterSteps)·intraLat + nInterSteps·interLat``): this is that latency, with the intra-node
-  bytes paid on the intra-node link.
+* hierarchical — across nodes, as NCCL runs it: its rings are laid out node by node, so only ``2(N−1)`` of their
+  ``2(n−1)`` steps cross the network (tuning.cc's ring latency ``(nsteps − nInterSteps)·intraLat +
+  nInterSteps·interLat``), while every step still moves ``b/n`` through the slowest link:
+  ``2(n−N)·α_i + 2(N−1)·α + 2(n−1)/n·b·β``, for a group on several nodes with several devices on each —
+  :func:`hierarchical_all_reduce`. The textbook two-level algorithm (reduce-scatter inside each node, all-reduce
+  of ``b/m`` across the nodes, all-gather inside) would also cut the bytes crossing a node to ``2(N−1)/N·b``; NCCL's
+  ring and tree do not (its tree's bytes are priced below the ring's, above), so that saving is not charged: the
+  hierarchical choice saves latency only.
 
 :func:`choose_all_reduce` picks, per all-reduce, the cheapest at ``b`` of the algorithms the group's backend
 offers (:data:`OFFERED`): NCCL's ring, tree and (as its node-by-node ring) hierarchical — NCCL picks by the
@@ -125,8 +126,9 @@ def hierarchical_all_reduce(group: GroupShape) -> AlgorithmPrice | None:
     m, nodes, inter, intra = group.per_node, group.num_nodes, group.link, group.intra_node
     if nodes <= 1 or m <= 1:
         return None
-    latency = 2 * (m - 1) * intra.latency_s + 2 * (nodes - 1) * inter.latency_s
-    per_byte = 2 * (m - 1) / m / intra.bandwidth + 2 * (nodes - 1) / nodes / inter.bandwidth
+    n = group.num_devices
+    latency = (2 * (n - 1) - 2 * (nodes - 1)) * intra.latency_s + 2 * (nodes - 1) * inter.latency_s
+    per_byte = 2 * (n - 1) / n / inter.bandwidth  # NCCL's node-by-node ring: the ring's bytes (module docstring)
     return AlgorithmPrice(algorithm=HIERARCHICAL, latency_s=latency, per_byte_s=per_byte)
 
 

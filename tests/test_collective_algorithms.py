@@ -58,13 +58,14 @@ def test_butterfly_hand_worked_and_power_of_two_only() -> None:
 
 
 def test_hierarchical_hand_worked() -> None:
-    # 64 on 8 nodes, 1 GB: reduce-scatter + all-gather over 8 inside (2·7·5 µs + 2·(7/8)·0.01 s),
-    # a ring over the 8 nodes (2·7·20 µs + 2·(7/8)·0.1 s)
+    # 64 on 8 nodes, 1 GB, NCCL's node-by-node ring: of its 2·63 steps 2·7 cross nodes (20 µs each), the other 112
+    # stay inside one (5 µs); every step's b/n through the slowest link: 2·(63/64)·0.1 s
     price = hierarchical_all_reduce(GroupShape.of(64, spanning(8)))
     assert price is not None and price.algorithm == HIERARCHICAL
-    intra = 2 * 7 * 5e-6 + 2 * 7 / 8 * 1e9 / 100e9
-    inter = 2 * 7 * 20e-6 + 2 * 7 / 8 * 1e9 / 10e9
-    assert price.seconds(1e9) == pytest.approx(intra + inter)
+    latency = 112 * 5e-6 + 2 * 7 * 20e-6
+    assert price.seconds(1e9) == pytest.approx(latency + 2 * 63 / 64 * 1e9 / 10e9)
+    ring = ring_all_reduce(GroupShape.of(64, spanning(8)))
+    assert ring.seconds(1e9) - price.seconds(1e9) == pytest.approx(2 * 56 * (20e-6 - 5e-6))  # latency only
 
 
 def test_hierarchical_only_when_the_group_spans_nodes_with_several_devices_on_each() -> None:
@@ -124,8 +125,13 @@ def test_bucketed_share_uses_the_bucket_s_algorithm() -> None:
 
 def test_the_stage_s_link_carries_its_nodes() -> None:
     dgx = load_cluster("dgx-a100", num_nodes=8)
-    assert describe_all_reduce(25 * 2**20, num_devices=64, link=dgx.link_between(list(range(64)))) == (
-        "all-reduce 25.0 MiB over 64 devices on 8 nodes: hierarchical"
+    link = dgx.link_between(list(range(64)))
+    # a 25 MiB bucket: the tree's 2·7 + 2·3 latencies beat the node-by-node ring's 2·63; 1 GiB: the ring's bytes win
+    assert describe_all_reduce(25 * 2**20, num_devices=64, link=link) == (
+        "all-reduce 25.0 MiB over 64 devices on 8 nodes: tree"
+    )
+    assert describe_all_reduce(2**30, num_devices=64, link=link) == (
+        "all-reduce 1024.0 MiB over 64 devices on 8 nodes: hierarchical"
     )
     assert describe_all_reduce(1e9, num_devices=8, link=dgx.intra_node) == "all-reduce 953.7 MiB over 8 devices: ring"
 
