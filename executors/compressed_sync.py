@@ -32,6 +32,11 @@ by ``min(1, threshold / (‖g_bucket‖ + 10⁻⁶))`` (``torch.nn.utils.clip_gr
 carries no clipping threshold (the program clips the global norm after the sync with its ``--max-grad-norm``), so
 ``plan run`` registers none and DGC clips nothing locally there.
 
+:func:`timed_codec` hands ``plan profile`` (:mod:`cost_models.codec_profiler`) one gradient's encode (its
+error-feedback or DGC step included, and the payload's bytes) and one received payload's decode into the sum, as
+this hook runs them, to time (signSGD's decode adds the ``±1`` signs the vote sums; threshold's gradient is scaled
+so that the share of it the cost model assumes is sent).
+
 Before ``warmup_steps`` steps (counted at each step's last bucket) the bucket is all-reduced exactly. Random
 compressors (TernGrad, QSGD) draw from a generator seeded by the rank alone, so a run repeats. The
 collectives are waited for inside the hook and the future it returns is complete (on gloo a future's callbacks
@@ -41,6 +46,7 @@ run on the process group's thread, where a second collective would race the main
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +67,7 @@ from executors.compressors import (
     signs,
 )
 from executors.precision import SGD_MOMENTUM
+from planner.costing.sync.gathered import THRESHOLD_DENSITY
 from planner.plan import GradSync
 
 RANK_SEED_STRIDE = 7919  # distinct random streams per rank
@@ -252,3 +259,43 @@ def _split(data: torch.Tensor, likes: list[Payload]) -> list[Payload]:
         out.append(Payload.from_bytes(data[offset : offset + size], like=like))
         offset += size
     return out
+
+
+def timed_codec(grad_sync: GradSync, grad: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(encode, decode) of ``grad`` under ``grad_sync`` for timing: ``encode()`` runs the rank's side of one gradient
+    (its error-feedback or DGC state's step, or the compression, then :meth:`Payload.to_bytes`); ``decode()`` reads one
+    received payload back from bytes and adds it into a flat fp32 sum, as :func:`_mean` does per payload. Threshold's
+    gradient is rescaled so that :data:`planner.costing.sync.gathered.THRESHOLD_DENSITY` of it reaches ``τ``."""
+    compressor = compressor_of(grad_sync)
+    generator = torch.Generator(device=grad.device).manual_seed(0)
+    if grad_sync.kind == "threshold":  # the share of elements at least τ that the cost model assumes
+        grad = grad * (grad_sync.threshold / grad.abs().float().quantile(1 - THRESHOLD_DENSITY))
+    if grad_sync.kind == "dgc":
+        dgc = DgcGradient()
+
+        def compress() -> Payload:
+            return dgc.step(grad, ratio=grad_sync.ratio)
+    elif grad_sync.error_feedback:
+        feedback = ErrorFeedback(compressor=compressor)
+
+        def compress() -> Payload:
+            return feedback.step(grad, generator)
+    else:
+
+        def compress() -> Payload:
+            return compressor.compress(grad, generator)
+
+    like = compress()
+    buffer = like.to_bytes()
+    total = torch.zeros(grad.numel(), device=grad.device)
+
+    def decode() -> None:
+        payload = Payload.from_bytes(buffer, like=like)
+        if isinstance(compressor, TopK | Threshold):
+            compressor.add_into(total, payload)
+        elif isinstance(compressor, SignSGD):
+            total.add_(signs(payload))
+        else:
+            total.add_(compressor.decompress(payload).reshape(-1))
+
+    return (lambda: compress().to_bytes()), decode
