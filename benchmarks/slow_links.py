@@ -12,7 +12,10 @@ images, batch 64; its parameter count is printed). Per model and cluster:
 * **every sync on the data-parallel plan**: ``--method data-parallel --allow-lossy --grad-sync KIND`` for each kind
   of :data:`SYNCS` (forced: the ones auto may not pick too; DGC with ``--optimizer sgd-momentum``, the one it runs
   with), its step estimate and the part of it the gradient sync leaves exposed after the backward (the
-  ``Estimate.breakdown_s`` parts named for a sync: DGA's row shows what its ``D`` steps did not hide).
+  ``Estimate.breakdown_s`` parts named for a sync: DGA's row shows what its ``D`` steps did not hide) and, for DGA,
+  the communication the simulated step runs behind the next ``D`` steps (``hidden``: the plan replayed by
+  ``plan show``'s simulator, :func:`planner.costing.sync.delayed.sync_timeline`; hidden + exposed is the whole
+  all-reduce, and the simulated step is the estimate).
 
 Every all-reduce is priced as a ring (``2(n−1)`` latency hops): across two regions 200 ms apart that latency, not
 the bandwidth, dominates exact sync, and the all-gathers of the compressors pay ``n − 1`` hops, half as many; the
@@ -35,6 +38,8 @@ from pathlib import Path
 
 from cost_models.cluster import Cluster, load_cluster
 from planner.api import plan_prepared, prepare_model_file
+from planner.cli.show import simulate_recorded
+from planner.costing.sync.delayed import sync_timeline
 from planner.errors import AutoplanError
 from planner.plan import GradSync, Plan
 
@@ -113,16 +118,23 @@ def sync_rows(model: str, cluster_name: str, cluster: Cluster) -> list[str]:
         try:
             plan = plan_prepared(dataclasses.replace(base, options=options), "data-parallel")
         except AutoplanError as error:
-            rows.append(f"| {model} | {cluster_name} | {text} | refused: {str(error)[:90]} | | | |")
+            rows.append(f"| {model} | {cluster_name} | {text} | refused: {str(error)[:90]} | | | | |")
             continue
         step_s = plan.estimate.step_time_s
         exact_s = step_s if text == "exact" else exact_s
         ratio = f"{exact_s / step_s:.2f}×" if exact_s else ""
         rows.append(
-            f"| {model} | {cluster_name} | {text} | {step_s:.4f} | {_sync_part_s(plan):.4f} | {ratio} | "
-            f"{plan.grad_sync.describe()[:60]}… |"
+            f"| {model} | {cluster_name} | {text} | {step_s:.4f} | {_sync_part_s(plan):.4f} | {_hidden(plan)} | "
+            f"{ratio} | {plan.grad_sync.describe()[:60]}… |"
         )
     return rows
+
+
+def _hidden(plan: Plan) -> str:
+    """DGA's communication behind the next steps in the replayed step (empty for the other syncs)."""
+    if plan.grad_sync.kind != "dga":
+        return ""
+    return f"{sync_timeline(simulate_recorded(plan)).hidden_s:.4f}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,8 +152,9 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---|---|---:|---:|---:|",
     ]
     every = [
-        "| model | cluster | sync | data-parallel step (s) | of it, sync (s) | vs exact | what it changes |",
-        "|---|---|---|---:|---:|---:|---|",
+        "| model | cluster | sync | data-parallel step (s) | of it, sync (s) | hidden (s) | vs exact "
+        "| what it changes |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for model in MODELS:
         for name, cluster in found.items():

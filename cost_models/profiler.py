@@ -81,13 +81,14 @@ class ProfileResult:
         object.__setattr__(self, "skipped", MappingProxyType(dict(self.skipped)))
 
 
-def device_key(device: str) -> str:
-    """What a measurement depends on besides the signature: device, CPU, torch, threads."""
+def device_key(device: str, *, threads: int | None = None) -> str:
+    """What a measurement depends on besides the signature: device, CPU, torch, threads (None: the current count)."""
+    threads = torch.get_num_threads() if threads is None else threads
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(torch.device(device))
-        return f"{device}:{name}:torch-{torch.__version__}:threads-{torch.get_num_threads()}"
+        return f"{device}:{name}:torch-{torch.__version__}:threads-{threads}"
     cpu = platform.processor() or platform.machine()
-    return f"{device}:{cpu}:torch-{torch.__version__}:threads-{torch.get_num_threads()}"
+    return f"{device}:{cpu}:torch-{torch.__version__}:threads-{threads}"
 
 
 def default_cache_path(device: str) -> Path:

@@ -22,6 +22,10 @@ estimate uses too): the resources with devices are the stages, each stage's busy
 but those marked ``end_of_step`` (gradient sync, optimizer update), and the span is the end of the
 last task not so marked. With ``record=True`` it also keeps every task's start and end
 (:class:`Span`), for timelines.
+
+A ``background`` task runs on its resource like any other but belongs to the steps that follow (the
+communication Delayed Gradient Averaging hides behind them): the step time is the end of the last task that is
+not background, and :attr:`SimResult.background_s` sums the background tasks' seconds.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class SimResult:
     peak_memory_bytes: tuple[float, ...]
     bubble_fraction: float
     spans: tuple[Span, ...] = ()
+    background_s: float = 0.0  # the background tasks' seconds: run beside the step, off its critical path
 
     @property
     def max_memory_bytes(self) -> float:
@@ -97,6 +102,7 @@ class TaskGraph:
         self.free_bytes: list[float] = []
         self.priority: list[float] = []
         self.end_of_step: list[bool] = []
+        self.background: list[bool] = []
 
     def __len__(self) -> int:
         return len(self.names)
@@ -122,8 +128,10 @@ class TaskGraph:
         free_bytes: float = 0.0,
         priority: float = 0.0,
         end_of_step: bool = False,
+        background: bool = False,
     ) -> int:
-        """``end_of_step``: work after the pipeline phase (gradient sync, optimizer update), outside the bubble."""
+        """``end_of_step``: work after the pipeline phase (gradient sync, optimizer update), outside the bubble;
+        ``background``: work the following steps overlap, outside the step time (module docstring)."""
         task = len(self.names)
         assert 0 <= resource < len(self.resources), f"task {name}: unknown resource {resource}"
         assert duration_s >= 0 and math.isfinite(duration_s), f"task {name}: duration {duration_s}"
@@ -135,7 +143,8 @@ class TaskGraph:
         self.alloc_bytes.append(float(alloc_bytes))
         self.free_bytes.append(float(free_bytes))
         self.priority.append(float(priority))
-        self.end_of_step.append(end_of_step)
+        self.end_of_step.append(end_of_step or background)
+        self.background.append(background)
         return task
 
     def set_order(self, resource: int, tasks: Sequence[int]) -> None:
@@ -190,10 +199,11 @@ def simulate(graph: TaskGraph, *, record: bool = False) -> SimResult:
             _make_ready(graph, state, task, 0.0)
     for resource in range(len(resources)):
         _try_start(graph, state, resource, 0.0, events, memory, peak)
-    finished, now = 0, 0.0
+    finished, now, step_end = 0, 0.0, 0.0
     while events:
         now, task = heapq.heappop(events)
         finished += 1
+        step_end = step_end if graph.background[task] else now
         resource = graph.resource_of[task]
         state.free[resource] = True
         memory[resource] -= graph.free_bytes[task]
@@ -206,7 +216,7 @@ def simulate(graph: TaskGraph, *, record: bool = False) -> SimResult:
         for r in touched:
             _try_start(graph, state, r, now, events, memory, peak)
     assert finished == n, f"simulation stalled: {n - finished} of {n} tasks never ran (a cycle or an order clash)"
-    return _result(graph, state, makespan=now if n else 0.0, peak=peak, record=record)
+    return _result(graph, state, makespan=step_end, peak=peak, record=record)
 
 
 def _make_ready(graph: TaskGraph, state: _State, task: int, now: float) -> None:
@@ -280,4 +290,5 @@ def _result(graph: TaskGraph, state: _State, *, makespan: float, peak: list[floa
         peak_memory_bytes=tuple(device_peak),
         bubble_fraction=_pipeline_bubble(graph, state),
         spans=spans,
+        background_s=math.fsum(graph.duration_s[t] for t in range(len(graph)) if graph.background[t]),
     )

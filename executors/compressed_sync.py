@@ -22,8 +22,20 @@ Deep Gradient Compression (``dgc`` ρ; Lin et al. 2018) runs the same way with i
 the hook holds it, :data:`DGC_MOMENTUM` = the plan's SGD momentum), top-k of ``v`` sent, momentum factor masking
 (``u`` and ``v`` zeroed where sent), and the warm-up of the sparsity: the kept share is ``max(ρ, 4^−(k+1))`` in
 the ``k``-th :data:`DGC_WARMUP_STAGE_STEPS` steps after the exact warm-up (75%, 93.75%, 98.4%, 99.6% sparse, then
-ρ: the paper's schedule, in steps instead of epochs). Local gradient clipping (the paper's, before ``g`` joins the
-momentum) is not done: the program clips the global norm after the sync.
+ρ: the paper's schedule, in steps instead of epochs). Local gradient clipping (the paper's §3.3, before ``g`` joins
+the momentum; :func:`local_clip_scale`): the paper clips each worker's whole gradient to ``N^(−1/2)`` of the global
+threshold ``c`` (its share if the ``N`` workers' gradients were alike); a hook sees one bucket at a time, before the
+later buckets exist, so each bucket's gradients are clipped together to that threshold's share of the bucket,
+``c·√(numel_bucket / numel_model)·N^(−1/2)`` (the share a bucket of equally sized elements would have of the norm),
+by ``min(1, threshold / (‖g_bucket‖ + 10⁻⁶))`` (``torch.nn.utils.clip_grad_norm_``'s rule). ``c`` is
+:attr:`CompressedSyncState.max_grad_norm`, given to :func:`executors.parallel.grad_sync.register_ddp_hook`; a plan
+carries no clipping threshold (the program clips the global norm after the sync with its ``--max-grad-norm``), so
+``plan run`` registers none and DGC clips nothing locally there.
+
+:func:`timed_codec` hands ``plan profile`` (:mod:`cost_models.codec_profiler`) one gradient's encode (its
+error-feedback or DGC step included, and the payload's bytes) and one received payload's decode into the sum, as
+this hook runs them, to time (signSGD's decode adds the ``±1`` signs the vote sums; threshold's gradient is scaled
+so that the share of it the cost model assumes is sent).
 
 Before ``warmup_steps`` steps (counted at each step's last bucket) the bucket is all-reduced exactly. Random
 compressors (TernGrad, QSGD) draw from a generator seeded by the rank alone, so a run repeats. The
@@ -34,6 +46,7 @@ run on the process group's thread, where a second collective would race the main
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,12 +67,14 @@ from executors.compressors import (
     signs,
 )
 from executors.precision import SGD_MOMENTUM
+from planner.costing.sync.gathered import THRESHOLD_DENSITY
 from planner.plan import GradSync
 
 RANK_SEED_STRIDE = 7919  # distinct random streams per rank
 DGC_MOMENTUM = SGD_MOMENTUM  # executors.precision.make_optimizer's SGD momentum, moved into the hook
 DGC_WARMUP_STAGE_STEPS = 25  # steps per stage of DGC's sparsity warm-up (the paper: one epoch per stage)
 DGC_WARMUP_STAGES = 4  # kept shares 1/4, 1/16, 1/64, 1/256 before the target ratio
+CLIP_EPSILON = 1e-6  # torch.nn.utils.clip_grad_norm_'s guard against a zero norm
 
 
 @dataclass(kw_only=True)
@@ -69,8 +84,9 @@ class DgcGradient:
     momentum: torch.Tensor | None = None
     velocity: torch.Tensor | None = None
 
-    def step(self, grad: torch.Tensor, *, ratio: float) -> Payload:
-        g = grad.detach().float()
+    def step(self, grad: torch.Tensor, *, ratio: float, clip: float = 1.0) -> Payload:
+        """One step on ``grad`` times ``clip`` (the local clipping's factor, :func:`local_clip_scale`)."""
+        g = grad.detach().float() * clip
         self.momentum = g.clone() if self.momentum is None else DGC_MOMENTUM * self.momentum + g  # not a view of g
         self.velocity = self.momentum.clone() if self.velocity is None else self.velocity + self.momentum
         payload = TopK(ratio=ratio).compress(self.velocity)
@@ -78,6 +94,19 @@ class DgcGradient:
         self.velocity.view(-1)[sent] = 0.0  # momentum factor masking: what was sent starts over
         self.momentum.view(-1)[sent] = 0.0
         return payload
+
+
+def local_clip_scale(
+    gradients: list[torch.Tensor], *, max_grad_norm: float | None, model_numel: int, world: int
+) -> float:
+    """DGC's local clipping factor of one bucket's ``gradients`` (module docstring): 1 without a threshold, else
+    ``min(1, c·√(numel_bucket / model_numel)·world^(−1/2) / (‖g_bucket‖ + 10⁻⁶))``."""
+    if max_grad_norm is None:
+        return 1.0
+    numel = sum(gradient.numel() for gradient in gradients)
+    threshold = max_grad_norm * math.sqrt(numel / model_numel) / math.sqrt(world)
+    norm = math.sqrt(sum(float(gradient.detach().float().pow(2).sum()) for gradient in gradients))
+    return min(1.0, threshold / (norm + CLIP_EPSILON))
 
 
 def dgc_ratio(grad_sync: GradSync, compressed_steps: int) -> float:
@@ -109,10 +138,13 @@ def compressor_of(grad_sync: GradSync) -> Compressor:
 
 @dataclass(kw_only=True)
 class CompressedSyncState:
-    """A process group's compressed sync: its choice, the step count, the residuals by bucket, the random stream."""
+    """A process group's compressed sync: its choice, the step count, the residuals by bucket, the random stream;
+    DGC's local clipping threshold of the whole model's gradient (None: none) and the model's gradient elements."""
 
     process_group: Any
     grad_sync: GradSync
+    max_grad_norm: float | None = None
+    model_numel: int = 0
     iteration: int = 0
     feedback: dict[int, list[ErrorFeedback]] = field(default_factory=dict)
     dgc: dict[int, list[DgcGradient]] = field(default_factory=dict)
@@ -159,7 +191,11 @@ def _compress(
     if kind == "dgc":
         ratio = dgc_ratio(state.grad_sync, state.iteration - state.grad_sync.warmup_steps)
         states = state.dgc.setdefault(index, [DgcGradient() for _ in gradients])
-        return [own.step(gradient, ratio=ratio) for own, gradient in zip(states, gradients, strict=True)]
+        world = dist.get_world_size(state.process_group)
+        clip = local_clip_scale(
+            gradients, max_grad_norm=state.max_grad_norm, model_numel=state.model_numel, world=world
+        )
+        return [own.step(gradient, ratio=ratio, clip=clip) for own, gradient in zip(states, gradients, strict=True)]
     generator = state.random(gradients[0].device)
     if state.grad_sync.error_feedback:
         feedback = state.feedback.setdefault(index, [ErrorFeedback(compressor=compressor) for _ in gradients])
@@ -223,3 +259,43 @@ def _split(data: torch.Tensor, likes: list[Payload]) -> list[Payload]:
         out.append(Payload.from_bytes(data[offset : offset + size], like=like))
         offset += size
     return out
+
+
+def timed_codec(grad_sync: GradSync, grad: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(encode, decode) of ``grad`` under ``grad_sync`` for timing: ``encode()`` runs the rank's side of one gradient
+    (its error-feedback or DGC state's step, or the compression, then :meth:`Payload.to_bytes`); ``decode()`` reads one
+    received payload back from bytes and adds it into a flat fp32 sum, as :func:`_mean` does per payload. Threshold's
+    gradient is rescaled so that :data:`planner.costing.sync.gathered.THRESHOLD_DENSITY` of it reaches ``τ``."""
+    compressor = compressor_of(grad_sync)
+    generator = torch.Generator(device=grad.device).manual_seed(0)
+    if grad_sync.kind == "threshold":  # the share of elements at least τ that the cost model assumes
+        grad = grad * (grad_sync.threshold / grad.abs().float().quantile(1 - THRESHOLD_DENSITY))
+    if grad_sync.kind == "dgc":
+        dgc = DgcGradient()
+
+        def compress() -> Payload:
+            return dgc.step(grad, ratio=grad_sync.ratio)
+    elif grad_sync.error_feedback:
+        feedback = ErrorFeedback(compressor=compressor)
+
+        def compress() -> Payload:
+            return feedback.step(grad, generator)
+    else:
+
+        def compress() -> Payload:
+            return compressor.compress(grad, generator)
+
+    like = compress()
+    buffer = like.to_bytes()
+    total = torch.zeros(grad.numel(), device=grad.device)
+
+    def decode() -> None:
+        payload = Payload.from_bytes(buffer, like=like)
+        if isinstance(compressor, TopK | Threshold):
+            compressor.add_into(total, payload)
+        elif isinstance(compressor, SignSGD):
+            total.add_(signs(payload))
+        else:
+            total.add_(compressor.decompress(payload).reshape(-1))
+
+    return (lambda: compress().to_bytes()), decode

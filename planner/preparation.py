@@ -19,7 +19,13 @@ import torch
 
 from cost_models.cluster import Cluster
 from planner.costing.runtime_profiles import runtime_profile
-from planner.costing.setup import CostSetup, default_optimizer, loss_bytes_per_output_element, make_compute_model
+from planner.costing.setup import (
+    CostSetup,
+    default_optimizer,
+    loss_bytes_per_output_element,
+    make_codec_fits,
+    make_compute_model,
+)
 from planner.errors import AutoplanError
 from planner.inter.planning_input import PlanningInput
 from planner.inter.search import Progress, microbatch_counts
@@ -121,6 +127,7 @@ def _cost_setup(
     return CostSetup(
         cluster=cluster,
         compute=make_compute_model(graph, cluster, cost_model=options.cost_model),
+        codec_fits=make_codec_fits(cluster, cost_model=options.cost_model),
         optimizer=options.optimizer or default_optimizer(cluster),
         memory_fraction=options.memory_fraction,
         runtime=runtime_profile(options.runtime),

@@ -9,7 +9,10 @@ model, one draw per step) — signSGD: the majority vote of the signs times the 
 the relative error of every parameter's gradient at every step (the exact warm-up's too). DGC and DGA
 (:data:`STATEFUL`) run five steps against :class:`ByHand`, which keeps their state from every rank's gradients:
 DGC's momentum and velocity per rank, DGA's own gradient and exact mean of every step (each rank checks its own
-``∇w(i) − ∇w(i−D) + avg ∇w(i−D)``).
+``∇w(i) − ∇w(i−D) + avg ∇w(i−D)``). DGC runs a second time with local gradient clipping (:data:`CLIPPED`,
+a threshold small enough that every step clips): the model's gradients are one DDP bucket, so by hand each rank's
+whole gradient is scaled by ``min(1, c·N^(−1/2) / (‖g‖ + 10⁻⁶))`` before its momentum; the factors are reported
+under ``"clip factors"``.
 """
 
 import json
@@ -21,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from executors.compressed_sync import RANK_SEED_STRIDE, DgcGradient, compressor_of, dgc_ratio
+from executors.compressed_sync import CLIP_EPSILON, RANK_SEED_STRIDE, DgcGradient, compressor_of, dgc_ratio
 from executors.compressors import SignSGD, TopK, majority_vote, signs
 from executors.parallel.grad_sync import register_ddp_hook
 from executors.session import init_distributed
@@ -30,6 +33,7 @@ from planner.plan import GradSync
 KINDS = ("topk:0.25", "onebit", "threshold:0.05", "terngrad", "qsgd:3", "signsgd")
 STATEFUL = {"dgc:0.25": 2, "dga:2": 3}  # kinds whose state spans steps: their warm-up (5 steps each, by hand)
 RANDOM = ("terngrad", "qsgd")
+CLIPPED = ("dgc:0.25", 0.02)  # DGC with local clipping at this global threshold (the gradients' norms are ~0.1)
 
 
 def model_for(kind: str) -> nn.Module:
@@ -80,8 +84,9 @@ def gathered_grads(local: dict[str, torch.Tensor], world: int) -> dict[str, list
 class ByHand:
     """DGC's and DGA's results recomputed from every rank's local gradients, step by step."""
 
-    def __init__(self, grad_sync: GradSync, rank: int, world: int) -> None:
-        self.grad_sync, self.rank, self.world = grad_sync, rank, world
+    def __init__(self, grad_sync: GradSync, rank: int, world: int, max_grad_norm: float | None = None) -> None:
+        self.grad_sync, self.rank, self.world, self.max_grad_norm = grad_sync, rank, world, max_grad_norm
+        self.clip_factors: list[float] = []  # every rank's local clipping factor at each compressed step
         self.dgc: dict[tuple[str, int], DgcGradient] = {}
         self.history: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []  # (own, mean) per step
 
@@ -95,28 +100,37 @@ class ByHand:
             own, then = self.history[step - self.grad_sync.delay]
             return {name: local[name] - own[name] + then[name] for name in local}
         ratio = dgc_ratio(self.grad_sync, step - self.grad_sync.warmup_steps)
+        clips = [self.clip_factor([grads[rank] for grads in everyone.values()]) for rank in range(self.world)]
+        self.clip_factors.extend(clips)
         out = {}
         for name, grads in everyone.items():
             decoded = []
             for rank, grad in enumerate(grads):
                 state = self.dgc.setdefault((name, rank), DgcGradient())
-                decoded.append(TopK(ratio=ratio).decompress(state.step(grad, ratio=ratio)))
+                decoded.append(TopK(ratio=ratio).decompress(state.step(grad * clips[rank], ratio=ratio)))
             out[name] = torch.stack(decoded).mean(0)
         return out
 
+    def clip_factor(self, grads: list[torch.Tensor]) -> float:
+        """DGC's local clipping of one rank's whole gradient (one bucket): ``min(1, c·N^(−1/2) / (‖g‖ + ε))``."""
+        if self.max_grad_norm is None:
+            return 1.0
+        norm = torch.cat([grad.reshape(-1) for grad in grads]).norm()
+        return min(1.0, self.max_grad_norm / self.world**0.5 / (float(norm) + CLIP_EPSILON))
 
-def check_stateful(kind: str, rank: int, world: int) -> dict:
+
+def check_stateful(kind: str, rank: int, world: int, *, max_grad_norm: float | None = None) -> tuple[dict, ByHand]:
     grad_sync = GradSync(**{**GradSync.parse(kind).to_json(), "warmup_steps": STATEFUL[kind]})
     ddp = DistributedDataParallel(model_for(kind))
-    register_ddp_hook(ddp, grad_sync=grad_sync, group=dist.group.WORLD, subgroup=None)
-    plain, by_hand, errors = model_for(kind), ByHand(grad_sync, rank, world), {}
+    register_ddp_hook(ddp, grad_sync=grad_sync, group=dist.group.WORLD, subgroup=None, max_grad_norm=max_grad_norm)
+    plain, by_hand, errors = model_for(kind), ByHand(grad_sync, rank, world, max_grad_norm), {}
     for step in range(5):
         step_grads(ddp, rank, step)
         step_grads(plain, rank, step)
         want = by_hand.expected(step, {name: p.grad.detach().clone() for name, p in plain.named_parameters()})
         got = {name.removeprefix("module."): p.grad for name, p in ddp.named_parameters()}
         errors[f"step{step}"] = {name: relative(got[name], want[name]) for name in want}
-    return errors
+    return errors, by_hand
 
 
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -152,7 +166,10 @@ def main() -> None:
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
     report = {kind: check(kind, rank, world) for kind in KINDS}
-    report.update({kind: check_stateful(kind, rank, world) for kind in STATEFUL})
+    report.update({kind: check_stateful(kind, rank, world)[0] for kind in STATEFUL})
+    kind, max_grad_norm = CLIPPED
+    report[f"{kind} clipped"], by_hand = check_stateful(kind, rank, world, max_grad_norm=max_grad_norm)
+    report["clip factors"] = by_hand.clip_factors
     if rank == 0:
         Path(out).write_text(json.dumps(report))
     dist.destroy_process_group()

@@ -268,7 +268,9 @@ def test_profile_prints_a_table(capsys) -> None:
 
 
 def test_profile_json_measures_locally(capsys) -> None:
-    code, stdout, _ = run(["profile", MLP, "--batch-size", "4", *SMALL, "--json", "--repeats", "2"], capsys)
+    code, stdout, _ = run(
+        ["profile", MLP, "--batch-size", "4", *SMALL, "--json", "--repeats", "2", "--no-compressors"], capsys
+    )
     assert code == 0
     rows = json.loads(stdout)
     linear = [r for r in rows if r["kind"] == "matmul"]

@@ -248,3 +248,28 @@ def test_auto_picks_a_gathered_sync_where_bandwidth_and_latency_both_cost() -> N
     plan = _auto_on_one_slow_node(hidden=64, bandwidth=12.5e6, latency_s=1e-3)
     assert plan.grad_sync.gathered, plan.grad_sync
     assert plan.estimate.savings.grad_sync_saved_s > 0
+
+
+def test_the_simulated_dga_step_shows_its_whole_communication_hidden_and_exposed() -> None:
+    """DGA's timeline: the bucket all-reduces the step waits for plus the background ones behind the next ``D`` steps
+    add up to exact sync's communication; the step time is still the estimate; exact sync hides nothing."""
+    from dataclasses import replace
+
+    from planner.cli.show import simulated_line
+    from planner.costing.sync.delayed import sync_timeline
+
+    plan = _mlp_plan("dga:1", slow=True)
+    graph = captured("mlp", 64 // plan.num_microbatches, "export", hidden=1024, layers=2)
+    result = simulate_lowered(lower_plan(plan, graph, plan_setup(plan)), record=True)
+    exact_plan = replace(plan, grad_sync=GradSync())
+    exact_lowered = lower_plan(exact_plan, graph, plan_setup(exact_plan))
+    full_s = math.fsum(segment.all_reduce_s for segment in exact_lowered.sync_segments[0])
+    split = sync_timeline(result)
+    assert split.hidden_s > 0 and split.exposed_s > 0  # on 1 Gbit/s one backward hides part of it
+    assert split.hidden_s + split.exposed_s == pytest.approx(full_s, rel=1e-9)
+    assert result.background_s == pytest.approx(split.hidden_s, rel=1e-12)
+    assert result.step_time_s == pytest.approx(plan.estimate.step_time_s, rel=1e-6)
+    assert "hidden" in simulated_line(plan, result) and "behind 1 steps" in simulated_line(plan, result)
+    exact = simulate_lowered(exact_lowered, record=True)
+    assert sync_timeline(exact).hidden_s == 0 == exact.background_s
+    assert sync_timeline(exact).exposed_s == pytest.approx(full_s, rel=1e-9)

@@ -133,3 +133,15 @@ def test_links_overlap_with_compute_and_devices_without_work_are_not_bubbles() -
     result = simulate(graph)
     assert result.step_time_s == 4 and result.busy_s == (3, 1, 0)
     assert result.bubble_fraction == pytest.approx(1 - 4 / 8)
+
+
+def test_a_background_task_runs_on_the_timeline_but_not_in_the_step() -> None:
+    graph = TaskGraph(num_devices=1)
+    device = graph.add_resource("device", devices=(0,))
+    link = graph.add_resource("hidden link")
+    compute = graph.add_task("compute", resource=device, duration_s=1.0)
+    graph.add_task("exposed", resource=device, duration_s=0.5, deps=(compute,), end_of_step=True)
+    graph.add_task("hidden", resource=link, duration_s=3.0, deps=(compute,), background=True)
+    result = simulate(graph, record=True)
+    assert result.step_time_s == 1.5 and result.background_s == 3.0 and result.idle_s == (0.0,)
+    assert {span.task: span.end_s for span in result.spans}["hidden"] == 4.0  # drawn past the step's end

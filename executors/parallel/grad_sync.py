@@ -327,10 +327,11 @@ def local_sgd_subgroup(plan: Plan, devices: Sequence[int]) -> Any:
 
 
 def register_ddp_hook(
-    ddp: nn.Module, *, grad_sync: GradSync, group: Any, subgroup: Any
+    ddp: nn.Module, *, grad_sync: GradSync, group: Any, subgroup: Any, max_grad_norm: float | None = None
 ) -> PeriodicModelAverager | None:
     """Register ``grad_sync``'s torch hook on a ``DistributedDataParallel`` module; local SGD's model averager,
-    to call after every optimizer step, is returned."""
+    to call after every optimizer step, is returned. ``max_grad_norm``: DGC's local clipping threshold of the
+    model's gradient (:func:`executors.compressed_sync.local_clip_scale`; None, what plans run with: none)."""
     gloo = dist.get_backend(group) == "gloo"
     if grad_sync.kind == "bf16":
         ddp.register_comm_hook(group, bf16_hook if gloo else default_hooks.bf16_compress_hook)
@@ -343,7 +344,11 @@ def register_ddp_hook(
         )
         ddp.register_comm_hook(state, completed(powerSGD_hook.powerSGD_hook) if gloo else powerSGD_hook.powerSGD_hook)
     elif grad_sync.gathered:
-        ddp.register_comm_hook(CompressedSyncState(process_group=group, grad_sync=grad_sync), compressed_hook)
+        model_numel = sum(p.numel() for p in ddp.parameters() if p.requires_grad)
+        state = CompressedSyncState(
+            process_group=group, grad_sync=grad_sync, max_grad_norm=max_grad_norm, model_numel=model_numel
+        )
+        ddp.register_comm_hook(state, compressed_hook)
     elif grad_sync.kind == "dga":
         ddp.register_comm_hook(DelayedState(process_group=group, grad_sync=grad_sync), delayed_hook)
     elif grad_sync.kind == "local-sgd":

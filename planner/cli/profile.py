@@ -2,26 +2,36 @@
 
 Times are measured on this machine (one thread, as one local device) when the cluster's
 device is this machine's CPU, and come from the roofline of the cluster's device otherwise.
+When it measures, it also times the gathered gradient syncs' encode and decode
+(:func:`executors.compressed_sync.timed_codec`, :data:`PROFILED_SYNCS` and ``--grad-sync`` forms) on a few sizes,
+fits ``a + b·N`` to each (:mod:`cost_models.codec_profiler`), stores the fits beside the operator cache (the planner
+prices those syncs with them under ``--cost-model profiled``) and prints them (:func:`codec_table`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 
 from rich.console import Console
 from rich.table import Table
 
 from cost_models.cluster import Cluster, load_cluster
+from cost_models.codec_profiler import DEFAULT_SIZES, CodecCache, CodecFit, measure_codecs
 from cost_models.compute import ComputeModel, NodeTime, ProfiledCompute
 from cost_models.memory import saved_inputs, saves_output
 from planner.costing.setup import make_compute_model
+from planner.errors import AutoplanError
 from planner.ir.capture import capture
 from planner.ir.graph import OpGraph, OpNode
 from planner.ir.model_file import instantiate, load_model_file, parse_model_args
+from planner.plan import GradSync
 
 MIB = 1024**2
+# the gathered syncs timed by default: auto's (planner.inter.grad_sync_choice.LOSSY_CHOICES) and one form of each other
+PROFILED_SYNCS = ("topk:0.01", "onebit", "threshold:0.01", "terngrad", "qsgd:16", "signsgd", "dgc:0.01")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +54,26 @@ def _parser() -> argparse.ArgumentParser:
         "--top", type=int, default=0, metavar="N", help="only the N slowest operators (0: all, in order)"
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument(
+        "--compressors",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="when measuring, also time the gathered gradient syncs' encode and decode, fit seconds = a + b·N per "
+        f"sync and store it for --cost-model profiled (default on: {', '.join(PROFILED_SYNCS)})",
+    )
+    parser.add_argument(
+        "--grad-sync",
+        action="append",
+        default=[],
+        metavar="FORM",
+        help="time this gathered sync too (e.g. topk:0.001; repeatable)",
+    )
+    parser.add_argument(
+        "--codec-sizes",
+        default=",".join(str(size) for size in DEFAULT_SIZES),
+        metavar="N,N,...",
+        help="gradient elements the compressors are timed at (default %(default)s)",
+    )
     return parser
 
 
@@ -94,12 +124,54 @@ def run_profile(argv: Sequence[str]) -> int:
     with console.status(f"timing {len(graph)} operators"):
         compute = _compute_model(graph, cluster, measure=options.measure, repeats=options.repeats)
     rows = profile_rows(graph, compute)
+    fits = {}
+    if options.compressors and isinstance(compute, ProfiledCompute):
+        with console.status("timing the gradient compressors"):
+            fits = profile_codecs((*PROFILED_SYNCS, *options.grad_sync), sizes=options.codec_sizes)
     shown = sorted(rows, key=lambda r: -(r["fwd_s"] + r["bwd_s"]))[: options.top] if options.top > 0 else rows
     if options.json:
         print(json.dumps(shown, indent=2))
         return 0
     Console(width=200).print(_table(shown, rows, cluster, graph))
+    if fits:
+        Console(width=200).print(codec_table(fits))
     return 0
+
+
+def profile_codecs(forms: Sequence[str], *, sizes: str) -> dict[str, CodecFit]:
+    """Time the gathered syncs ``forms`` at ``sizes`` (``N,N,...``) on this CPU and store their fits."""
+    from executors.compressed_sync import timed_codec
+
+    syncs = [GradSync.parse(form) for form in dict.fromkeys(forms)]
+    for grad_sync in syncs:
+        if not grad_sync.gathered:
+            raise AutoplanError(f"--grad-sync {grad_sync.label}: only the gathered syncs have compressors to time")
+    try:
+        numels = tuple(int(size) for size in sizes.split(","))
+    except ValueError:
+        raise AutoplanError(f"--codec-sizes {sizes!r}: give element counts, e.g. 4096,65536") from None
+    factories = {grad_sync.label: partial(timed_codec, grad_sync) for grad_sync in syncs}
+    fits = measure_codecs(factories, sizes=numels)
+    CodecCache(device="cpu").save(fits)
+    return fits
+
+
+def codec_table(fits: Mapping[str, CodecFit]) -> Table:
+    """The fitted encode and decode lines, and what they give at 1M elements."""
+    table = Table(title="gradient compressors, measured here (one thread): seconds = a + b·N")
+    for column in ("sync", "encode a µs", "encode ns/elem", "decode a µs", "decode ns/elem", "1M: enc+dec ms"):
+        table.add_column(column, justify="left" if column == "sync" else "right")
+    for label, fit in fits.items():
+        table.add_row(
+            label,
+            f"{fit.encode.fixed_s * 1e6:.1f}",
+            f"{fit.encode.per_element_s * 1e9:.3f}",
+            f"{fit.decode.fixed_s * 1e6:.1f}",
+            f"{fit.decode.per_element_s * 1e9:.3f}",
+            f"{(fit.encode(2**20) + fit.decode(2**20)) * 1e3:.2f}",
+        )
+    table.caption = "decode: one received payload read and added into the sum; stored for --cost-model profiled"
+    return table
 
 
 def _table(shown: list[dict], rows: list[dict], cluster: Cluster, graph: OpGraph) -> Table:

@@ -4,8 +4,9 @@ The plan's model is rebuilt from its model file (on the meta device), captured a
 (its fingerprint must be the plan's) and at the microbatch size, and the plan is replayed by the
 discrete-event simulator (:func:`planner.costing.lowering.simulate_plan`, roofline compute times on the
 plan's cluster): the simulated step and peak memory per device are printed in the plan's summary
-(:func:`planner.plan.report.plan_summary`, after its estimate) with the choices each stage uses and what each
-saved (:mod:`planner.plan.choices`), or as JSON with ``--json``. The
+(:func:`planner.plan.report.plan_summary`, after its estimate; under DGA with its gradient communication split
+into what the next ``D`` steps hide and what the step waits for, :func:`planner.costing.sync.delayed.sync_timeline`)
+with the choices each stage uses and what each saved (:mod:`planner.plan.choices`), or as JSON with ``--json``. The
 pipeline bubble printed is the plan's, the one ``plan`` and ``plan compare`` print. ``--figure``
 draws the plan on its device grid and the simulated step as a Gantt chart
 (:mod:`planner.cli.plan_figure`). Bad input is one error line and exit 2, and writes nothing.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from cost_models.simulator import SimResult
 from cost_models.units import GIB, MIB
+from planner.costing.sync.delayed import sync_timeline
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, Stage
@@ -196,10 +198,13 @@ def show_json(plan: Plan, result: SimResult | None) -> dict[str, Any]:
 def simulated_line(plan: Plan, result: SimResult) -> str:
     estimate = plan.estimate.step_time_s
     versus = f" ({result.step_time_s / estimate - 1:+.0%} vs the estimate)" if estimate > 0 else ""
-    return (
+    line = (
         f"simulated: step {result.step_time_s:.4g} s{versus}, peak {_size(result.max_memory_bytes)} per device "
         "(discrete-event simulator, roofline compute times)"
     )
+    if plan.grad_sync.kind == "dga":  # the whole communication, part of it behind the next D steps
+        line += f"; gradient sync: {sync_timeline(result).describe(delay=plan.grad_sync.delay)}"
+    return line
 
 
 def _size(num_bytes: float) -> str:

@@ -95,11 +95,15 @@ class StageSync:
     amortised_s: float = 0.0  # local SGD: the parameter average every H steps, per step
     state_bytes: float = 0.0  # PowerSGD and the gathered error-feedback kinds: their buffers per device
     optimizer_share: float = 1.0  # ps: the share of the optimizer step the busiest server runs
-    hidden_s: float = 0.0  # ps with staleness: the push the next steps hide (not in the segments)
 
     @property
     def comm_s(self) -> float:
         return math.fsum(segment.all_reduce_s for segment in self.segments)
+
+    @property
+    def hidden_s(self) -> float:
+        """The communication later steps hide (DGA's delay, a stale parameter server's push), off the step."""
+        return math.fsum(segment.hidden_s for segment in self.segments)
 
 
 def refusal(
@@ -308,10 +312,11 @@ def _ps_stage_sync(
         backward_s=backward,
         setup=setup,
     )
-    after = SyncSegment(backward_s=backward, all_reduce_s=price.exposed_s, compress_s=price.copy_s)
+    after = SyncSegment(
+        backward_s=backward, all_reduce_s=price.exposed_s, compress_s=price.copy_s, hidden_s=price.hidden_s
+    )
     return StageSync(
         segments=(after, SyncSegment(backward_s=0.0, all_reduce_s=0.0)),
         optimizer_share=price.optimizer_share,
         state_bytes=price.state_bytes,
-        hidden_s=price.hidden_s,
     )

@@ -5,7 +5,8 @@
 crossing between them, each stage's devices, state and step. :func:`build_tasks` turns it into tasks: per microbatch
 a forward ``F`` and a backward ``B`` per chunk on its pipeline rank's resource (zero bubble: ``I`` then ``W``), a
 transfer on a link resource per ordered pair of ranks for each crossing value and its gradient, a stage's last
-backward cut where its gradient buckets become ready with their all-reduces on a communication resource, and one
+backward cut where its gradient buckets become ready with their all-reduces on a communication resource (and the
+part of them later steps hide, DGA's, as background tasks off the step: :func:`hidden_syncs`), and one
 ``step`` task per stage; pipeline ranks run their tasks in the schedule's order
 (:func:`planner.plan.schedules.rank_actions`), the others whichever became ready first. The module docstring of
 :mod:`planner.costing.lowering` says what each task costs.
@@ -264,7 +265,31 @@ def _overlapped_backward(
                     end_of_step=True,
                 )
             )
+    if include_step:
+        hidden_syncs(graph, segments, parts, name)
     return parts, syncs
+
+
+HIDDEN_SYNC = "hidden behind the next steps"  # the name's tail of a bucket's hidden communication (DGA)
+
+
+def hidden_syncs(graph: TaskGraph, segments: Sequence[SyncSegment], parts: Sequence[int], name: str) -> None:
+    """The communication of each bucket that later steps hide (``SyncSegment.hidden_s``, DGA), as background tasks
+    from the bucket's ready time on their own link resource, one after another: on the timeline, off the step."""
+    if not any(segment.hidden_s > 0 for segment in segments):
+        return
+    link = graph.add_resource(f"{name} sync, {HIDDEN_SYNC}", order="ready")
+    previous: tuple[int, ...] = ()
+    for k, (segment, part) in enumerate(zip(segments, parts, strict=True)):
+        if segment.hidden_s > 0:
+            task = graph.add_task(
+                f"sync bucket {k}, {HIDDEN_SYNC}",
+                resource=link,
+                duration_s=segment.hidden_s,
+                deps=(part, *previous),
+                background=True,
+            )
+            previous = (task,)
 
 
 def _syncs_after(graph: TaskGraph, segments: Sequence[SyncSegment], *, after: int, include_step: bool) -> list[int]:

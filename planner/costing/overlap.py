@@ -60,6 +60,7 @@ class SyncSegment:
     backward_s: float
     all_reduce_s: float
     compress_s: float = 0.0  # device compute of a lossy hook when the bucket goes out (compression)
+    hidden_s: float = 0.0  # communication of the bucket that later steps hide (DGA), besides all_reduce_s
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,12 +2,15 @@
 
 :class:`CostSetup` is shared by every search and by the simulator. :func:`make_compute_model` picks
 the compute model: the roofline of the cluster's device (any device), or node times measured on
-this machine's CPU (``profiled``, :mod:`cost_models.profiler`).
+this machine's CPU (``profiled``, :mod:`cost_models.profiler`); with ``profiled``, :func:`make_codec_fits` adds the
+compressor timings ``plan profile`` stored (:mod:`cost_models.codec_profiler`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +21,9 @@ from planner.costing.runtime_profiles import AUTOPLAN, RuntimeProfile, runtime_p
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan
+
+if TYPE_CHECKING:
+    from cost_models.codec_profiler import CodecFit
 
 COST_MODELS = ("roofline", "profiled")
 
@@ -35,6 +41,9 @@ class CostSetup:
     # what the model file's loss holds at its peak per element of the outputs it reads (cost_models.loss_memory;
     # the default: the mean's float32 gradient, when the loss is not known)
     loss_bytes_per_output_element: float = DEFAULT_BYTES_PER_OUTPUT_ELEMENT
+    # the gathered syncs' encode/decode times plan profile measured, by sync label (make_codec_fits; empty: none,
+    # their compute priced at the device's streaming bandwidth)
+    codec_fits: Mapping[str, CodecFit] = field(default_factory=dict)
 
     @property
     def activation_itemsize(self) -> int | None:
@@ -90,6 +99,16 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
         slowdown=device.shared_slowdown,
         overhead_s=device.kernel_overhead_s,
     )
+
+
+def make_codec_fits(cluster: Cluster, *, cost_model: str) -> dict[str, CodecFit]:
+    """The compressor fits ``plan profile`` stored on this machine (:mod:`cost_models.codec_profiler`) when the
+    compute is measured here (``profiled``, this machine's CPU); none under the roofline."""
+    if cost_model != "profiled" or not cluster.device.name.startswith("cpu"):
+        return {}
+    from cost_models.codec_profiler import load_codec_fits
+
+    return load_codec_fits("cpu")
 
 
 def plan_setup(plan: Plan) -> CostSetup:

@@ -68,5 +68,5 @@ def reprice_data_parallel(
         candidate,
         estimate=estimate,
         grad_sync=choice.grad_sync,
-        notes=(*notes, choice.note()) if choice.grad_sync.lossy else notes,
+        notes=(*notes, choice.note(setup)) if choice.grad_sync.lossy else notes,
     )

@@ -33,7 +33,7 @@ from planner.costing.compression import EXACT, stage_sync
 from planner.costing.overlap import after_backward_s
 from planner.costing.setup import CostSetup
 from planner.costing.stage_work import stage_node_work
-from planner.costing.sync.gathered import pricing_caveat
+from planner.costing.sync.gathered import compute_source, pricing_caveat
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Stage
 from planner.plan.grad_sync import DEFAULT_WARMUP_STEPS
@@ -113,12 +113,14 @@ class SyncChoice:
     def saved_s(self) -> float:
         return 0.0 if self.exact_step_s is None else self.exact_step_s - self.step_s
 
-    def note(self) -> str:
-        """What the chosen sync changed and what it saved, for the plan's notes."""
+    def note(self, setup: CostSetup | None = None) -> str:
+        """What the chosen sync changed and what it saved, for the plan's notes (with ``setup``: how its compute was
+        priced, :func:`planner.costing.sync.gathered.compute_source`)."""
         text = f"gradient sync {self.grad_sync.label}: {self.grad_sync.describe()}"
-        caveat = pricing_caveat(self.grad_sync)
-        if caveat:
-            text = f"{text}; {caveat}"
+        caveats = (pricing_caveat(self.grad_sync), compute_source(self.grad_sync, setup) if setup else None)
+        for caveat in caveats:
+            if caveat:
+                text = f"{text}; {caveat}"
         if self.exact_step_s is None:
             return text
         compared = "less" if self.saved_s >= 0 else "more"  # forced: exact sync may have had a faster layout

@@ -260,7 +260,7 @@ def _pipeline(
         num_microbatches=m,
         schedule=Schedule.NONE if len(times) == 1 and m == 1 else step.schedule,
         grad_sync=choice.grad_sync,
-        notes=(choice.note(),) if choice.grad_sync.lossy else (),
+        notes=(choice.note(setup),) if choice.grad_sync.lossy else (),
         stage_choices=tuple(stage.picked for stage in step.priced),
     )
 

@@ -77,8 +77,15 @@ decoded sums of one bucket are transients of its sync; no memory term holds a sy
 counted.
 
 :func:`pricing_caveat` says what the estimate assumes that the data decides (threshold's density), for the plan's
-notes. Every constant below marked *assumption* is ours, not a measurement: ``plan profile`` does not time these
-kernels yet.
+notes. Every constant below marked *assumption* is ours, not a measurement.
+
+Measured instead (:func:`measured_compute_s`): when the setup holds ``plan profile``'s fit of the sync
+(:attr:`planner.costing.setup.CostSetup.codec_fits`, by label: ``--cost-model profiled`` on this machine's CPU;
+:mod:`cost_models.codec_profiler`), a gradient of ``N`` elements costs ``encode(N) + n·decode(N)`` — the fitted
+lines ``a + b·N`` of the hook's own encode (error feedback or DGC's momentum included, the payload's bytes) and of
+one received payload's decode into the sum — times the device's ``shared_slowdown`` (as measured operators are),
+plus the cast and the finish above at the streaming bandwidth (not timed). Syncs without a fit keep the bytes model;
+:func:`compute_source` says which for the plan's notes.
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cost_models.cluster import Link
 from cost_models.communication import all_gather_s
@@ -94,6 +102,9 @@ from planner.costing.overlap import GradEntry, ReadyBucket
 from planner.costing.setup import CostSetup
 from planner.costing.sync.wire_bytes import INDEX_BYTES, VALUE_BYTES, payload_bytes, topk_count
 from planner.plan import GradSync
+
+if TYPE_CHECKING:
+    from cost_models.codec_profiler import CodecFit
 
 # assumption: threshold sends 1% of a gradient's elements (Strom's τ is tuned for a small share; the executor
 # counts the real number, which the data decides)
@@ -218,7 +229,11 @@ def gradient_compute(entry: GradEntry, grad_sync: GradSync, *, devices: int, ite
 
 
 def gathered_compute_s(entries: Sequence[GradEntry], grad_sync: GradSync, *, devices: int, setup: CostSetup) -> float:
-    """Encode, decode and average the bucket on one device of ``devices`` (module docstring)."""
+    """Encode, decode and average the bucket on one device of ``devices`` (module docstring): from ``plan profile``'s
+    fit of ``grad_sync`` when the setup has one (:func:`measured_compute_s`), else from the bytes moved."""
+    fit = setup.codec_fits.get(grad_sync.label)
+    if fit is not None:
+        return measured_compute_s(entries, fit, devices=devices, setup=setup)
     device = setup.cluster.device
     itemsize = optimizer_bytes(setup.optimizer).grads
     moved = kernels = 0.0
@@ -226,6 +241,29 @@ def gathered_compute_s(entries: Sequence[GradEntry], grad_sync: GradSync, *, dev
         entry_bytes, entry_kernels = gradient_compute(entry, grad_sync, devices=devices, itemsize=itemsize)
         moved, kernels = moved + entry_bytes, kernels + entry_kernels
     return moved / (device.memory_bandwidth * device.memory_efficiency) + kernels * device.kernel_overhead_s
+
+
+def measured_compute_s(entries: Sequence[GradEntry], fit: CodecFit, *, devices: int, setup: CostSetup) -> float:
+    """``Σ_i shared_slowdown·(encode(N_i) + n·decode(N_i))`` from the measured fit, plus what it did not time at the
+    streaming bandwidth: the cast to fp32 when ``b ≠ 4`` and the finish (the division by ``n`` and the copy into the
+    bucket, ``DENSE_FINISH_BYTES + b`` an element, two kernels)."""
+    device = setup.cluster.device
+    itemsize = optimizer_bytes(setup.optimizer).grads
+    measured = math.fsum(fit.encode(entry.numel) + devices * fit.decode(entry.numel) for entry in entries)
+    cast = itemsize + VALUE_BYTES if itemsize != VALUE_BYTES else 0
+    moved = sum((cast + DENSE_FINISH_BYTES + itemsize) * entry.numel for entry in entries)
+    kernels = len(entries) * (2 + (1 if cast else 0))
+    bandwidth = device.memory_bandwidth * device.memory_efficiency
+    return device.shared_slowdown * measured + moved / bandwidth + kernels * device.kernel_overhead_s
+
+
+def compute_source(grad_sync: GradSync, setup: CostSetup) -> str | None:
+    """How the plan's notes say the encode and decode of a gathered sync were priced (None: not a gathered kind)."""
+    if not grad_sync.gathered:
+        return None
+    if grad_sync.label in setup.codec_fits:
+        return "its encode and decode priced from the times plan profile measured on this machine"
+    return "its encode and decode priced from the bytes they move at the device's streaming bandwidth (not measured)"
 
 
 def gathered_sync_s(
