@@ -28,9 +28,11 @@ threshold ``c`` (its share if the ``N`` workers' gradients were alike); a hook s
 later buckets exist, so each bucket's gradients are clipped together to that threshold's share of the bucket,
 ``c·√(numel_bucket / numel_model)·N^(−1/2)`` (the share a bucket of equally sized elements would have of the norm),
 by ``min(1, threshold / (‖g_bucket‖ + 10⁻⁶))`` (``torch.nn.utils.clip_grad_norm_``'s rule). ``c`` is
-:attr:`CompressedSyncState.max_grad_norm`, given to :func:`executors.parallel.grad_sync.register_ddp_hook`; a plan
-carries no clipping threshold (the program clips the global norm after the sync with its ``--max-grad-norm``), so
-``plan run`` registers none and DGC clips nothing locally there.
+:attr:`CompressedSyncState.max_grad_norm`, given to :func:`executors.parallel.grad_sync.register_ddp_hook` or set by
+the data-parallel runner from the program's ``--max-grad-norm`` at its first clip
+(:meth:`executors.training.parallel_model.ParallelModel.clip_grad_norm_`), before the first compressed step (at
+least two exact steps come first); without a threshold (a program that does not clip, or DGC on a sharded stage's
+buckets) DGC clips nothing locally. The program still clips the global norm after the sync.
 
 :func:`timed_codec` hands ``plan profile`` (:mod:`cost_models.codec_profiler`) one gradient's encode (its
 error-feedback or DGC step included, and the payload's bytes) and one received payload's decode into the sum, as

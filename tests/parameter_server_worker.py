@@ -4,7 +4,8 @@ Used by ``tests/test_parameter_server.py``: ``python -m torch.distributed.run --
 tests/parameter_server_worker.py OUT.json PLAN.json...``. Each plan trains :data:`STEPS` steps of AdamW with
 gradient clipping (:data:`MAX_GRAD_NORM`, small enough to clip) through the real training step
 (:class:`executors.training.parallel_model.ParallelModel`). A synchronous server (``ps:S``) is checked step by step
-with ``--check-parity`` (loss, gradient norm and every gradient against one process). A stale one (``ps:S:K``)
+with ``--check-parity`` (loss, gradient norm and every gradient against one process). A DGC plan (world 2) checks
+that the program's clipping threshold reaches the hook as DGC's local clipping threshold. A stale one (``ps:S:K``)
 against a single-process run written here by hand: each step's whole-batch gradient, computed on the parameters
 of that step, is clipped and applied by AdamW ``K`` steps later (nothing is applied in the first ``K`` steps);
 the loss of every step and every parameter at the end are compared by relative error.
@@ -76,6 +77,21 @@ def _reference_step(reference, optimizer, whole, model, queue: deque, staleness:
     return float(loss.detach())
 
 
+def dgc_clip_run(plan: Plan) -> dict:
+    """A DGC plan trained three steps with clipping: the threshold the program clips with reaches the hook as DGC's
+    local clipping threshold (:meth:`executors.training.parallel_model.ParallelModel.clip_grad_norm_`)."""
+    model = parallelize(plan, device="cpu", seed=0, dropout=False)
+    optimizer = make_optimizer(plan.optimizer, model.parameters(), lr=LR, grad_sync=plan.grad_sync)
+    batches = model.synthetic_batches(model.rank_info())
+    before = model.runner.compressed_sync.max_grad_norm
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        model.train_step(next(batches))
+        model.clip_grad_norm_(MAX_GRAD_NORM)
+        optimizer.step()
+    return {"dgc_local_clip": [before, model.runner.compressed_sync.max_grad_norm]}
+
+
 def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / (want.norm() + 1e-12))
 
@@ -87,6 +103,9 @@ def main() -> None:
     report = {}
     for path in plans:
         plan = load_plan(path)
+        if plan.grad_sync.kind == "dgc":
+            report[path] = dgc_clip_run(plan)
+            continue
         if plan.grad_sync.staleness:
             report[path] = stale_run(plan)
             continue

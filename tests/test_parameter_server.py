@@ -1,4 +1,5 @@
-"""The parameter server (``--grad-sync ps:S[:K]``): where it runs, what it costs, and that it trains as defined.
+"""The parameter server (``--grad-sync ps:S[:K]``): where it runs, what it costs, and that it trains as defined (and
+that the program's clipping threshold reaches DGC's local clipping, in the same torchrun job).
 
 The multi-process cases (``tests/parameter_server_worker.py``, gloo, world 2 and 4) train the MLP for six AdamW steps
 with clipping: a synchronous server must match one process step by step (loss, norm, every gradient by relative
@@ -22,6 +23,7 @@ from planner.errors import AutoplanError
 from planner.plan import GradSync, save_plan
 from tests.conftest import EXAMPLES, captured, torchrun
 
+MAX_GRAD_NORM = 0.05  # tests/parameter_server_worker.py's
 RELATIVE = 1e-4  # float32 on both sides, summed in another order, over six AdamW steps
 
 
@@ -82,14 +84,14 @@ def test_staleness_hides_the_push_and_servers_hold_their_shards_optimizer_state(
     assert sync.state_bytes == pytest.approx(buffers - 0.75 * 8 * numel)  # Adam's state of the shards served elsewhere
 
 
-def _mlp_plan(grad_sync: str, *, nodes: int, per_node: int, **keywords):
+def _mlp_plan(grad_sync: str, *, nodes: int, per_node: int, optimizer: str = "adam-fp32", **keywords):
     return plan_model_file(
         EXAMPLES / "mlp.py",
         load_cluster("local-cpu", num_nodes=nodes, devices_per_node=per_node),
         batch_size=8,
         model_args={"hidden": 32, "layers": 2},
         method="data-parallel",
-        optimizer="adam-fp32",
+        optimizer=optimizer,
         grad_sync=grad_sync,
         **keywords,
     )
@@ -124,7 +126,7 @@ def test_a_synchronous_server_needs_no_allow_lossy_but_is_refused_outside_ddp() 
         )
 
 
-CASES = {2: ((1, 2), ("ps:1", "ps:2", "ps:2:2")), 4: ((2, 2), ("ps:2", "ps:4:1"))}
+CASES = {2: ((1, 2), ("ps:1", "ps:2", "ps:2:2", "dgc:0.1")), 4: ((2, 2), ("ps:2", "ps:4:1"))}
 
 
 @pytest.mark.slow
@@ -134,7 +136,8 @@ def test_parameter_servers_train_as_defined(world: int, tmp_path) -> None:
     paths = []
     for choice in choices:
         path = tmp_path / f"{choice.replace(':', '_')}.json"
-        save_plan(_mlp_plan(choice, nodes=nodes, per_node=per_node, allow_lossy=True), path)
+        optimizer = "sgd-momentum" if choice.startswith("dgc") else "adam-fp32"  # DGC keeps SGD's momentum
+        save_plan(_mlp_plan(choice, nodes=nodes, per_node=per_node, optimizer=optimizer, allow_lossy=True), path)
         paths.append(path)
     out = tmp_path / "report.json"
     done = torchrun(world, "parameter_server_worker.py", out, paths)
@@ -142,6 +145,9 @@ def test_parameter_servers_train_as_defined(world: int, tmp_path) -> None:
     report = json.loads(out.read_text())
     for choice, path in zip(choices, paths, strict=True):
         result = report[str(path)]
+        if "dgc_local_clip" in result:  # the program's threshold reached DGC's hook at the first clip
+            assert result["dgc_local_clip"] == [None, MAX_GRAD_NORM], result
+            continue
         if "parity" in result:
             assert len(result["parity"]) == 6, choice
             assert all(step["ok"] for step in result["parity"]), (choice, result["parity"])

@@ -80,6 +80,7 @@ class DataParallelRunner:
         self.subgroup = local_sgd_subgroup(plan, stage.devices)  # every rank creates the node groups
         self.rank = dist.get_rank()
         self.averager = None  # local SGD's model averager (executors.parallel.grad_sync.register_ddp_hook)
+        self.compressed_sync = None  # our compressed hook's state (DGC's local clipping threshold)
         self.wrapped = self._wrap(workload.device)
 
     def _wrap(self, device: str) -> nn.Module:
@@ -100,8 +101,14 @@ class DataParallelRunner:
 
         device_ids = [torch.device(device).index] if device.startswith("cuda") else None
         ddp = DistributedDataParallel(self.module, device_ids=device_ids, process_group=self.group)
-        self.averager = register_ddp_hook(ddp, grad_sync=self.plan.grad_sync, group=self.group, subgroup=self.subgroup)
+        registered = register_ddp_hook(ddp, grad_sync=self.plan.grad_sync, group=self.group, subgroup=self.subgroup)
+        self.averager, self.compressed_sync = registered.averager, registered.compressed
         return ddp
+
+    def set_local_clip(self, max_grad_norm: float) -> None:
+        """DGC's local gradient clipping threshold (the program's ``--max-grad-norm``), from the next step on."""
+        if self.compressed_sync is not None:
+            self.compressed_sync.max_grad_norm = max_grad_norm
 
     def after_optimizer_step(self) -> None:
         """Local SGD: average the parameters over the replicas every ``period`` steps (after the warm-up)."""

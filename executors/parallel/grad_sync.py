@@ -326,12 +326,21 @@ def local_sgd_subgroup(plan: Plan, devices: Sequence[int]) -> Any:
     return mine
 
 
+@dataclass(frozen=True, kw_only=True)
+class DdpSync:
+    """What :func:`register_ddp_hook` registered that the runner keeps: local SGD's model averager (to call after
+    every optimizer step) and our compressed hook's state (DGC's local clipping threshold is set on it)."""
+
+    averager: PeriodicModelAverager | None = None
+    compressed: CompressedSyncState | None = None
+
+
 def register_ddp_hook(
     ddp: nn.Module, *, grad_sync: GradSync, group: Any, subgroup: Any, max_grad_norm: float | None = None
-) -> PeriodicModelAverager | None:
-    """Register ``grad_sync``'s torch hook on a ``DistributedDataParallel`` module; local SGD's model averager,
-    to call after every optimizer step, is returned. ``max_grad_norm``: DGC's local clipping threshold of the
-    model's gradient (:func:`executors.compressed_sync.local_clip_scale`; None, what plans run with: none)."""
+) -> DdpSync:
+    """Register ``grad_sync``'s torch hook on a ``DistributedDataParallel`` module. ``max_grad_norm``: DGC's local
+    clipping threshold of the model's gradient (:func:`executors.compressed_sync.local_clip_scale`; None: none,
+    until the runner sets the program's, :meth:`executors.parallel.data_parallel.DataParallelRunner.set_local_clip`)."""
     gloo = dist.get_backend(group) == "gloo"
     if grad_sync.kind == "bf16":
         ddp.register_comm_hook(group, bf16_hook if gloo else default_hooks.bf16_compress_hook)
@@ -349,6 +358,7 @@ def register_ddp_hook(
             process_group=group, grad_sync=grad_sync, max_grad_norm=max_grad_norm, model_numel=model_numel
         )
         ddp.register_comm_hook(state, compressed_hook)
+        return DdpSync(compressed=state)
     elif grad_sync.kind == "dga":
         ddp.register_comm_hook(DelayedState(process_group=group, grad_sync=grad_sync), delayed_hook)
     elif grad_sync.kind == "local-sgd":
@@ -356,5 +366,8 @@ def register_ddp_hook(
             process_group=group, subgroup=subgroup, start_localSGD_iter=grad_sync.warmup_steps
         )
         ddp.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
-        return PeriodicModelAverager(period=grad_sync.period, warmup_steps=grad_sync.warmup_steps, process_group=group)
-    return None
+        averager = PeriodicModelAverager(
+            period=grad_sync.period, warmup_steps=grad_sync.warmup_steps, process_group=group
+        )
+        return DdpSync(averager=averager)
+    return DdpSync()

@@ -150,7 +150,12 @@ class ParallelModel:
         return float(total.sqrt())
 
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Scale every gradient so the global norm is at most ``max_norm``; returns the norm before."""
+        """Scale every gradient so the global norm is at most ``max_norm``; returns the norm before. Under DGC the
+        threshold also becomes the hook's local clipping threshold from the next step on (DDP plans; compressed
+        steps start after at least two exact ones, so every one of them clips locally)."""
+        local_clip = getattr(self.runner, "set_local_clip", None)
+        if local_clip is not None:
+            local_clip(max_norm)
         norm = self.grad_norm()
         coefficient = max_norm / (norm + 1e-6)
         if coefficient < 1.0:

@@ -266,7 +266,7 @@ DESCRIPTIONS: dict[str, str] = {
     "variance (Alistarh et al. 2017)",
     "dgc": "Deep Gradient Compression (Lin et al. 2018): each replica keeps the momentum (the optimizer runs without "
     "it), accumulates it locally and sends its largest {p:.2%} (warm-up of the sparsity, momentum factor masking; "
-    "no local clipping: a plan has no threshold, the program clips the global norm after the sync)",
+    "local clipping to the program's --max-grad-norm on data-parallel plans)",
     "dga": "Delayed Gradient Averaging (Zhu et al. 2021): each replica steps on its own gradient, corrected by the "
     "average from {p:g} steps before (∇w(i) − ∇w(i−D) + avg ∇w(i−D)): the average arrives D steps late",
     "signsgd": "the replicas' gradient signs are majority-voted and scaled by their mean magnitude: every element "
