@@ -14,9 +14,11 @@ from planner.costing.estimate import optimizer_step_s
 from planner.costing.lowering import lower_plan, simulate_lowered
 from planner.costing.node_cost import autocast_cast_s, node_cost
 from planner.costing.overlap import ddp_segments, exposed_sync_s
+from planner.costing.plan_memory import sharded_stage_memory
 from planner.costing.runtime_profiles import AUTOCAST_CAST_BYTES, AUTOPLAN, PROFILES, runtime_profile
 from planner.costing.setup import CostSetup, plan_setup
 from planner.errors import AutoplanError
+from planner.inter.layer_costs import loss_and_output_bytes
 from planner.ir.graph import NodeKind
 from planner.plan import Plan
 from planner.sharding.specs import StageMesh
@@ -167,3 +169,47 @@ def test_our_runtime_prices_autocasts_casts_of_matmul_parameters_per_pass() -> N
     cpu = preset("local-cpu")
     on_cpu = CostSetup(cluster=cpu, compute=RooflineCompute(device=cpu.device), optimizer="adam-mixed")
     assert autocast_cast_s(linear, replicated, on_cpu, two_devices(on_cpu)) == 0.0
+
+
+def test_megatron_keeps_its_share_of_the_outputs_and_no_receive_buffers() -> None:
+    """Megatron-LM keeps each rank's share of the logits (its replica's rows, the vocabulary split over tensor
+    parallelism) and the loss on it, and allocates what a pipeline stage receives per microbatch; our executors
+    gather the outputs whole on every rank and keep a receive buffer per microbatch. Charging Megatron for ours
+    refused the published 76.1B-1T rows (88 GiB of whole logits and loss, 140 GiB of receive buffers per device)."""
+    args = {"size": "tiny", "attention": "unfused", "dropout": 0.1}
+    theirs = plan_model_file(
+        EXAMPLES / "gpt.py",
+        load_cluster("dgx-a100"),
+        batch_size=16,
+        model_args=args,
+        method="megatron",
+        degrees=(2, 2, 2),
+        microbatches=2,
+        runtime="megatron-lm-2021",
+    )
+    graph = captured("gpt", 8, "export", **args)  # the microbatch
+    megatron = plan_setup(theirs)
+    ours = dataclasses.replace(megatron, runtime=AUTOPLAN)
+    data = frozenset(value.name for value in graph.inputs)
+    for index, stage in enumerate(theirs.stages):
+        last = index == len(theirs.stages) - 1
+        memory = {
+            setup.runtime.name: sharded_stage_memory(
+                stage,
+                graph,
+                setup,
+                in_flight=1,
+                num_microbatches=2,
+                last=last,
+                data_inputs=data,
+                ddp=False,
+                pipeline=True,
+            )
+            for setup in (megatron, ours)
+        }
+        assert memory["megatron-lm-2021"].held_bytes == 0 < memory["autoplan"].held_bytes
+        if last:  # the whole logits gathered and the loss on them, against a quarter of both on each of 2 × 2 ranks
+            assert memory["megatron-lm-2021"].peak_bytes < memory["autoplan"].peak_bytes
+    names = [node.name for node in graph.nodes]
+    whole = loss_and_output_bytes(graph, names, ours, num_devices=4)
+    assert whole > 0 and loss_and_output_bytes(graph, names, megatron, num_devices=4) == pytest.approx(whole / 4)

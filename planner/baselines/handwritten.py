@@ -132,7 +132,7 @@ def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
             return None
         state, activations = _stage_memory(setting, index, in_flight=_in_flight(setting, s, len(specs)))
         names = [name for layer in setting.layers.layers[spec.first : spec.last + 1] for name in layer]
-        outputs = loss_and_output_bytes(setting.graph, names, setup)
+        outputs = loss_and_output_bytes(setting.graph, names, setup, num_devices=spec.submesh.size)
         state, activations = state - outputs, activations + outputs
         if fullest is None or state + activations > fullest[0] + fullest[1]:
             fullest = (state, activations, SLOTS[spec.slot][2])

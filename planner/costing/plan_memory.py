@@ -12,7 +12,9 @@ builds the stage's tape at the microbatch size (:class:`~planner.costing.stage_m
 * the stage's inputs at the size their first reader reads them (the batch, or what the previous stage sent:
   those need a gradient, which goes back), and its outputs, which the runner holds until the microbatch's
   backward ends; a DTensor stage gathers each output whole first (``StageSharding.leave``: a replicated copy of
-  every sharded output, ``gathered_output_bytes``), and the last stage's loss reads the whole outputs;
+  every sharded output, ``gathered_output_bytes``), and the last stage's loss reads the whole outputs; under a
+  runtime that keeps each rank's share (``RuntimeProfile.local_outputs``: Megatron-LM) nothing is gathered and
+  the loss reads the rank's share (:func:`_loss_bytes`);
 * a node the tensor-parallel executor runs on whole inputs (convolutions, batch and group normalization:
   :func:`runs_whole`): its split activation inputs gathered whole (kept when it saves them), its output made
   whole (a transient) and copied out to the planned spec (its local size), and its backward on whole tensors
@@ -23,7 +25,8 @@ builds the stage's tape at the microbatch size (:class:`~planner.costing.stage_m
 
 A stage of a pipeline keeps one receive buffer per microbatch for what it receives, activations forward and
 gradients back (``torch.distributed.pipelining``'s stages allocate them once and keep them): the activations of
-the microbatches not in flight and every output gradient (:func:`_receive_buffers`, ``held``).
+the microbatches not in flight and every output gradient (:func:`_receive_buffers`, ``held``); not under a runtime
+that allocates what it receives per microbatch (``RuntimeProfile.kept_receive_buffers``: Megatron-LM).
 
 On a DTensor stage of several devices the gradient buckets (:mod:`executors.parallel.grad_sync`) copy every gradient
 that syncs over a mesh axis once more at the end of the last backward (``StageMemory.sync_bytes``).
@@ -79,14 +82,15 @@ def sharded_stage_memory(
     inputs = _input_bytes(local, chosen, mesh)
     needs = frozenset(name for name in inputs if name not in data_inputs and local.value(name).meta.is_floating)
     several = len(stage.devices) > 1
+    gathers = several and not setup.runtime.local_outputs
     tape = stage_tape(
         local,
         nodes,
         grads=grad_values(local, also=needs),
         inputs=inputs,
         input_grads={name: inputs[name] for name in needs},
-        loss_bytes=loss_bytes(local, per_output_element=setup.loss_bytes_per_output_element) if last else 0.0,
-        gathered_output_bytes=_gathered_output_bytes(local, chosen, mesh) if several else 0.0,
+        loss_bytes=_loss_bytes(local, chosen, mesh, setup) if last else 0.0,
+        gathered_output_bytes=_gathered_output_bytes(local, chosen, mesh) if gathers else 0.0,
         runs=stage.recomputed_runs(),
         activation_itemsize=setup.activation_itemsize,
         fused=not setup.cluster.device.is_cpu(),
@@ -101,7 +105,7 @@ def sharded_stage_memory(
         end_bytes=peak.end_bytes,
         sync_bytes=synced if several else 0.0,
         held_bytes=_receive_buffers(local, inputs, needs, m=num_microbatches, in_flight=in_flight, last=last)
-        if pipeline
+        if pipeline and setup.runtime.kept_receive_buffers
         else 0.0,
     )
 
@@ -201,6 +205,20 @@ def _input_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: Stage
             size = mesh.local_bytes(meta, need) if need is not None else mesh.tensor_bytes(meta)
             found[value] = size
     return found
+
+
+def _loss_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh, setup: CostSetup) -> float:
+    """The loss's tensors on the last stage: on the whole outputs (the runner gathers them), or on each rank's
+    share of them under a runtime that keeps it (``RuntimeProfile.local_outputs``: Megatron-LM's)."""
+    per_element = setup.loss_bytes_per_output_element
+    if not setup.runtime.local_outputs:
+        return loss_bytes(graph, per_output_element=per_element)
+    shares = [
+        graph.node(name).output.numel / chosen[name].output.num_shards(mesh.mesh_shape)
+        for name in dict.fromkeys(graph.outputs)
+        if graph.has_node(name) and graph.node(name).output.is_floating
+    ]
+    return per_element * sum(shares)
 
 
 def _gathered_output_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh) -> float:

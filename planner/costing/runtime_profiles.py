@@ -1,7 +1,8 @@
 """Runtime profiles: how a training system runs a plan, where the plan itself leaves it open.
 
 A plan fixes the stages, meshes, every operator's sharding, the microbatches, the schedule and the
-recomputation. How the system that runs it syncs gradients and steps the optimizer is the *runtime*: the default
+recomputation. How the system that runs it syncs gradients, steps the optimizer and keeps the last stage's
+outputs and loss is the *runtime*: the default
 profile, ``autoplan``, is our executors (what ``plan run`` executes); the others describe a published system, so
 that its published runs are estimated as they ran (``benchmarks/published.py``) and the rows test the compute
 and network model rather than the differences between its runtime and ours. ``--runtime NAME`` picks one
@@ -14,6 +15,17 @@ refuse such a plan (:meth:`RuntimeProfile.refusal`). What a profile sets:
   at the backward's end; the estimate, the pricing and the simulator read those segments);
 * ``one_grad_buffer``: a stage's gradients live in one contiguous buffer, all-reduced as one message per process
   group instead of DDP's 25 MiB buckets (one latency instead of one per bucket);
+* ``local_outputs``: each rank keeps its own share of the last stage's outputs and runs the loss on that share
+  (Megatron-LM: its replica's rows of the logits, split over the vocabulary by tensor parallelism, and
+  ``vocab_parallel_cross_entropy`` on them, ``megatron/mpu/cross_entropy.py``); our executors gather every output
+  of a DTensor stage whole on each of its ranks (``StageSharding.leave``) and run the loss on the whole outputs.
+  The memory reads it: :func:`planner.costing.plan_memory.sharded_stage_memory` (the gathered copies and the
+  loss's tensors) and :func:`planner.inter.layer_costs.loss_and_output_bytes` (the layer tables' figure);
+* ``kept_receive_buffers``: a pipeline stage keeps one receive buffer per microbatch for the run, activations
+  forward and output gradients back (``torch.distributed.pipelining``, our executors); Megatron-LM allocates each
+  received tensor when it arrives (``megatron/p2p_communication.py`` ``_communicate``: ``torch.empty`` per call),
+  so what it receives is the in-flight microbatches' stage inputs, already on the activations' timeline, and a
+  gradient freed by the backward that reads it (:func:`planner.costing.plan_memory.sharded_stage_memory`);
 * ``optimizer``: per optimizer name, the bytes its step moves per parameter, from its code, at the device's
   streaming bandwidth (:func:`planner.costing.estimate.optimizer_step_s`, on GPU devices). Not priced: the host
   calls it issues per parameter tensor (8 for our AdamW below, 1 for Megatron's), which bound the step of a model
@@ -86,13 +98,15 @@ class OptimizerCost:
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeProfile:
-    """How a training system syncs gradients and steps the optimizer (module docstring)."""
+    """How a training system syncs gradients, steps the optimizer and keeps the outputs (module docstring)."""
 
     name: str
     summary: str  # one line: what system, which version
     grad_sync_after_backward: bool = False
     one_grad_buffer: bool = False
     autocast_casts: bool = False  # fp32 parameters cast to bf16 by autocast every microbatch (module docstring)
+    local_outputs: bool = False  # each rank keeps its share of the outputs and the loss's tensors (module docstring)
+    kept_receive_buffers: bool = True  # a pipeline stage keeps a receive buffer per microbatch (module docstring)
     optimizer: dict[str, OptimizerCost] = field(default_factory=dict)
 
     @property
@@ -147,6 +161,8 @@ PROFILES: dict[str, RuntimeProfile] = {
             summary="Megatron-LM 2019 (local DDP: one all-reduce after the backward)",
             grad_sync_after_backward=True,
             one_grad_buffer=True,
+            local_outputs=True,
+            kept_receive_buffers=False,
             optimizer=_MEGATRON_OPTIMIZERS,
         ),
         RuntimeProfile(
@@ -154,11 +170,15 @@ PROFILES: dict[str, RuntimeProfile] = {
             summary="Megatron-LM v2.5, 2021 (local DDP: one all-reduce per stage after the pipeline's backward)",
             grad_sync_after_backward=True,
             one_grad_buffer=True,
+            local_outputs=True,
+            kept_receive_buffers=False,
             optimizer=_MEGATRON_OPTIMIZERS,
         ),
         RuntimeProfile(
             name="megatron-lm-2021-torch-ddp",
             summary="Megatron-LM v2.5, 2021, with --DDP-impl torch (DDP's buckets overlapped with the backward)",
+            local_outputs=True,
+            kept_receive_buffers=False,
             optimizer=_MEGATRON_OPTIMIZERS,
         ),
     )

@@ -245,17 +245,22 @@ def layer_table(
     )
 
 
-def loss_and_output_bytes(graph: OpGraph, names: tuple[str, ...] | list[str], setup: CostSetup) -> float:
+def loss_and_output_bytes(
+    graph: OpGraph, names: tuple[str, ...] | list[str], setup: CostSetup, *, num_devices: int = 1
+) -> float:
     """What the layer of ``names`` adds once per stage when it computes model outputs: the outputs, held whole by
     the runner until their backward ends, and the loss's tensors on them
     (:func:`planner.costing.stage_memory.loss_bytes`; the estimate charges them on the activations' timeline,
-    :mod:`planner.costing.plan_memory`); 0 for any other layer."""
+    :mod:`planner.costing.plan_memory`); 0 for any other layer. Under a runtime that keeps each rank's share
+    (``RuntimeProfile.local_outputs``: Megatron-LM's logits split over its replicas' rows and the vocabulary)
+    both are ``1/num_devices`` of that, ``num_devices`` the stage mesh's."""
     mine = set(names)
     metas = [graph.node(name).output for name in dict.fromkeys(graph.outputs) if name in mine]
     floating = [meta for meta in metas if meta.is_floating]
     itemsize = setup.activation_itemsize
     held = sum(meta.numel * itemsize if itemsize else meta.nbytes for meta in floating)
-    return float(held + setup.loss_bytes_per_output_element * sum(meta.numel for meta in floating))
+    whole = float(held + setup.loss_bytes_per_output_element * sum(meta.numel for meta in floating))
+    return whole / num_devices if setup.runtime.local_outputs else whole
 
 
 def with_loss(table: LayerTable, extra_bytes: float) -> LayerTable:

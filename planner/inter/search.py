@@ -149,8 +149,10 @@ class LayerTables:
             sequence_parallel=self.options.space != "alpa",
         )
         part = subgraph(graph, list(layers.layers[kind]))
-        table = layer_table(part, self.setup, self._meshes[mesh_key], options=intra, sources=self.sources)
-        return with_loss(table, loss_and_output_bytes(graph, layers.layers[kind], self.setup))
+        mesh = self._meshes[mesh_key]
+        table = layer_table(part, self.setup, mesh, options=intra, sources=self.sources)
+        held = loss_and_output_bytes(graph, layers.layers[kind], self.setup, num_devices=len(mesh.devices))
+        return with_loss(table, held)
 
     def prefetch(
         self, graph: OpGraph, layers: Layering, keys: list[tuple], *, progress: Callable[[int, int], None] | None = None
