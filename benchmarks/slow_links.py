@@ -12,14 +12,16 @@ images, batch 64; its parameter count is printed). Per model and cluster:
 * **every sync on the data-parallel plan**: ``--method data-parallel --allow-lossy --grad-sync KIND`` for each kind
   of :data:`SYNCS` (forced: the ones auto may not pick too; DGC with ``--optimizer sgd-momentum``, the one it runs
   with), its step estimate and the part of it the gradient sync leaves exposed after the backward (the
-  ``Estimate.breakdown_s`` parts named for a sync: DGA's row shows what its ``D`` steps did not hide) and, for DGA,
-  the communication the simulated step runs behind the next ``D`` steps (``hidden``: the plan replayed by
+  ``Estimate.breakdown_s`` parts named for a sync: DGA's row shows what its ``D`` steps did not hide) and, for DGA
+  (and a stale parameter server, ``ps:S:K``, its push), the communication the simulated step runs behind the next
+  ``D`` (``K``) steps (``hidden``: the plan replayed by
   ``plan show``'s simulator, :func:`planner.costing.sync.delayed.sync_timeline`; hidden + exposed is the whole
   all-reduce, and the simulated step is the estimate).
 
-Every all-reduce is priced as a ring (``2(n−1)`` latency hops): across two regions 200 ms apart that latency, not
-the bandwidth, dominates exact sync, and the all-gathers of the compressors pay ``n − 1`` hops, half as many; the
-tree and hierarchical algorithms NCCL would pick there are not priced yet (issue 35, deliver 5).
+Every all-reduce is priced by the algorithm NCCL would run (:mod:`cost_models.collective_algorithms`: ring, tree, or
+its node-by-node ring): across two regions 200 ms apart latency, not bandwidth, dominates exact sync; the all-gathers
+of the compressors stay rings (``n − 1`` hops); a parameter server pays one latency for its push and one for its
+pull, but its ``S`` servers' links carry every replica's shard (``ps:2`` on eight machines: two links for eight).
 
 Nothing here is measured: these are the cost model's estimates (roofline costs), the what-if a user on such a
 link would read before running. ``python -m benchmarks.slow_links [--save]`` (``--save`` writes
@@ -65,6 +67,8 @@ SYNCS = (
     "qsgd:16",
     "signsgd",
     "dga:4",
+    "ps:2",
+    "ps:2:4",
 )
 
 
@@ -131,8 +135,9 @@ def sync_rows(model: str, cluster_name: str, cluster: Cluster) -> list[str]:
 
 
 def _hidden(plan: Plan) -> str:
-    """DGA's communication behind the next steps in the replayed step (empty for the other syncs)."""
-    if plan.grad_sync.kind != "dga":
+    """DGA's communication (a stale parameter server's push) behind the next steps in the replayed step (empty for
+    the other syncs)."""
+    if plan.grad_sync.kind != "dga" and not plan.grad_sync.staleness:
         return ""
     return f"{sync_timeline(simulate_recorded(plan)).hidden_s:.4f}"
 

@@ -202,8 +202,9 @@ def simulated_line(plan: Plan, result: SimResult) -> str:
         f"simulated: step {result.step_time_s:.4g} s{versus}, peak {_size(result.max_memory_bytes)} per device "
         "(discrete-event simulator, roofline compute times)"
     )
-    if plan.grad_sync.kind == "dga":  # the whole communication, part of it behind the next D steps
-        line += f"; gradient sync: {sync_timeline(result).describe(delay=plan.grad_sync.delay)}"
+    if plan.grad_sync.kind == "dga" or plan.grad_sync.staleness:  # part of it behind the next D (K) steps
+        delay = plan.grad_sync.delay or plan.grad_sync.staleness
+        line += f"; gradient sync: {sync_timeline(result).describe(delay=delay)}"
     return line
 
 
