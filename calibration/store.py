@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cost_models.cluster import Cluster
-from cost_models.profiler import CACHE_DIR_ENV
+from cost_models.profiling.profiler import CACHE_DIR_ENV
 from planner.atomic_file import write_text_atomic
 
 

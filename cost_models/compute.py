@@ -32,7 +32,7 @@ Devices without one (CPU processes: ``local-cpu``, calibrated ``cpu*`` clusters;
 none) keep the flat roofline exactly.
 
 Profiled tables (:class:`ProfiledCompute`): the measured median forward and backward times
-from :mod:`cost_models.profiler`, keyed by ``OpNode.signature()``; nodes not in the table fall
+from :mod:`cost_models.profiling.profiler`, keyed by ``OpNode.signature()``; nodes not in the table fall
 back to the roofline, or are measured when first asked for (``measure``, e.g. the graph at a
 microbatch size). A measured time is multiplied by the device's ``shared_slowdown`` (operators are
 profiled by one process alone; a device of a calibrated local cluster is one process among several

@@ -34,7 +34,7 @@ the data-parallel runner from the program's ``--max-grad-norm`` at its first cli
 least two exact steps come first); without a threshold (a program that does not clip, or DGC on a sharded stage's
 buckets) DGC clips nothing locally. The program still clips the global norm after the sync.
 
-:func:`timed_codec` hands ``plan profile`` (:mod:`cost_models.codec_profiler`) one gradient's encode (its
+:func:`timed_codec` hands ``plan profile`` (:mod:`cost_models.profiling.codec_profiler`) one gradient's encode (its
 error-feedback or DGC step included, and the payload's bytes) and one received payload's decode into the sum, as
 this hook runs them, to time (signSGD's decode adds the ``±1`` signs the vote sums; threshold's gradient is scaled
 so that the share of it the cost model assumes is sent).

@@ -1,5 +1,5 @@
-"""``plan profile``'s compressor timings (:mod:`cost_models.codec_profiler`): measured on this CPU in seconds at
-tiny sizes, fitted ``a + b·N``, stored beside the operator cache and read back, and used by the gathered syncs'
+"""``plan profile``'s compressor timings (:mod:`cost_models.profiling.codec_profiler`): measured on this CPU in seconds
+at tiny sizes, fitted ``a + b·N``, stored beside the operator cache and read back, and used by the gathered syncs'
 price (:func:`planner.costing.sync.gathered.gathered_compute_s`) when the setup has them — the bytes model
 otherwise; the plan's notes say which."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from cost_models.cluster import load_cluster
-from cost_models.codec_profiler import CodecCache, CodecFit, Line, codec_cache_path, fit_line, measure_codecs
 from cost_models.compute import RooflineCompute
 from cost_models.memory import optimizer_bytes
+from cost_models.profiling.codec_profiler import CodecCache, CodecFit, Line, codec_cache_path, fit_line, measure_codecs
 from executors.compressed_sync import timed_codec
 from planner.cli.main import main
 from planner.cli.profile import PROFILED_SYNCS

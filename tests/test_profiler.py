@@ -1,4 +1,4 @@
-"""Tests for cost_models.profiler: real timings of small example models on the CPU."""
+"""Tests for cost_models.profiling.profiler: real timings of small example models on the CPU."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from cost_models.cluster import preset
 from cost_models.compute import NodeTime, ProfiledCompute, RooflineCompute
-from cost_models.profiler import (
+from cost_models.profiling.profiler import (
     NodeMeasurer,
     ProfileCache,
     default_cache_path,

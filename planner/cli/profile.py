@@ -4,8 +4,8 @@ Times are measured on this machine (one thread, as one local device) when the cl
 device is this machine's CPU, and come from the roofline of the cluster's device otherwise.
 When it measures, it also times the gathered gradient syncs' encode and decode
 (:func:`executors.compressed_sync.timed_codec`, :data:`PROFILED_SYNCS` and ``--grad-sync`` forms) on a few sizes,
-fits ``a + b·N`` to each (:mod:`cost_models.codec_profiler`), stores the fits beside the operator cache (the planner
-prices those syncs with them under ``--cost-model profiled``) and prints them (:func:`codec_table`).
+fits ``a + b·N`` to each (:mod:`cost_models.profiling.codec_profiler`), stores the fits beside the operator cache
+(the planner prices those syncs with them under ``--cost-model profiled``) and prints them (:func:`codec_table`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cost_models.cluster import Cluster, load_cluster
-from cost_models.codec_profiler import DEFAULT_SIZES, CodecCache, CodecFit, measure_codecs
 from cost_models.compute import ComputeModel, NodeTime, ProfiledCompute
 from cost_models.memory import saved_inputs, saves_output
+from cost_models.profiling.codec_profiler import DEFAULT_SIZES, CodecCache, CodecFit, measure_codecs
 from planner.costing.setup import make_compute_model
 from planner.errors import AutoplanError
 from planner.ir.capture import capture

@@ -2,8 +2,8 @@
 
 :class:`CostSetup` is shared by every search and by the simulator. :func:`make_compute_model` picks
 the compute model: the roofline of the cluster's device (any device), or node times measured on
-this machine's CPU (``profiled``, :mod:`cost_models.profiler`); with ``profiled``, :func:`make_codec_fits` adds the
-compressor timings ``plan profile`` stored (:mod:`cost_models.codec_profiler`).
+this machine's CPU (``profiled``, :mod:`cost_models.profiling.profiler`); with ``profiled``, :func:`make_codec_fits`
+adds the compressor timings ``plan profile`` stored (:mod:`cost_models.profiling.codec_profiler`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from planner.ir.graph import OpGraph
 from planner.plan import Plan
 
 if TYPE_CHECKING:
-    from cost_models.codec_profiler import CodecFit
+    from cost_models.profiling.codec_profiler import CodecFit
 
 COST_MODELS = ("roofline", "profiled")
 
@@ -82,7 +82,7 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
             "devices: use the roofline, or --cluster local-cpu / a file from `plan calibrate`"
         )
     from cost_models.compute import ProfiledCompute
-    from cost_models.profiler import NodeMeasurer, ProfileCache, profile_graph
+    from cost_models.profiling.profiler import NodeMeasurer, ProfileCache, profile_graph
 
     cache = ProfileCache(device="cpu")
     threads = torch.get_num_threads()
@@ -102,11 +102,11 @@ def make_compute_model(graph: OpGraph, cluster: Cluster, *, cost_model: str, rep
 
 
 def make_codec_fits(cluster: Cluster, *, cost_model: str) -> dict[str, CodecFit]:
-    """The compressor fits ``plan profile`` stored on this machine (:mod:`cost_models.codec_profiler`) when the
-    compute is measured here (``profiled``, this machine's CPU); none under the roofline."""
+    """The compressor fits ``plan profile`` stored on this machine (:mod:`cost_models.profiling.codec_profiler`) when
+    the compute is measured here (``profiled``, this machine's CPU); none under the roofline."""
     if cost_model != "profiled" or not cluster.device.name.startswith("cpu"):
         return {}
-    from cost_models.codec_profiler import load_codec_fits
+    from cost_models.profiling.codec_profiler import load_codec_fits
 
     return load_codec_fits("cpu")
 

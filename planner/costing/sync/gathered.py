@@ -81,9 +81,9 @@ notes. Every constant below marked *assumption* is ours, not a measurement.
 
 Measured instead (:func:`measured_compute_s`): when the setup holds ``plan profile``'s fit of the sync
 (:attr:`planner.costing.setup.CostSetup.codec_fits`, by label: ``--cost-model profiled`` on this machine's CPU;
-:mod:`cost_models.codec_profiler`), a gradient of ``N`` elements costs ``encode(N) + n·decode(N)`` — the fitted
-lines ``a + b·N`` of the hook's own encode (error feedback or DGC's momentum included, the payload's bytes) and of
-one received payload's decode into the sum — times the device's ``shared_slowdown`` (as measured operators are),
+:mod:`cost_models.profiling.codec_profiler`), a gradient of ``N`` elements costs ``encode(N) + n·decode(N)`` — the
+fitted lines ``a + b·N`` of the hook's own encode (error feedback or DGC's momentum included, the payload's bytes)
+and of one received payload's decode into the sum — times the device's ``shared_slowdown`` (as measured operators are),
 plus the cast and the finish above at the streaming bandwidth (not timed). Syncs without a fit keep the bytes model;
 :func:`compute_source` says which for the plan's notes.
 """
@@ -104,7 +104,7 @@ from planner.costing.sync.wire_bytes import INDEX_BYTES, VALUE_BYTES, payload_by
 from planner.plan import GradSync
 
 if TYPE_CHECKING:
-    from cost_models.codec_profiler import CodecFit
+    from cost_models.profiling.codec_profiler import CodecFit
 
 # assumption: threshold sends 1% of a gradient's elements (Strom's τ is tuned for a small share; the executor
 # counts the real number, which the data decides)

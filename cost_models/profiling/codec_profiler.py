@@ -6,14 +6,14 @@ import). For each of :data:`DEFAULT_SIZES` elements (a ``numel / 64 × 64`` fp32
 factory gives ``encode()`` (the rank's side of one gradient: error feedback or DGC's momentum included, the payload
 written to bytes) and ``decode()`` (one received payload read from bytes and added into the sum); each is run
 ``warmup`` times untimed, then ``repeats`` times, and the median of ``time.perf_counter`` is kept (one thread, as
-:mod:`cost_models.profiler` times operators). :func:`fit_line` fits ``seconds = a + b·numel`` to each by least
+:mod:`cost_models.profiling.profiler` times operators). :func:`fit_line` fits ``seconds = a + b·numel`` to each by least
 squares (:class:`Line`, both clamped at 0), giving one :class:`CodecFit` per sync.
 
 Storage (:class:`CodecCache`): a JSON file beside the operator cache, ``codecs-<device>.json`` in the same folder
 (:func:`codec_cache_path`; the operator cache's format is untouched): ``{"version": 1, "entries": {device_key:
 {label: {"encode": [a, b], "decode": [a, b], "sizes": [...]}}}}``, keyed like the operator cache
-(:func:`cost_models.profiler.device_key` at one thread), merged and written atomically. The planner reads it with
-:func:`load_codec_fits` (``--cost-model profiled``: :func:`planner.costing.setup.make_codec_fits`) and prices the
+(:func:`cost_models.profiling.profiler.device_key` at one thread), merged and written atomically. The planner reads it
+with :func:`load_codec_fits` (``--cost-model profiled``: :func:`planner.costing.setup.make_codec_fits`) and prices the
 syncs it has fits for with them (:func:`planner.costing.sync.gathered.gathered_compute_s`).
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from cost_models.profiler import default_cache_path, device_key
+from cost_models.profiling.profiler import default_cache_path, device_key
 from planner.atomic_file import write_text_atomic
 from planner.errors import warn
 
@@ -128,7 +128,8 @@ def measure_codecs(
 
 
 def codec_cache_path(device: str = "cpu") -> Path:
-    """``codecs-<device>.json`` beside the operator cache (:func:`cost_models.profiler.default_cache_path`)."""
+    """``codecs-<device>.json`` beside the operator cache
+    (:func:`cost_models.profiling.profiler.default_cache_path`)."""
     operators = default_cache_path(device)
     return operators.with_name(operators.name.replace("profile-", "codecs-", 1))
 
