@@ -11,10 +11,13 @@ Tolerance, fixed before any run: the mean loss over every window of :data:`WINDO
 :data:`TOLERANCE` × the exact run's first-window mean of the exact run's mean over the same window, and every run's
 last window is below half of its first (the loss went down).
 
-The same runs on GPT (``examples/gpt.py``, two ranks) and Hugging Face Llama (``examples/zoo/hf_llama.py``, four
-ranks), both tiny,
-learning counting sequences (``tests/counting_lm.py``: on random tokens a language model's loss cannot halve), batch
-32, the same lr, steps, windows and tolerance (fixed before their first run, as for the MLP).
+The same runs on GPT (``examples/gpt.py``, two ranks) and, until 2026-11-28, Hugging Face Llama
+(``examples/zoo/hf_llama.py``, four ranks), both tiny, learning counting sequences (``tests/counting_lm.py``: on random
+tokens a language model's loss cannot halve), batch 32, the same lr, steps, windows and tolerance (fixed before their
+first run, as for the MLP). Llama at world 4 passed bf16 and PowerSGD in every CI run up to 2026-11-28 (PowerSGD's
+error feedback on the sharded buckets; bf16 to 2026-11-27); its two runs took 275 s of the 30-minute CI on an idle
+machine, so CI keeps the Megatron plan on the MLP only (same hooks, same buckets) and the language model on GPT at
+world 2.
 
 PowerSGD of rank 1 was in the first run too and failed that tolerance on both plans (its window means lagged
 exact's by up to 0.10 against the 0.06 allowed: rank 1 of a 32 × 32 gradient loses too much), so
@@ -30,8 +33,7 @@ signSGD 0.026 ✓. QSGD 16 was tried after QSGD 4 failed (a choice made on the M
 then passed every one of top-k 0.1, 1-bit, TernGrad, QSGD 16 and signSGD (GPT ≤ 0.007/0.069, Llama ≤ 0.057/0.090).
 Auto may pick the three that passed everywhere: TernGrad, QSGD 16 and signSGD (:data:`GATHERED`); the others run
 only when forced. CI trains them at world 2 (the MLP and GPT); at world 4 (the MLP and Llama, 110 s a run here)
-they were trained by hand as listed above and CI keeps the older choices only, for CI time; on Llama at world 4 CI
-trains PowerSGD only (bf16 passed there too, in every CI run up to 2026-11-27).
+they were trained by hand as listed above and CI keeps the older choices only, for CI time.
 
 Stale parameter servers (``ps:S:K``, :mod:`executors.parameter_server`) were tried by hand on 2026-11-27 under the
 same tolerance, the data-parallel MLP at world 2 (two nodes, two servers): ``ps:2:1`` 0.078/0.060 ✗, ``ps:2:4``
@@ -66,10 +68,10 @@ WORLDS = {  # world -> (cluster shape (nodes, devices per node), method options,
     2: ((2, 1), {"method": "data-parallel"}, ("bf16", "powersgd:4", "local-sgd:4", "local-sgd:16", *GATHERED)),
     4: ((1, 4), {"method": "megatron", "degrees": (2, 1, 2)}, ("bf16", "powersgd:4", *GATHERED)),
 }
-# every choice on the MLP at both world sizes, and once more on a language model: GPT on 2, Llama on 4 (CI time:
-# the gathered syncs at world 4 were trained by hand on the MLP and Llama, module docstring; CI trains them at 2;
-# Llama at world 4 keeps PowerSGD, whose error feedback runs on the sharded buckets: bf16 passed there in CI to 11-27)
-CASES = [("mlp", 2), ("mlp", 4), ("gpt", 2), ("llama", 4)]
+# every choice on the MLP at both world sizes, and once more on a language model, GPT on 2 (CI time: the gathered
+# syncs at world 4 were trained by hand on the MLP and Llama, and Llama at world 4 ran in CI to 2026-11-28: module
+# docstring; add ("llama", 4) here to train it again)
+CASES = [("mlp", 2), ("mlp", 4), ("gpt", 2)]
 LEFT_OUT = {("mlp", 4): GATHERED, ("llama", 4): ("bf16", *GATHERED)}
 
 
