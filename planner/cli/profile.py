@@ -119,7 +119,7 @@ def run_profile(argv: Sequence[str]) -> int:
     model, inputs = instantiate(
         model_file, batch_size=options.batch_size, model_args=parse_model_args(options.model_arg)
     )
-    graph = capture(model, inputs, tracer=options.tracer)
+    graph = capture(model, inputs, tracer=options.tracer, reuse_layers=True)
     console = Console(stderr=True)
     with console.status(f"timing {len(graph)} operators"):
         compute = _compute_model(graph, cluster, measure=options.measure, repeats=options.repeats)

@@ -157,7 +157,7 @@ def _capture_at(plan: Plan, model_file: ModelFile, batch_size: int) -> OpGraph:
     from planner.ir.model_file import instantiate
 
     model, inputs = instantiate(model_file, batch_size=batch_size, model_args=dict(plan.model.args))
-    return capture(model, inputs, tracer=plan.model.tracer)
+    return capture(model, inputs, tracer=plan.model.tracer, reuse_layers=True)
 
 
 def stage_json(stage: Stage) -> dict[str, Any]:

@@ -39,13 +39,19 @@ from planner.ir.node_call import (
     tensor_meta,
     torch_dtype,
 )
+from planner.ir.repeated_layers import capture_repeated
 
 TRACERS = ("export", "fx")
 
 
-def capture(model: torch.nn.Module, example_inputs: Sequence[Any], *, tracer: str = "export") -> OpGraph:
+def capture(
+    model: torch.nn.Module, example_inputs: Sequence[Any], *, tracer: str = "export", reuse_layers: bool = False
+) -> OpGraph:
     """Trace ``model`` on ``example_inputs`` into an :class:`OpGraph`.
 
+    ``reuse_layers`` (the planner's captures; the ranks export whole and check the fingerprint): a stack of
+    identical layers is exported at a few layers and written out at its length
+    (:func:`planner.ir.repeated_layers.capture_repeated`), the same graph as the whole export.
     Raises :class:`AutoplanError` naming the tracer and the first line of its complaint when
     the model cannot be captured.
     """
@@ -53,14 +59,20 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any], *, tracer: st
         raise AutoplanError(f"unknown tracer {tracer!r}: choose one of {', '.join(TRACERS)}")
     inputs = tuple(example_inputs)
     check_arity(model, inputs)
-    builder = GraphBuilder()
     if tracer == "export":
-        with _as_fake_cpu(model, inputs) if _on_meta(model) else contextlib.nullcontext(inputs) as traced:
-            _capture_export(model, traced, builder)
-    else:
-        if _on_meta(model):
-            inputs = tuple(tree_map(_to_meta, list(inputs)))
-        _capture_fx(model, inputs, builder)
+
+        def export() -> OpGraph:
+            builder = GraphBuilder()
+            with _as_fake_cpu(model, inputs) if _on_meta(model) else contextlib.nullcontext(inputs) as traced:
+                _capture_export(model, traced, builder)
+            return builder.finish()
+
+        written = capture_repeated(model, export) if reuse_layers else None
+        return written if written is not None else export()
+    builder = GraphBuilder()
+    if _on_meta(model):
+        inputs = tuple(tree_map(_to_meta, list(inputs)))
+    _capture_fx(model, inputs, builder)
     return builder.finish()
 
 

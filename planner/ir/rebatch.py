@@ -174,13 +174,13 @@ def capture_graphs(
     forked child at the same time as the first (:mod:`planner.ir.parallel_capture`)."""
 
     def capture_at(size: int) -> OpGraph:
-        return capture(model, slice_batch(example_inputs, batch_size, size), tracer=tracer)
+        return capture(model, slice_batch(example_inputs, batch_size, size), tracer=tracer, reuse_layers=True)
 
     if smallest != batch_size:
         slice_batch(example_inputs, batch_size, smallest)  # a clear error before any export
     pending = start_capture(capture_at, smallest, jobs=jobs) if smallest != batch_size else None
     try:
-        graph = capture(model, example_inputs, tracer=tracer)
+        graph = capture(model, example_inputs, tracer=tracer, reuse_layers=True)
         low = pending.result() if pending is not None else None
     finally:
         if pending is not None:
