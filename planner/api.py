@@ -245,7 +245,8 @@ def plan(
     search space only), ``ilp_time_limit_s``, ``degrees`` (``(t, p, d)`` for ``megatron``), ``rl_budget_s``,
     ``rl_iterations`` (None: until the budget is spent) and ``seed`` (``rl``), ``runtime`` (the system the
     estimate describes, :mod:`planner.costing.runtime_profiles`; default ours), ``jobs`` (processes for the
-    search's independent work: with 2 or more, the second export runs beside the first; default 1). Beside them:
+    search's independent work: with 2 or more, the second export runs beside the first; default 1, where the
+    ``plan`` command uses the machine's cores: a library call forks only when asked). Beside them:
     ``model_ref`` (the model file and arguments the plan names) and ``progress(what, done, total)``, called
     during the search (the keywords of :func:`prepare`). Raises :class:`AutoplanError` for bad input or a model
     that does not fit.

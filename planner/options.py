@@ -123,7 +123,8 @@ class PlanOptions:
     space: SearchSpace = SearchSpace.FULL
     ilp_time_limit_s: float = 30.0
     degrees: tuple[int, int, int] | None = None  # megatron: evaluate this (tensor, pipeline, data) only
-    jobs: int = 1  # processes for the search's independent work (planner.inter.forked)
+    # processes for the search's independent work (planner.inter.forked); the plan command's default is the cores
+    jobs: int = 1
     rl_budget_s: float = 30.0
     rl_iterations: int | None = None  # None: until the budget is spent
     seed: int = 0

@@ -36,11 +36,12 @@ def test_plan_writes_json_and_prints_summary(tmp_path: Path, capsys) -> None:
 
 def test_every_plan_option_is_a_search_option_with_the_same_default() -> None:
     from planner.cli.main import _plan_parser
-    from planner.cli.options import plan_options
+    from planner.cli.options import available_cores, plan_options
     from planner.options import PlanOptions
 
     parsed = _plan_parser().parse_args([MLP, "--cluster", "dgx-a100", "--batch-size", "16"])
-    assert plan_options(parsed) == PlanOptions()
+    # but --jobs: the command uses the machine's cores, the library one process (a library call forks only when asked)
+    assert plan_options(parsed) == PlanOptions(jobs=available_cores())
     parsed = _plan_parser().parse_args([MLP, "--cluster", "dgx-a100", "--batch-size", "16", "--ilp-time-limit", "5"])
     assert plan_options(parsed, method="megatron").ilp_time_limit_s == 5.0
 
