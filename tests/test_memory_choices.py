@@ -216,10 +216,12 @@ def test_golden_a_model_that_barely_fits_trades_full_recomputation_for_selective
 def test_auto_finds_a_plan_that_fits_where_the_dps_own_plans_do_not() -> None:
     """At the edge of the budget the stage DP's plans can all be over once priced exactly (its memory per stage is
     an estimate): auto then runs the DP again under a tighter budget, then with full recomputation, and says so —
-    here (7.2% of the memory) only full recomputation fits, and auto finds that plan instead of "does not fit"."""
+    here (7.12% of the memory) only full recomputation fits, and auto finds that plan instead of "does not fit".
+    The window is narrow (7.11% fits nothing, 7.13% fits without recomputation; scanned again on 2026-11-28 when
+    pipeline stages stopped keeping a receive buffer per microbatch, which had moved it from 7.2%)."""
     cluster = load_cluster("p3.16xlarge", num_nodes=1, devices_per_node=4)
     args = {"size": "125m", "layers": 4, "attention": "unfused"}
-    prepared = prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args=args, memory_fraction=0.072)
+    prepared = prepare_model_file(EXAMPLES / "gpt.py", cluster, batch_size=16, model_args=args, memory_fraction=0.0712)
     forced = dataclasses.replace(prepared.options, remat="on", zero="0")
     full = plan_prepared(dataclasses.replace(prepared, options=forced), "auto")
     chosen = plan_prepared(prepared, "auto")

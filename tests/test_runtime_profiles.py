@@ -174,8 +174,10 @@ def test_our_runtime_prices_autocasts_casts_of_matmul_parameters_per_pass() -> N
 def test_megatron_keeps_its_share_of_the_outputs_and_no_receive_buffers() -> None:
     """Megatron-LM keeps each rank's share of the logits (its replica's rows, the vocabulary split over tensor
     parallelism) and the loss on it, and allocates what a pipeline stage receives per microbatch; our executors
-    gather the outputs whole on every rank and keep a receive buffer per microbatch. Charging Megatron for ours
-    refused the published 76.1B-1T rows (88 GiB of whole logits and loss, 140 GiB of receive buffers per device)."""
+    gather the outputs whole on every rank, and since 2026-11-28 allocate what a stage receives per microbatch too
+    (executors.parallel.receive_buffers). Charging Megatron for ours refused the published 76.1B-1T rows (88 GiB of
+    whole logits and loss, 140 GiB of receive buffers per device). torch's stock stages keep a receive buffer per
+    microbatch (``kept_receive_buffers``): charged as held memory."""
     args = {"size": "tiny", "attention": "unfused", "dropout": 0.1}
     theirs = plan_model_file(
         EXAMPLES / "gpt.py",
@@ -190,6 +192,9 @@ def test_megatron_keeps_its_share_of_the_outputs_and_no_receive_buffers() -> Non
     graph = captured("gpt", 8, "export", **args)  # the microbatch
     megatron = plan_setup(theirs)
     ours = dataclasses.replace(megatron, runtime=AUTOPLAN)
+    stock = dataclasses.replace(
+        megatron, runtime=dataclasses.replace(AUTOPLAN, name="stock", kept_receive_buffers=True)
+    )
     data = frozenset(value.name for value in graph.inputs)
     for index, stage in enumerate(theirs.stages):
         last = index == len(theirs.stages) - 1
@@ -205,9 +210,10 @@ def test_megatron_keeps_its_share_of_the_outputs_and_no_receive_buffers() -> Non
                 ddp=False,
                 pipeline=True,
             )
-            for setup in (megatron, ours)
+            for setup in (megatron, ours, stock)
         }
-        assert memory["megatron-lm-2021"].held_bytes == 0 < memory["autoplan"].held_bytes
+        assert memory["megatron-lm-2021"].held_bytes == memory["autoplan"].held_bytes == 0
+        assert memory["stock"].held_bytes > 0
         if last:  # the whole logits gathered and the loss on them, against a quarter of both on each of 2 × 2 ranks
             assert memory["megatron-lm-2021"].peak_bytes < memory["autoplan"].peak_bytes
     names = [node.name for node in graph.nodes]

@@ -32,6 +32,7 @@ from torch import nn
 
 from executors.graph_module import Segment, make_segment, model_output, model_tensors
 from executors.parallel.grad_sync import SyncOptions
+from executors.parallel.receive_buffers import ReleasingStage
 from executors.parallel.stages import StagePart, build_meshes, build_stage, sync_shared_grads
 from executors.session import Workload
 from planner.costing.estimate import shared_params
@@ -90,7 +91,6 @@ def check_pipeline(plan: Plan) -> int | None:
 
 class PipelineRunner:
     def __init__(self, *, plan: Plan, workload: Workload, model: nn.Module) -> None:
-        from torch.distributed import pipelining
 
         width = check_pipeline(plan)
         assert width is not None, "stages of different sizes run under UnevenPipelineRunner"
@@ -108,6 +108,7 @@ class PipelineRunner:
         self.owned = {name for stage in plan.stages if self.rank in stage.devices for name in stage.param_placements}
         self.parts: list[StagePart] = []
         self.schedule = None
+        self.pipeline_stages: list[ReleasingStage] = []
         mine = [stage for stage in plan.stages if self.rank in stage.devices]
         if not mine:
             return
@@ -132,7 +133,7 @@ class PipelineRunner:
             )
             self.parts.append(part)
             pipeline_stages.append(
-                pipelining.PipelineStage(
+                ReleasingStage(
                     part.module,
                     index,
                     count,
@@ -144,6 +145,7 @@ class PipelineRunner:
                     group=groups[position],
                 )
             )
+        self.pipeline_stages = pipeline_stages
         self.schedule = _schedule(plan, pipeline_stages)
         self.is_first = mine[0].index == 0
         self.is_last = mine[-1].index == count - 1
@@ -171,6 +173,8 @@ class PipelineRunner:
             args = inputs if self.is_first else ()
             kwargs = {"target": target, "losses": losses} if self.is_last else {}
             self.schedule.step(*args, **kwargs)
+            held = sum(stage.held_receive_buffers() for stage in self.pipeline_stages)
+            assert held == 0, f"{held} receive buffer(s) outlived their microbatch (executors.parallel.receive_buffers)"
             if self.is_last:
                 loss = torch.cat([value.detach().reshape(1) for value in losses]).mean()
             for part in self.parts:  # the schedule divided the gradients by m after the backward (scale_grads)

@@ -23,10 +23,11 @@ builds the stage's tape at the microbatch size (:class:`~planner.costing.stage_m
   split over the replicas, the loss on its rows, and DDP's gradient buckets held
   (:func:`planner.costing.estimate.ddp_bucket_bytes`).
 
-A stage of a pipeline keeps one receive buffer per microbatch for what it receives, activations forward and
-gradients back (``torch.distributed.pipelining``'s stages allocate them once and keep them): the activations of
-the microbatches not in flight and every output gradient (:func:`_receive_buffers`, ``held``); not under a runtime
-that allocates what it receives per microbatch (``RuntimeProfile.kept_receive_buffers``: Megatron-LM).
+Under a runtime whose pipeline stages keep one receive buffer per microbatch for what they receive,
+activations forward and gradients back (``RuntimeProfile.kept_receive_buffers``: ``torch.distributed.pipelining``'s
+stock stages allocate them once and keep them), a stage holds the activations of the microbatches not in flight
+and every output gradient (:func:`_receive_buffers`, ``held``). Megatron-LM and our executors
+(:mod:`executors.parallel.receive_buffers`) allocate what a stage receives per microbatch: nothing held.
 
 On a DTensor stage of several devices the gradient buckets (:mod:`executors.parallel.grad_sync`) copy every gradient
 that syncs over a mesh axis once more at the end of the last backward (``StageMemory.sync_bytes``).

@@ -22,10 +22,13 @@ refuse such a plan (:meth:`RuntimeProfile.refusal`). What a profile sets:
   The memory reads it: :func:`planner.costing.plan_memory.sharded_stage_memory` (the gathered copies and the
   loss's tensors) and :func:`planner.inter.layer_costs.loss_and_output_bytes` (the layer tables' figure);
 * ``kept_receive_buffers``: a pipeline stage keeps one receive buffer per microbatch for the run, activations
-  forward and output gradients back (``torch.distributed.pipelining``, our executors); Megatron-LM allocates each
-  received tensor when it arrives (``megatron/p2p_communication.py`` ``_communicate``: ``torch.empty`` per call),
-  so what it receives is the in-flight microbatches' stage inputs, already on the activations' timeline, and a
-  gradient freed by the backward that reads it (:func:`planner.costing.plan_memory.sharded_stage_memory`);
+  forward and output gradients back (``torch.distributed.pipelining``'s stock ``PipelineStage``: no profile
+  here runs it). Megatron-LM allocates each received tensor when it arrives (``megatron/p2p_communication.py``
+  ``_communicate``: ``torch.empty`` per call) and our executors' stages allocate a microbatch's buffers when its
+  receive is posted and drop them once it has read them (:mod:`executors.parallel.receive_buffers`, since
+  2026-11-28), so what a stage receives is the in-flight microbatches' stage inputs, already on the activations'
+  timeline, and a gradient freed by the backward that reads it
+  (:func:`planner.costing.plan_memory.sharded_stage_memory`);
 * ``optimizer``: per optimizer name, the bytes its step moves per parameter, from its code, at the device's
   streaming bandwidth (:func:`planner.costing.estimate.optimizer_step_s`, on GPU devices). Not priced: the host
   calls it issues per parameter tensor (8 for our AdamW below, 1 for Megatron's), which bound the step of a model
@@ -106,7 +109,7 @@ class RuntimeProfile:
     one_grad_buffer: bool = False
     autocast_casts: bool = False  # fp32 parameters cast to bf16 by autocast every microbatch (module docstring)
     local_outputs: bool = False  # each rank keeps its share of the outputs and the loss's tensors (module docstring)
-    kept_receive_buffers: bool = True  # a pipeline stage keeps a receive buffer per microbatch (module docstring)
+    kept_receive_buffers: bool = False  # a pipeline stage keeps a receive buffer per microbatch (module docstring)
     optimizer: dict[str, OptimizerCost] = field(default_factory=dict)
 
     @property
