@@ -62,7 +62,7 @@ class Case:
     runtime: str = "autoplan"  # the system the estimate describes (planner.costing.runtime_profiles)
 
 
-def _gpt_args(heads: int, hidden: int, layers: int) -> dict:
+def gpt_args(heads: int, hidden: int, layers: int) -> dict:
     return {"size": "39b", "layers": layers, "hidden": hidden, "heads": heads, "seq": 2048}
 
 
@@ -73,7 +73,7 @@ def megatron_cases() -> list[Case]:
             Case(
                 name=f"gpt-{params:g}b",
                 model="examples/gpt.py",
-                args=_gpt_args(heads, hidden, layers),
+                args=gpt_args(heads, hidden, layers),
                 cluster="dgx-a100",
                 nodes=gpus // 8,
                 batch=batch,
@@ -116,7 +116,7 @@ def auto_cases() -> list[Case]:
             Case(
                 name=f"gpt-{params:g}b",
                 model="examples/gpt.py",
-                args=_gpt_args(heads, hidden, layers),
+                args=gpt_args(heads, hidden, layers),
                 cluster="dgx-a100",
                 nodes=gpus // 8,
                 batch=batch,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from benchmarks.scale_cases import LLAMA_405B, Case, auto_cases, megatron_cases
+from benchmarks.scale_cases import LLAMA_405B, Case, auto_cases, gpt_args, megatron_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "benchmarks" / "results" / "work_counts.json"
@@ -40,11 +40,7 @@ GROWTH_LIMIT = 1.5
 COUNTS = ("exported_operators", "layer_problems", "candidates_priced", "simulated_tasks")
 
 
-def _gpt(heads: int, hidden: int, layers: int) -> dict:
-    return {"size": "39b", "layers": layers, "hidden": hidden, "heads": heads, "seq": 2048}
-
-
-GPT_1_7B = {"args": _gpt(24, 2304, 24), "cluster": "dgx-a100", "nodes": 4, "batch": 512}
+GPT_1_7B = {"args": gpt_args(24, 2304, 24), "cluster": "dgx-a100", "nodes": 4, "batch": 512}
 LLAMA_8B = {**LLAMA_405B, "layers": 32, "hidden": 4096, "heads": 32, "intermediate": 14336}
 # planned by tests/test_work_counts.py (seconds each here)
 CI_CASES = (

@@ -226,17 +226,16 @@ class LayerRule:
         last = self.head + 1  # the template's index
         position = {node.name: p for p, node in enumerate(template)}
         before_position = {node.name: p for p, node in enumerate(previous)}
-        names: list[dict[str, str]] = [{n.name: n.name for n in previous}, {n.name: n.name for n in template}]
+        # the layer before the one being written, its node names by the template node at the same position
+        before = {n.name: n.name for n in template}
         nodes = [*parts.before, *(node for layer in parts.layers for node in layer)]
         for index in range(last + 1, count):
-            shift = index - last
-            renamed = {n.name: self._name(n.name, shift) for n in template}
-            layer_names = {**renamed}
+            renamed = {n.name: self._name(n.name, index - last) for n in template}
             for node in template:
                 inputs = tuple(
-                    layer_names[x]
+                    renamed[x]
                     if x in position
-                    else names[-1][template[before_position[x]].name]
+                    else before[template[before_position[x]].name]
                     if x in before_position
                     else self._value(x, index)
                     for x in node.inputs
@@ -250,8 +249,8 @@ class LayerRule:
                         module_path=self._value(node.module_path, index),
                     )
                 )
-            names.append(layer_names)
-        final = names[-1]
+            before = renamed
+        final = before
         after_names = {n.name: self._name(n.name, count - last - 1) for n in parts.after}
 
         def read(name: str) -> str:
