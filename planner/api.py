@@ -143,6 +143,7 @@ def _finish_plan(prepared: Prepared, method: Method, run: MethodRun) -> Plan:
         memory_fraction=prepared.setup.memory_fraction,
         grad_sync=chosen.grad_sync,
         runtime=prepared.setup.runtime.name,
+        loss_bytes_per_output_element=prepared.setup.loss_bytes_per_output_element,
         stages=chosen.stages,
         estimate=chosen.estimate,
         search=replace(

@@ -112,7 +112,8 @@ def make_codec_fits(cluster: Cluster, *, cost_model: str) -> dict[str, CodecFit]
 
 
 def plan_setup(plan: Plan) -> CostSetup:
-    """The setup a saved plan's stored strategies are priced with: its cluster, optimizer and runtime, roofline
+    """The setup a saved plan's stored strategies are priced with: its cluster, optimizer, runtime and the loss's
+    bytes per output element the search measured (so the replay charges the memory the estimate did), roofline
     compute (a plan does not keep measured times)."""
     return CostSetup(
         cluster=plan.cluster,
@@ -120,6 +121,7 @@ def plan_setup(plan: Plan) -> CostSetup:
         optimizer=plan.optimizer,
         memory_fraction=plan.memory_fraction,
         runtime=runtime_profile(plan.runtime),
+        loss_bytes_per_output_element=plan.loss_bytes_per_output_element,
     )
 
 

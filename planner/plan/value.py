@@ -20,7 +20,7 @@ JSON layout (``format_version`` 3): the fields of :class:`Plan`, each nested dat
                 savings: {schedule_saved_s, schedule_saved_bytes, grad_sync_saved_s}},
      search: {time_s, capture_s, ...}, notes, batch_stat_rows, memory_fraction,
      grad_sync: {kind, rank, period, warmup_steps} (planner.plan.grad_sync),
-     runtime (planner.costing.runtime_profiles),
+     runtime (planner.costing.runtime_profiles), loss_bytes_per_output_element (cost_models.loss_memory),
      megatron: {global_batch_size, micro_batch_size, num_microbatches, tensor_parallel, pipeline_parallel, ...}}
 
 A field with a default may be left out (it takes the default); an unknown field is an error. ``megatron`` is
@@ -135,6 +135,10 @@ class Plan:
     grad_sync: GradSync = field(default_factory=GradSync)
     # the runtime the estimate describes (planner.costing.runtime_profiles): autoplan, our executors, unless --runtime
     runtime: str = "autoplan"
+    # what the model file's loss holds at its peak per element of the outputs it reads, as the search priced it
+    # (cost_models.loss_memory; 4.0: its DEFAULT_BYTES_PER_OUTPUT_ELEMENT, the mean's float32 gradient): the
+    # simulator and ``plan show`` price the plan's memory with it too (planner.costing.setup.plan_setup)
+    loss_bytes_per_output_element: float = 4.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, Method):
