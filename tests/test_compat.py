@@ -59,14 +59,15 @@ def test_internal_errors_ask_for_a_bug_report() -> None:
 
 @pytest.mark.slow
 def test_sweep_slice(tmp_path: Path) -> None:
-    """Plan, run two steps and check parity for a slice of the zoo, as the whole sweep does."""
+    """Plan, run two steps and check parity for a slice of the zoo, as the whole sweep does (one family, two
+    methods: the sweep's machinery; the families themselves run in the sweep and the parity tests)."""
     out, data = tmp_path / "compat.md", tmp_path / "compat.json"
     command = [
         sys.executable,
         "-m",
         "benchmarks.compat",
         "--families",
-        "nn_lstm_lm,hf_gpt2_lm_head",
+        "hf_gpt2_lm_head",
         "--methods",
         "auto,megatron",
         "--worlds",
@@ -80,7 +81,7 @@ def test_sweep_slice(tmp_path: Path) -> None:
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     cells = json.loads(data.read_text())["cells"]
-    assert len(cells) == 4
+    assert len(cells) == 2
     verdicts = [(c["family"], c["method"], c["outcome"], c["message"]) for c in cells]
     assert all(cell["outcome"] == "ok" for cell in cells), (verdicts, done.stdout[-2000:], done.stderr[-2000:])
     assert done.returncode == 0 and "| hf_gpt2_lm_head | ✓ | ✓ |" in out.read_text()

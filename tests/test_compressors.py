@@ -102,7 +102,10 @@ def _mean_of_draws(compressor: TernGrad | QSGD, grad: torch.Tensor, draws: int) 
 @given(shape=SHAPES, seed=st.integers(0, 2**16), which=st.sampled_from(["terngrad", "qsgd-1", "qsgd-4", "qsgd-16"]))
 def test_stochastic_quantizers_are_unbiased(shape: tuple[int, ...], seed: int, which: str) -> None:
     """E[D(C(g))] = g: each element's mean over draws within 5 standard errors of its exact value (the per-element
-    variance is known: a two-point distribution between neighbouring levels)."""
+    variance is known: a two-point distribution between neighbouring levels), plus 5 draws' worth of one level: where
+    an element rounds up with a tiny probability p the count of round-ups is Poisson-like, not normal (p = 2e-4 over
+    2,000 draws: 4 round-ups, 13 standard errors, happen about once in a thousand elements: QSGD-1, seed 579).
+    A bias still shows from 0.25% of a level."""
     grad = gradient(shape, seed)
     compressor = TernGrad() if which == "terngrad" else QSGD(levels=int(which.split("-")[1]))
     draws = 2000
@@ -114,7 +117,8 @@ def test_stochastic_quantizers_are_unbiased(shape: tuple[int, ...], seed: int, w
         step = grad.norm() / compressor.levels
         fraction = grad.abs() / step - (grad.abs() / step).floor()
     std_error = step * torch.sqrt(fraction * (1 - fraction) / draws)
-    assert ((mean - grad.double()).abs() <= 5 * std_error.double() + 1e-6).all()
+    tolerance = 5 * std_error.double() + 5 * step.double() / draws + 1e-6
+    assert ((mean - grad.double()).abs() <= tolerance).all()
 
 
 @settings(max_examples=10, deadline=None)
