@@ -117,3 +117,40 @@ def test_the_batch_a_megatron_refusal_advises_is_within_the_budget_by_the_estima
     except AutoplanError as error:
         needed = re.search(r"needs ([\d.]+) GiB per device", str(error))
         assert needed is not None and float(needed[1]) <= 13.7, str(error)
+
+
+def test_outputs_held_whole_are_named_and_no_device_count_is_advised_that_they_would_still_overflow() -> None:
+    """The model's outputs and the loss on them, held whole by each device of the last stage, are the whole
+    microbatch's however many replicas there are: more devices shrink only the rest of the activations."""
+    setup = setup_for(12.0)
+    mostly = MemoryParts(
+        state_bytes=1 * GIB, activation_bytes=20 * GIB, zero=0, data_degree=4, num_microbatches=2, output_bytes=15 * GIB
+    )
+    text = does_not_fit_message("megatron", PlanOptions(), setup, 21 * GIB, parts=mostly, batch_size=64)
+    assert "activations 20.0 GiB, 15.0 GiB of them the model's outputs and the loss on them, whole on each" in text
+    assert "devices" not in text.split("the budget is")[1]  # 15 GiB of outputs alone are over the 12 GiB budget
+    some = MemoryParts(
+        state_bytes=1 * GIB, activation_bytes=20 * GIB, zero=0, data_degree=4, num_microbatches=2, output_bytes=5 * GIB
+    )
+    # 6 GiB of room beside state and outputs for 15 GiB of scaling activations: 8 devices × 15 / 6 = 20
+    assert "about 20 devices" in fit_advice("megatron", PlanOptions(), setup, parts=some, batch_size=64)
+    assert "of them" not in does_not_fit_message("megatron", PlanOptions(), setup, 21 * GIB, parts=some, batch_size=64)
+
+
+def test_a_refusal_whose_logits_fill_the_device_says_so_and_the_batch_it_advises_fits() -> None:
+    """A small GPT with a 250,000-token vocabulary at batch 64 in one microbatch: the logits, whole on every device
+    of the stage, and the cross entropy on them are nearly all of the 213 GiB the plan needs."""
+    keywords = {
+        "model_args": {"size": "tiny", "vocab": "250000", "seq": "1024"},
+        "method": "megatron",
+        "degrees": (8, 1, 1),
+        "microbatches": 1,
+    }
+    with pytest.raises(AutoplanError) as error:
+        plan_model_file(GPT, "p3.16xlarge", batch_size=64, **keywords)
+    text = str(error.value)
+    assert "of them the model's outputs and the loss on them" in text and "devices" not in text.split("budget is")[1]
+    batch = re.search(r"--batch-size (\d+) or less", text)
+    assert batch is not None, text
+    made = plan_model_file(GPT, "p3.16xlarge", batch_size=int(batch[1]), **keywords)
+    assert made.estimate.memory_per_device_bytes <= made.memory_budget_bytes

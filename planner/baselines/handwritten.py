@@ -135,7 +135,7 @@ def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
         outputs = loss_and_output_bytes(setting.graph, names, setup, num_devices=spec.submesh.size)
         state, activations = state - outputs, activations + outputs
         if fullest is None or state + activations > fullest[0] + fullest[1]:
-            fullest = (state, activations, SLOTS[spec.slot][2])
+            fullest = (state, activations, SLOTS[spec.slot][2], outputs)
     assert fullest is not None, "a candidate has stages"
     return MemoryParts(
         state_bytes=fullest[0],
@@ -143,6 +143,7 @@ def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
         zero=fullest[2],
         data_degree=max(1, candidate.degrees[2]),
         num_microbatches=setting.num_microbatches,
+        output_bytes=0.0 if setup.runtime.local_outputs else fullest[3],  # whole on each device (the message says)
     )
 
 

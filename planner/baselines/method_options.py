@@ -110,6 +110,9 @@ class MemoryParts:
     num_microbatches: int
     # the plan's whole memory re-priced at other ZeRO levels where the caller can (FSDP's, as the estimate holds it)
     at_zero: Mapping[int, float] = field(default_factory=dict)
+    # of activation_bytes, the model outputs and the loss on them, held once by the stage that computes them
+    # (planner.inter.layer_costs.loss_and_output_bytes); 0 where the caller does not split them out
+    output_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -154,11 +157,14 @@ def _batch_advice(parts: MemoryParts, setup: CostSetup, batch_size: int) -> str 
 def _devices_advice(parts: MemoryParts, setup: CostSetup, batch_size: int) -> str | None:
     """``about 24 devices``: more replicas, fewer rows each, until the activations fit beside the state (the
     activations scale with the rows per replica); None when the state alone is over the budget, or when it would
-    take less than one row per replica and microbatch."""
-    room, devices = setup.memory_budget_bytes - parts.state_bytes, setup.cluster.num_devices
-    if room <= 0 or parts.activation_bytes <= 0:
+    take less than one row per replica and microbatch. Outputs held whole (``MemoryParts.output_bytes``) are the
+    whole microbatch's however many replicas there are: they take room, they do not shrink."""
+    devices = setup.cluster.num_devices
+    room = setup.memory_budget_bytes - parts.state_bytes - parts.output_bytes
+    scaling = parts.activation_bytes - parts.output_bytes
+    if room <= 0 or scaling <= 0:
         return None
-    needed = math.ceil(devices * parts.activation_bytes / room)
+    needed = math.ceil(devices * scaling / room)
     rows = batch_size / (parts.num_microbatches * parts.data_degree)  # per replica and microbatch
     return f"about {needed} devices" if devices < needed <= devices * rows else None
 
@@ -189,10 +195,19 @@ def advice_text(advice: list[str], *, otherwise: str) -> str:
 
 
 def parts_text(parts: MemoryParts | None) -> str:
-    """`` (state 9.1 GiB + activations 15.3 GiB)``, or nothing without parts."""
+    """`` (state 9.1 GiB + activations 15.3 GiB)``, or nothing without parts; where the model outputs and the loss
+    are most of the activations (over half), says so: they are the whole microbatch's on each device of the stage
+    (``StageSharding.leave`` hands the loss whole outputs; ``--runtime megatron-lm-2021`` prices Megatron-LM's
+    shares instead)."""
     if parts is None:
         return ""
-    return f" (state {gib_text(parts.state_bytes)} GiB + activations {gib_text(parts.activation_bytes)} GiB)"
+    text = f" (state {gib_text(parts.state_bytes)} GiB + activations {gib_text(parts.activation_bytes)} GiB"
+    if parts.output_bytes > parts.activation_bytes / 2:
+        text += (
+            f", {gib_text(parts.output_bytes)} GiB of them the model's outputs and the loss on them, whole on each"
+            " device of the last stage"
+        )
+    return text + ")"
 
 
 def _otherwise(parts: MemoryParts | None, options: PlanOptions) -> str:
