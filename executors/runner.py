@@ -28,7 +28,7 @@ from torch import nn
 
 from executors.graph_module import make_segment, model_output, model_tensors
 from executors.parallel.grad_sync import SyncOptions
-from executors.parallel.stages import build_meshes, build_stage
+from executors.parallel.stages import LossRows, build_meshes, build_stage
 from executors.session import Workload, load_workload, split_batch
 from planner.errors import AutoplanError
 from planner.plan import Plan, load_plan
@@ -100,10 +100,17 @@ class TensorParallelRunner:
         self.num_microbatches = plan.num_microbatches
         graph = workload.graph_at(plan.batch_size // self.num_microbatches)
         stage = plan.stages[0]
+        loss_names = workload.loss_names(graph)
+        names = tuple(v.name for v in graph.inputs)  # the model's inputs, in order, then the targets the loss reads
         segment = make_segment(graph, stage.nodes, needed_after=graph.outputs)
-        segment = replace(segment, inputs=tuple(v.name for v in graph.inputs))  # the model's inputs, in order
+        segment = replace(segment, inputs=names + tuple(name for name in loss_names if name not in names))
         mesh = build_meshes(plan, device_type=workload.device.split(":")[0])[0]
         params, buffers = model_tensors(model)
+        loss_fn = workload.loss_fn
+
+        def loss(outputs: tuple[Any, ...], data: tuple[Any, ...]) -> torch.Tensor:
+            return loss_fn(model_output(workload.graph, outputs), data)
+
         self.part = build_stage(
             stage=stage,
             graph=graph,
@@ -112,6 +119,9 @@ class TensorParallelRunner:
             model_params=params,
             model_buffers=buffers,
             device=workload.device,
+            loss=loss,
+            loss_inputs=tuple(segment.inputs.index(name) for name in loss_names),
+            loss_rows=LossRows.of(plan, stage),
             sync=SyncOptions.of(plan),
         )
 
@@ -125,13 +135,11 @@ class TensorParallelRunner:
         total = torch.zeros((), device=self.workload.device)
         pieces = split_batch(inputs, num_chunks=self.num_microbatches, batch_size=self.plan.batch_size)
         for piece in pieces:
-            outputs = self.part.module(*self.workload.model_inputs(piece))
-            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            loss = self.workload.loss(model_output(self.workload.graph, outputs), piece) / self.num_microbatches
+            loss = self.part.module(*piece) / self.num_microbatches  # the loss on this rank's rows (LossRows)
             loss.backward()
             total += loss.detach()
         self.part.sync_grads()
-        return float(total)
+        return float(self.part.module.whole_loss(total))
 
     def gradients(self) -> dict[str, torch.Tensor]:
         import torch.distributed as dist

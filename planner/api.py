@@ -144,6 +144,7 @@ def _finish_plan(prepared: Prepared, method: Method, run: MethodRun) -> Plan:
         grad_sync=chosen.grad_sync,
         runtime=prepared.setup.runtime.name,
         loss_bytes_per_output_element=prepared.setup.loss_bytes_per_output_element,
+        outputs_batch_major=prepared.setup.loss_rows_batch_size > 0,
         stages=chosen.stages,
         estimate=chosen.estimate,
         search=replace(

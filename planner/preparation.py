@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,8 @@ def prepare_model(
     captured = time.perf_counter()
     ref = dict(model_ref or {})
     setup = _cost_setup(graphs.full, cluster, options=options, ref=ref, batch_size=batch_size)
+    if graphs.outputs_batch_major():
+        setup = replace(setup, loss_rows_batch_size=batch_size)
     model_json = ModelRef(
         fingerprint=graphs.full.fingerprint(),
         num_params=graphs.full.num_params,

@@ -174,10 +174,12 @@ def test_our_runtime_prices_autocasts_casts_of_matmul_parameters_per_pass() -> N
 def test_megatron_keeps_its_share_of_the_outputs_and_no_receive_buffers() -> None:
     """Megatron-LM keeps each rank's share of the logits (its replica's rows, the vocabulary split over tensor
     parallelism) and the loss on it, and allocates what a pipeline stage receives per microbatch; our executors
-    gather the outputs whole on every rank, and since 2026-11-28 allocate what a stage receives per microbatch too
-    (executors.parallel.receive_buffers). Charging Megatron for ours refused the published 76.1B-1T rows (88 GiB of
-    whole logits and loss, 140 GiB of receive buffers per device). torch's stock stages keep a receive buffer per
-    microbatch (``kept_receive_buffers``): charged as held memory."""
+    gathered the outputs whole on every rank (still, where the outputs are not batch-major: ``whole`` here), and
+    since 2026-11-28 run the loss on each rank's rows (planner.plan.stage.loss_row_axes: here a quarter, on 2 × 2
+    ranks) and allocate what a stage receives per microbatch too (executors.parallel.receive_buffers). Charging
+    Megatron for ours refused the published 76.1B-1T rows (88 GiB of whole logits and loss, 140 GiB of receive
+    buffers per device). torch's stock stages keep a receive buffer per microbatch (``kept_receive_buffers``):
+    charged as held memory."""
     args = {"size": "tiny", "attention": "unfused", "dropout": 0.1}
     theirs = plan_model_file(
         EXAMPLES / "gpt.py",
@@ -192,6 +194,8 @@ def test_megatron_keeps_its_share_of_the_outputs_and_no_receive_buffers() -> Non
     graph = captured("gpt", 8, "export", **args)  # the microbatch
     megatron = plan_setup(theirs)
     ours = dataclasses.replace(megatron, runtime=AUTOPLAN)
+    assert ours.loss_rows_batch_size == 16  # the plan's outputs are batch-major
+    whole = dataclasses.replace(ours, runtime=dataclasses.replace(AUTOPLAN, name="whole"), loss_rows_batch_size=0)
     stock = dataclasses.replace(
         megatron, runtime=dataclasses.replace(AUTOPLAN, name="stock", kept_receive_buffers=True)
     )
@@ -210,12 +214,14 @@ def test_megatron_keeps_its_share_of_the_outputs_and_no_receive_buffers() -> Non
                 ddp=False,
                 pipeline=True,
             )
-            for setup in (megatron, ours, stock)
+            for setup in (megatron, ours, stock, whole)
         }
         assert memory["megatron-lm-2021"].held_bytes == memory["autoplan"].held_bytes == 0
         assert memory["stock"].held_bytes > 0
         if last:  # the whole logits gathered and the loss on them, against a quarter of both on each of 2 × 2 ranks
-            assert memory["megatron-lm-2021"].peak_bytes < memory["autoplan"].peak_bytes
+            assert memory["megatron-lm-2021"].peak_bytes <= memory["autoplan"].peak_bytes < memory["whole"].peak_bytes
     names = [node.name for node in graph.nodes]
-    whole = loss_and_output_bytes(graph, names, ours, num_devices=4)
-    assert whole > 0 and loss_and_output_bytes(graph, names, megatron, num_devices=4) == pytest.approx(whole / 4)
+    held = loss_and_output_bytes(graph, names, whole, num_devices=4)
+    assert held > 0 and loss_and_output_bytes(graph, names, megatron, num_devices=4) == pytest.approx(held / 4)
+    rows = loss_and_output_bytes(graph, names, ours, num_devices=4, mesh_shape=(2, 2), num_microbatches=2)
+    assert rows == pytest.approx(held / 4)  # 8 rows over both axes

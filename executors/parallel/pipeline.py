@@ -14,7 +14,9 @@ the plan's number of microbatches — or, under ``interleaved`` and ``zero-bubbl
 ``ScheduleInterleaved1F1B`` or ``ScheduleInterleavedZeroBubble`` (which runs each backward as torch's
 input-gradient and weight-gradient halves). Inside a stage every rank computes with DTensor on its mesh
 (:mod:`executors.parallel.stages`); a boundary value leaves a stage whole (replicated) on every rank, so rank
-``i`` of the next stage receives it from rank ``i`` of this one.
+``i`` of the next stage receives it from rank ``i`` of this one. The last stage runs the loss on each rank's rows of
+the model's outputs when the plan says they are batch-major (:func:`planner.plan.stage.loss_row_axes`); the step's
+loss is the sum of the ranks' shares.
 
 Gradients: the schedule scales them by ``1/m`` (each microbatch loss is a mean), partial sums on
 data-parallel axes are all-reduced per stage, and a parameter read by several stages (tied
@@ -33,7 +35,7 @@ from torch import nn
 from executors.graph_module import Segment, make_segment, model_output, model_tensors
 from executors.parallel.grad_sync import SyncOptions
 from executors.parallel.receive_buffers import ReleasingStage
-from executors.parallel.stages import StagePart, build_meshes, build_stage, sync_shared_grads
+from executors.parallel.stages import LossRows, StagePart, build_meshes, build_stage, sync_shared_grads
 from executors.session import Workload
 from planner.costing.estimate import shared_params
 from planner.errors import AutoplanError
@@ -129,6 +131,7 @@ class PipelineRunner:
                 wire_dtype=workload.precision.wire_dtype,
                 loss=self._loss() if last else None,
                 loss_inputs=tuple(segments[-1].inputs.index(name) for name in loss_inputs) if last else (),
+                loss_rows=LossRows.of(plan, stage) if last else None,
                 sync=SyncOptions.of(plan),
             )
             self.parts.append(part)
@@ -177,6 +180,7 @@ class PipelineRunner:
             assert held == 0, f"{held} receive buffer(s) outlived their microbatch (executors.parallel.receive_buffers)"
             if self.is_last:
                 loss = torch.cat([value.detach().reshape(1) for value in losses]).mean()
+                loss = self.parts[-1].module.whole_loss(loss)  # each rank ran the loss on its rows (LossRows)
             for part in self.parts:  # the schedule divided the gradients by m after the backward (scale_grads)
                 part.sync_grads(divided_by=self.plan.num_microbatches)
         sync_shared_grads(self.parts, self.shared, rank=self.rank, device=self.workload.device, metas=self.param_metas)

@@ -16,6 +16,7 @@ activation checkpoints of its :class:`~executors.graph_module.GraphModule`, and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,14 +33,34 @@ from executors.parallel.tensor_parallel import SingleDeviceSharding, StageShardi
 from planner.costing.overlap import stage_grad_entries
 from planner.ir.graph import OpGraph
 from planner.plan import Plan, Stage
+from planner.plan.stage import loss_row_axes
 
 
 def build_meshes(plan: Plan, *, device_type: str) -> list[DeviceMesh]:
     return [make_mesh(stage.devices, stage.mesh_shape, device_type=device_type) for stage in plan.stages]
 
 
+@dataclass(frozen=True, kw_only=True)
+class LossRows:
+    """Where a last stage runs its loss on each rank's rows (:func:`planner.plan.stage.loss_row_axes`): the mesh
+    ``axes`` its outputs' rows are split over, and the microbatch's ``rows``."""
+
+    axes: tuple[int, ...]
+    rows: int
+
+    @staticmethod
+    def of(plan: Plan, stage: Stage) -> LossRows | None:
+        """The plan's split for its last stage ``stage``; None where the loss reads the whole outputs."""
+        if not plan.outputs_batch_major or len(stage.devices) == 1:
+            return None
+        rows = plan.batch_size // plan.num_microbatches
+        axes = loss_row_axes(stage.mesh_shape, rows=rows)
+        return LossRows(axes=axes, rows=rows) if axes else None
+
+
 class ShardedStageModule(nn.Module):
-    """Whole tensors in, whole tensors out; DTensors inside; optionally the loss at the end."""
+    """Whole tensors in, whole tensors out; DTensors inside; optionally the loss at the end (on this rank's rows
+    of the outputs under ``loss_rows``, scaled by its share)."""
 
     def __init__(
         self,
@@ -48,6 +69,7 @@ class ShardedStageModule(nn.Module):
         *,
         loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None,
         loss_inputs: tuple[int, ...] = (),
+        loss_rows: LossRows | None = None,
         wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
     ) -> None:
         super().__init__()
@@ -55,18 +77,34 @@ class ShardedStageModule(nn.Module):
         self.sharding = sharding
         self._loss = loss
         self._loss_inputs = loss_inputs  # positions of the graph inputs the loss reads among forward's args
+        self._loss_rows = loss_rows
         self._wire_dtype = wire_dtype  # the dtype a sent value travels in (bf16 under mixed precision)
 
     def forward(self, *values: Any) -> Any:
         values = tuple(_ContiguousGrad.apply(v) if _needs_grad(v) else v for v in values)
         outputs = self.inner(*(self.sharding.enter(v) for v in values))
+        loss_data = tuple(values[i] for i in self._loss_inputs)
+        if self._loss is not None and self._loss_rows is not None:
+            assert isinstance(self.sharding, StageSharding), "a one-device stage keeps whole outputs"
+            axes, rows = self._loss_rows.axes, self._loss_rows.rows
+            mine = tuple(self.sharding.leave_rows(v, axes) for v in outputs)
+            data = tuple(self.sharding.rows_of(v, axes, rows=rows) for v in loss_data)
+            share = math.prod(self.sharding.mesh.size(axis) for axis in axes)
+            return self._loss(mine, data) / share
         whole = tuple(self.sharding.leave(v) for v in outputs)
         if self._loss is None:  # sent to the next stage: point-to-point sends need contiguous tensors
             whole = tuple(
                 _own_tensor(self._to_wire(v).contiguous()) if isinstance(v, torch.Tensor) else v for v in whole
             )
             return whole if len(whole) != 1 else whole[0]
-        return self._loss(whole, tuple(values[i] for i in self._loss_inputs))
+        return self._loss(whole, loss_data)
+
+    def whole_loss(self, value: torch.Tensor) -> torch.Tensor:
+        """The loss of the whole microbatches from this rank's share of it (a collective over the rows' axes)."""
+        if self._loss_rows is None:
+            return value
+        assert isinstance(self.sharding, StageSharding), "a one-device stage keeps whole outputs"
+        return self.sharding.sum_over(value.clone(), self._loss_rows.axes)
 
     def _to_wire(self, value: torch.Tensor) -> torch.Tensor:
         return value if self._wire_dtype is None else value.to(self._wire_dtype(value.dtype))
@@ -148,12 +186,14 @@ def build_stage(
     device: str,
     loss: Callable[[tuple[Any, ...], tuple[Any, ...]], torch.Tensor] | None = None,
     loss_inputs: tuple[int, ...] = (),
+    loss_rows: LossRows | None = None,
     wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
     sync: SyncOptions | None = None,
 ) -> StagePart:
     """The part of ``stage`` this rank runs, every node as the plan's record of it says; ``sync``: how it
     reduces its gradients (:meth:`executors.parallel.grad_sync.SyncOptions.of` the plan; None: exact, bucketed by
-    4-byte gradients, after the backward)."""
+    4-byte gradients, after the backward); ``loss_rows``: where the last stage runs the loss on each rank's rows
+    (:meth:`LossRows.of` the plan)."""
     sharding: StageSharding | SingleDeviceSharding
     if len(stage.devices) == 1:
         sharding = SingleDeviceSharding(device=device)
@@ -171,7 +211,9 @@ def build_stage(
         device=device,
         checkpointed=stage.recomputed_runs(),
     )
-    module = ShardedStageModule(inner, sharding, loss=loss, loss_inputs=loss_inputs, wire_dtype=wire_dtype)
+    module = ShardedStageModule(
+        inner, sharding, loss=loss, loss_inputs=loss_inputs, loss_rows=loss_rows, wire_dtype=wire_dtype
+    )
     named = dict(inner.named_graph_parameters())
     zero = None
     if stage.zero >= 1 and len(stage.devices) > 1:

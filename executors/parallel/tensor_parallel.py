@@ -26,7 +26,9 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
   it (:func:`~executors.parallel.dtensor_edges.contiguous_local_grad`) — else a ``view``'s backward fails with
   "view size is not compatible" (a tied GPT-2, an LSTM language model);
 * enters stage inputs as replicated DTensors and leaves outputs as whole tensors
-  (:meth:`StageSharding.enter`, :meth:`StageSharding.leave`);
+  (:meth:`StageSharding.enter`, :meth:`StageSharding.leave`) — or, on a last stage whose plan says the outputs are
+  batch-major, as this rank's rows of them for the loss (:meth:`StageSharding.leave_rows`,
+  :func:`planner.plan.stage.loss_row_axes`);
 * a one-device stage skips DTensor altogether (:class:`SingleDeviceSharding`: plain tensors, the
   model's own parameters), which keeps pipelines of single-device stages as fast as hand-written
   ones (``benchmarks/executor_overhead.py``);
@@ -36,10 +38,12 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
@@ -66,7 +70,10 @@ AVOID_DTENSOR = WHOLE_UNDER_DTENSOR
 
 
 def make_mesh(devices: Sequence[int], mesh_shape: Sequence[int], *, device_type: str) -> DeviceMesh:
-    """The stage's mesh; every rank must build every stage's mesh, in the same order."""
+    """The stage's mesh; every rank must build every stage's mesh, in the same order. On CPU, DTensor's notice
+    that gloo has no all-to-all (it gathers and slices instead, the same result) is kept off the user's screen."""
+    if device_type == "cpu":
+        logging.getLogger("torch.distributed.tensor._collective_utils").setLevel(logging.ERROR)
     layout = torch.tensor(list(devices), dtype=torch.int64).reshape(tuple(mesh_shape))
     return DeviceMesh(device_type, layout)
 
@@ -129,6 +136,30 @@ class StageSharding:
         if not isinstance(value, DTensor):
             return value
         return value.redistribute(self.mesh, self._replicated).to_local()
+
+    def leave_rows(self, value: Any, axes: Sequence[int]) -> Any:
+        """A last stage's output as this rank's rows of it: dim 0 split over ``axes``, whole over the other axes
+        (:func:`planner.plan.stage.loss_row_axes`); its gradient comes back split the same way."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        value = value if isinstance(value, DTensor) else self.replicate(value)
+        return value.redistribute(self.mesh, self._rows(axes)).to_local()
+
+    def rows_of(self, value: Any, axes: Sequence[int], *, rows: int) -> Any:
+        """This rank's rows of a whole loss input, cut as :meth:`leave_rows` cuts the outputs: those whose dim 0 is
+        the microbatch's ``rows`` (as microbatches are cut, :func:`executors.session.split_batch`); others whole."""
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != rows:
+            return value
+        return self.replicate(value).redistribute(self.mesh, self._rows(axes)).to_local()
+
+    def sum_over(self, value: torch.Tensor, axes: Sequence[int]) -> torch.Tensor:
+        """``value`` summed over the ranks of ``axes`` (every rank of the stage calls it)."""
+        for axis in axes:
+            dist.all_reduce(value, group=self.mesh.get_group(axis))
+        return value
+
+    def _rows(self, axes: Sequence[int]) -> tuple[Placement, ...]:
+        return tuple(Shard(0) if axis in axes else Replicate() for axis in range(self.mesh.ndim))
 
     def call_node(self, node: OpNode, tensors: list[Any]) -> Any:
         wanted = self.input_placements[node.name]

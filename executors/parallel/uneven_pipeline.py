@@ -27,7 +27,7 @@ from torch import nn
 from executors.graph_module import model_output, model_tensors
 from executors.parallel.grad_sync import SyncOptions
 from executors.parallel.pipeline import stage_segments
-from executors.parallel.stages import StagePart, build_meshes, build_stage, sync_shared_grads
+from executors.parallel.stages import LossRows, StagePart, build_meshes, build_stage, sync_shared_grads
 from executors.session import Workload, split_batch
 from planner.costing.estimate import shared_params
 from planner.ir.layers import needs_grad
@@ -70,6 +70,7 @@ class UnevenPipelineRunner:
             wire_dtype=workload.precision.wire_dtype,
             loss=loss if last else None,
             loss_inputs=tuple(self.segments[-1].inputs.index(n) for n in loss_inputs) if last else (),
+            loss_rows=LossRows.of(plan, stage) if last else None,
             sync=SyncOptions.of(plan),
         )
         self.owned = set(stage.param_placements)
@@ -90,6 +91,7 @@ class UnevenPipelineRunner:
                 self._backward(received, outputs)
             if self.index == len(self.plan.stages) - 1:
                 loss = torch.stack([outputs.detach() for _, outputs in saved]).mean()
+                loss = self.part.module.whole_loss(loss)  # each rank ran the loss on its rows (LossRows)
             self.part.sync_grads()
         sync_shared_grads(
             [self.part] if self.part is not None else [],

@@ -132,10 +132,18 @@ def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
             return None
         state, activations = _stage_memory(setting, index, in_flight=_in_flight(setting, s, len(specs)))
         names = [name for layer in setting.layers.layers[spec.first : spec.last + 1] for name in layer]
-        outputs = loss_and_output_bytes(setting.graph, names, setup, num_devices=spec.submesh.size)
+        outputs = loss_and_output_bytes(
+            setting.graph,
+            names,
+            setup,
+            num_devices=spec.submesh.size,
+            mesh_shape=spec.mesh_shape,
+            num_microbatches=setting.num_microbatches,
+        )
         state, activations = state - outputs, activations + outputs
         if fullest is None or state + activations > fullest[0] + fullest[1]:
-            fullest = (state, activations, SLOTS[spec.slot][2], outputs)
+            whole = setup.loss_rows(spec.mesh_shape, num_microbatches=setting.num_microbatches) == 1
+            fullest = (state, activations, SLOTS[spec.slot][2], outputs if whole else 0.0)
     assert fullest is not None, "a candidate has stages"
     return MemoryParts(
         state_bytes=fullest[0],
@@ -144,6 +152,7 @@ def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
         data_degree=max(1, candidate.degrees[2]),
         num_microbatches=setting.num_microbatches,
         output_bytes=0.0 if setup.runtime.local_outputs else fullest[3],  # whole on each device (the message says)
+        loss_row_split=setup.loss_rows(specs[-1].mesh_shape, num_microbatches=setting.num_microbatches),
     )
 
 

@@ -113,6 +113,9 @@ class MemoryParts:
     # of activation_bytes, the model outputs and the loss on them, held once by the stage that computes them
     # (planner.inter.layer_costs.loss_and_output_bytes); 0 where the caller does not split them out
     output_bytes: float = 0.0
+    # the pieces the last stage cuts its outputs' rows into (planner.plan.stage.loss_row_axes): a batch advised
+    # keeps them whole pieces, so the loss stays on each rank's rows
+    loss_row_split: int = 1
 
     @property
     def total_bytes(self) -> float:
@@ -149,7 +152,7 @@ def _batch_advice(parts: MemoryParts, setup: CostSetup, batch_size: int) -> str 
     room = setup.memory_budget_bytes - parts.state_bytes
     if room <= 0 or parts.activation_bytes <= 0:
         return None
-    unit = parts.num_microbatches * parts.data_degree
+    unit = parts.num_microbatches * math.lcm(parts.data_degree, parts.loss_row_split)
     largest = math.floor(batch_size * room / parts.activation_bytes / unit) * unit
     return f"--batch-size {largest} or less" if 0 < largest < batch_size else None
 

@@ -12,8 +12,10 @@ builds the stage's tape at the microbatch size (:class:`~planner.costing.stage_m
 * the stage's inputs at the size their first reader reads them (the batch, or what the previous stage sent:
   those need a gradient, which goes back), and its outputs, which the runner holds until the microbatch's
   backward ends; a DTensor stage gathers each output whole first (``StageSharding.leave``: a replicated copy of
-  every sharded output, ``gathered_output_bytes``), and the last stage's loss reads the whole outputs; under a
-  runtime that keeps each rank's share (``RuntimeProfile.local_outputs``: Megatron-LM) nothing is gathered and
+  every sharded output, ``gathered_output_bytes``), and the last stage's loss reads the whole outputs — or, when
+  the model's outputs are batch-major (:func:`planner.plan.stage.loss_row_axes`), the last stage gathers each output
+  to its ``1/n`` of the rows and the loss reads those (``n``: :meth:`~planner.costing.setup.CostSetup.loss_rows`); under
+  a runtime that keeps each rank's share (``RuntimeProfile.local_outputs``: Megatron-LM) nothing is gathered and
   the loss reads the rank's share (:func:`_loss_bytes`);
 * a node the tensor-parallel executor runs on whole inputs (convolutions, batch and group normalization:
   :func:`runs_whole`): its split activation inputs gathered whole (kept when it saves them), its output made
@@ -84,14 +86,15 @@ def sharded_stage_memory(
     needs = frozenset(name for name in inputs if name not in data_inputs and local.value(name).meta.is_floating)
     several = len(stage.devices) > 1
     gathers = several and not setup.runtime.local_outputs
+    rows = setup.loss_rows(stage.mesh_shape, num_microbatches=num_microbatches) if last else 1
     tape = stage_tape(
         local,
         nodes,
         grads=grad_values(local, also=needs),
         inputs=inputs,
         input_grads={name: inputs[name] for name in needs},
-        loss_bytes=_loss_bytes(local, chosen, mesh, setup) if last else 0.0,
-        gathered_output_bytes=_gathered_output_bytes(local, chosen, mesh) if gathers else 0.0,
+        loss_bytes=_loss_bytes(local, chosen, mesh, setup, rows=rows) if last else 0.0,
+        gathered_output_bytes=_gathered_output_bytes(local, chosen, mesh, rows=rows) if gathers else 0.0,
         runs=stage.recomputed_runs(),
         activation_itemsize=setup.activation_itemsize,
         fused=not setup.cluster.device.is_cpu(),
@@ -208,12 +211,15 @@ def _input_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: Stage
     return found
 
 
-def _loss_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh, setup: CostSetup) -> float:
-    """The loss's tensors on the last stage: on the whole outputs (the runner gathers them), or on each rank's
-    share of them under a runtime that keeps it (``RuntimeProfile.local_outputs``: Megatron-LM's)."""
+def _loss_bytes(
+    graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh, setup: CostSetup, *, rows: int
+) -> float:
+    """The loss's tensors on the last stage: on the whole outputs (the runner gathers them), on ``1/rows`` of
+    them (the rank's rows, :func:`planner.plan.stage.loss_row_axes`), or on each rank's share of them under a
+    runtime that keeps it (``RuntimeProfile.local_outputs``: Megatron-LM's)."""
     per_element = setup.loss_bytes_per_output_element
     if not setup.runtime.local_outputs:
-        return loss_bytes(graph, per_output_element=per_element)
+        return loss_bytes(graph, per_output_element=per_element) / rows
     shares = [
         graph.node(name).output.numel / chosen[name].output.num_shards(mesh.mesh_shape)
         for name in dict.fromkeys(graph.outputs)
@@ -222,16 +228,19 @@ def _loss_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageM
     return per_element * sum(shares)
 
 
-def _gathered_output_bytes(graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh) -> float:
-    """The whole copies the runner makes of a DTensor stage's sharded outputs (``StageSharding.leave``)."""
+def _gathered_output_bytes(
+    graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh, *, rows: int = 1
+) -> float:
+    """The copies the runner makes of a DTensor stage's sharded outputs: whole (``StageSharding.leave``), or
+    ``1/rows`` of them on the last stage (``StageSharding.leave_rows``, :func:`planner.plan.stage.loss_row_axes`)."""
     total = 0.0
     for name in dict.fromkeys(graph.outputs):
         if not graph.has_node(name):
             continue
         meta = graph.node(name).output
         local = mesh.local_bytes(meta, chosen[name].output)
-        whole = mesh.tensor_bytes(meta)
-        total += whole - local if local < whole else 0.0
+        kept = mesh.tensor_bytes(meta) / rows
+        total += kept - local if local < kept else 0.0
     return total
 
 

@@ -17,8 +17,9 @@ refuse such a plan (:meth:`RuntimeProfile.refusal`). What a profile sets:
   group instead of DDP's 25 MiB buckets (one latency instead of one per bucket);
 * ``local_outputs``: each rank keeps its own share of the last stage's outputs and runs the loss on that share
   (Megatron-LM: its replica's rows of the logits, split over the vocabulary by tensor parallelism, and
-  ``vocab_parallel_cross_entropy`` on them, ``megatron/mpu/cross_entropy.py``); our executors gather every output
-  of a DTensor stage whole on each of its ranks (``StageSharding.leave``) and run the loss on the whole outputs.
+  ``vocab_parallel_cross_entropy`` on them, ``megatron/mpu/cross_entropy.py``); our executors gather the last
+  stage's outputs over the vocabulary and run the loss on each rank's rows of them where the outputs are
+  batch-major (:func:`planner.plan.stage.loss_row_axes`), else whole on each of its ranks (``StageSharding.leave``).
   The memory reads it: :func:`planner.costing.plan_memory.sharded_stage_memory` (the gathered copies and the
   loss's tensors) and :func:`planner.inter.layer_costs.loss_and_output_bytes` (the layer tables' figure);
 * ``kept_receive_buffers``: a pipeline stage keeps one receive buffer per microbatch for the run, activations

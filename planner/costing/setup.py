@@ -21,6 +21,7 @@ from planner.costing.runtime_profiles import AUTOPLAN, RuntimeProfile, runtime_p
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan
+from planner.plan.stage import loss_row_split
 
 if TYPE_CHECKING:
     from cost_models.profiling.codec_profiler import CodecFit
@@ -41,9 +42,19 @@ class CostSetup:
     # what the model file's loss holds at its peak per element of the outputs it reads (cost_models.loss_memory;
     # the default: the mean's float32 gradient, when the loss is not known)
     loss_bytes_per_output_element: float = DEFAULT_BYTES_PER_OUTPUT_ELEMENT
+    # the model's outputs are batch-major and the batch has this many rows: a sharded last stage keeps its rows of
+    # them and runs the loss there (planner.plan.stage.loss_row_axes); 0: they are gathered whole on each of its devices
+    loss_rows_batch_size: int = 0
     # the gathered syncs' encode/decode times plan profile measured, by sync label (make_codec_fits; empty: none,
     # their compute priced at the device's streaming bandwidth)
     codec_fits: Mapping[str, CodecFit] = field(default_factory=dict)
+
+    def loss_rows(self, mesh_shape: tuple[int, ...], *, num_microbatches: int) -> int:
+        """How many pieces a last stage on ``mesh_shape`` cuts its outputs' rows into
+        (:func:`planner.plan.stage.loss_row_axes`; 1: whole on each device)."""
+        if not self.loss_rows_batch_size or self.runtime.local_outputs:
+            return 1
+        return loss_row_split(mesh_shape, rows=self.loss_rows_batch_size // num_microbatches)
 
     @property
     def activation_itemsize(self) -> int | None:
@@ -113,7 +124,8 @@ def make_codec_fits(cluster: Cluster, *, cost_model: str) -> dict[str, CodecFit]
 
 def plan_setup(plan: Plan) -> CostSetup:
     """The setup a saved plan's stored strategies are priced with: its cluster, optimizer, runtime and the loss's
-    bytes per output element the search measured (so the replay charges the memory the estimate did), roofline
+    bytes per output element the search measured and whether its outputs are batch-major (so the replay charges the
+    memory the estimate did), roofline
     compute (a plan does not keep measured times)."""
     return CostSetup(
         cluster=plan.cluster,
@@ -122,6 +134,7 @@ def plan_setup(plan: Plan) -> CostSetup:
         memory_fraction=plan.memory_fraction,
         runtime=runtime_profile(plan.runtime),
         loss_bytes_per_output_element=plan.loss_bytes_per_output_element,
+        loss_rows_batch_size=plan.batch_size if plan.outputs_batch_major else 0,
     )
 
 

@@ -246,12 +246,20 @@ def layer_table(
 
 
 def loss_and_output_bytes(
-    graph: OpGraph, names: tuple[str, ...] | list[str], setup: CostSetup, *, num_devices: int = 1
+    graph: OpGraph,
+    names: tuple[str, ...] | list[str],
+    setup: CostSetup,
+    *,
+    num_devices: int = 1,
+    mesh_shape: tuple[int, ...] | None = None,
+    num_microbatches: int = 1,
 ) -> float:
     """What the layer of ``names`` adds once per stage when it computes model outputs: the outputs, held whole by
     the runner until their backward ends, and the loss's tensors on them
     (:func:`planner.costing.stage_memory.loss_bytes`; the estimate charges them on the activations' timeline,
-    :mod:`planner.costing.plan_memory`); 0 for any other layer. Under a runtime that keeps each rank's share
+    :mod:`planner.costing.plan_memory`); 0 for any other layer. Where the model's outputs are batch-major, a stage
+    on ``mesh_shape`` keeps its ``1/n`` of the rows of them instead (:func:`planner.plan.stage.loss_row_axes`,
+    :meth:`~planner.costing.setup.CostSetup.loss_rows`); under a runtime that keeps each rank's share
     (``RuntimeProfile.local_outputs``: Megatron-LM's logits split over its replicas' rows and the vocabulary)
     both are ``1/num_devices`` of that, ``num_devices`` the stage mesh's."""
     mine = set(names)
@@ -260,7 +268,10 @@ def loss_and_output_bytes(
     itemsize = setup.activation_itemsize
     held = sum(meta.numel * itemsize if itemsize else meta.nbytes for meta in floating)
     whole = float(held + setup.loss_bytes_per_output_element * sum(meta.numel for meta in floating))
-    return whole / num_devices if setup.runtime.local_outputs else whole
+    if setup.runtime.local_outputs:
+        return whole / num_devices
+    shape = (num_devices,) if mesh_shape is None else mesh_shape
+    return whole / setup.loss_rows(shape, num_microbatches=num_microbatches)
 
 
 def with_loss(table: LayerTable, extra_bytes: float) -> LayerTable:

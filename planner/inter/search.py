@@ -151,7 +151,14 @@ class LayerTables:
         part = subgraph(graph, list(layers.layers[kind]))
         mesh = self._meshes[mesh_key]
         table = layer_table(part, self.setup, mesh, options=intra, sources=self.sources)
-        held = loss_and_output_bytes(graph, layers.layers[kind], self.setup, num_devices=len(mesh.devices))
+        held = loss_and_output_bytes(
+            graph,
+            layers.layers[kind],
+            self.setup,
+            num_devices=len(mesh.devices),
+            mesh_shape=tuple(mesh.mesh_shape),
+            num_microbatches=m,
+        )
         return with_loss(table, held)
 
     def prefetch(

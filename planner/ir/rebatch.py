@@ -70,6 +70,14 @@ class MicrobatchGraphs:
         self.capture_s += time.perf_counter() - started
         return graph
 
+    def outputs_batch_major(self) -> bool:
+        """Whether each of the model's outputs has the batch in its dim 0 (``k`` entries per batch row, ``k`` the
+        same at every batch: :func:`outputs_scale_with_batch`), as two captures prove; False with one capture
+        (nothing to compare). :func:`planner.plan.stage.loss_row_axes` splits the outputs by rows when it holds."""
+        if self._low is None:
+            return False
+        return outputs_scale_with_batch(self._graphs[self._low], self.full, sizes=(self._low, self.batch_size))
+
     def at(self, size: int) -> OpGraph:
         if size not in self._graphs:
             graph = None
@@ -100,6 +108,25 @@ def _between(low: OpGraph, high: OpGraph, *, sizes: tuple[int, int, int]) -> OpG
         constants=high.constants,
         output_tree=high.output_tree,
     )
+
+
+def outputs_scale_with_batch(low: OpGraph, high: OpGraph, *, sizes: tuple[int, int]) -> bool:
+    """Every output's dim 0 is ``k`` times the batch in both graphs (``low`` at ``sizes[0]`` rows, ``high`` at
+    ``sizes[1]``), with the same whole ``k``."""
+    low_size, high_size = sizes
+    if low_size == high_size or len(low.outputs) != len(high.outputs) or not high.outputs:
+        return False
+    for a, b in zip(low.outputs, high.outputs, strict=True):
+        low_shape, high_shape = _output_meta(low, a).shape, _output_meta(high, b).shape
+        if not low_shape or not high_shape or high_shape[0] % high_size:
+            return False
+        if low_shape[0] * high_size != high_shape[0] * low_size:
+            return False
+    return True
+
+
+def _output_meta(graph: OpGraph, name: str) -> TensorMeta:
+    return graph.node(name).output if graph.has_node(name) else graph.value(name).meta
 
 
 def _pairs(low: tuple[GraphValue, ...], high: tuple[GraphValue, ...]) -> list[tuple[GraphValue, GraphValue]]:

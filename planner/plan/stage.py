@@ -6,12 +6,30 @@ the simulator prices: the spec each operand is consumed in, the output spec, the
 the collectives (:class:`Collective`) it issues, each naming the operand it moves. A stage explains itself
 with a row per node (:class:`~planner.plan.explain.ExplainRow`) and what its recomputation and ZeRO level
 (:class:`MemorySaving`) and its sequence parallelism (:class:`Saving`) saved against the next-best option.
+
+*The loss on each rank's rows* (:func:`loss_row_axes`). A stage of several devices computes with DTensor; its
+model outputs come out split as its operators' strategies leave them. Were they gathered whole on every rank,
+each device of the last stage would hold the logits of the whole microbatch and the loss's tensors on them
+(Llama-3-405B at 64 rows: 877 GiB). When the model's outputs are batch-major (dim 0 holds ``k`` entries per
+batch row, as two captures prove: :meth:`planner.ir.rebatch.MicrobatchGraphs.outputs_batch_major`;
+``Plan.outputs_batch_major``), the runner instead splits the outputs by rows over the mesh axes
+:func:`loss_row_axes` picks and replicates them over the rest
+(:meth:`executors.parallel.tensor_parallel.StageSharding.leave_rows`); each rank runs the loss on its rows (and
+on its rows of the loss's batched inputs: those of dim 0 = the microbatch's rows, as microbatches are cut),
+scaled by ``1/n``, ``n`` the product of those axes' sizes; the loss of the step is the sum over them.
+
+That is the whole microbatch's loss and gradient when the loss is a mean over rows — the executors' assumption
+for microbatches and data-parallel replicas already (:func:`executors.parity.likely_cause` names a loss that is
+not). The memory model charges the outputs and the loss at ``1/n`` of their whole size
+(:mod:`planner.costing.plan_memory`, :func:`planner.inter.layer_costs.loss_and_output_bytes`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import itertools
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -209,3 +227,21 @@ def stage_degrees(stage: Stage) -> StageDegrees:
         else:
             data *= size
     return StageDegrees(tensor=tensor, data=data)
+
+
+def loss_row_axes(mesh_shape: Sequence[int], *, rows: int) -> tuple[int, ...]:
+    """The mesh axes the last stage splits its outputs' rows over: of the axes of more than one device, the set
+    with the largest product that divides ``rows`` (the microbatch's rows), the earlier axes on a tie."""
+    candidates = [axis for axis, size in enumerate(mesh_shape) if size > 1]
+    best: tuple[int, ...] = ()
+    for count in range(len(candidates), 0, -1):
+        for axes in itertools.combinations(candidates, count):
+            split = math.prod(mesh_shape[axis] for axis in axes)
+            if rows % split == 0 and split > math.prod(mesh_shape[axis] for axis in best):
+                best = axes
+    return best
+
+
+def loss_row_split(mesh_shape: Sequence[int], *, rows: int) -> int:
+    """How many pieces the last stage cuts its outputs' rows into (1: whole on every rank)."""
+    return math.prod(mesh_shape[axis] for axis in loss_row_axes(mesh_shape, rows=rows))

@@ -139,6 +139,9 @@ class Plan:
     # (cost_models.loss_memory; 4.0: its DEFAULT_BYTES_PER_OUTPUT_ELEMENT, the mean's float32 gradient): the
     # simulator and ``plan show`` price the plan's memory with it too (planner.costing.setup.plan_setup)
     loss_bytes_per_output_element: float = 4.0
+    # the model's outputs hold the batch in dim 0 (two captures showed it): a sharded last stage runs the loss on
+    # each rank's rows of them (planner.plan.stage.loss_row_axes); False: on the whole outputs, gathered on each device
+    outputs_batch_major: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, Method):
