@@ -62,8 +62,7 @@ def test_auto_is_at_least_as_fast_as_every_method_by_the_estimate_it_prints() ->
 @pytest.mark.parametrize(
     ("example", "args", "batch_size", "cluster", "nodes"),
     [
-        ("gpt", {"size": "tiny"}, 32, "p3.16xlarge", 2),
-        ("gpt", {"size": "350m"}, 32, "p3.16xlarge", 2),
+        ("gpt", {"size": "350m"}, 32, "p3.16xlarge", 2),  # GPT-tiny at the same shape: the same plans, 75 s more CI
         ("mlp", {}, 512, "dgx-a100", 1),
         ("resnet", {}, 256, "p3.16xlarge", 1),
         ("moe", {}, 64, "p3.16xlarge", 1),
