@@ -150,7 +150,7 @@ class StageSharding:
         the microbatch's ``rows`` (as microbatches are cut, :func:`executors.session.split_batch`); others whole."""
         if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != rows:
             return value
-        return self.replicate(value).redistribute(self.mesh, self._rows(axes)).to_local()
+        return self.leave_rows(value, axes)
 
     def sum_over(self, value: torch.Tensor, axes: Sequence[int]) -> torch.Tensor:
         """``value`` summed over the ranks of ``axes`` (every rank of the stage calls it)."""

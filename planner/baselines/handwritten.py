@@ -126,6 +126,8 @@ def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
     stage holds once, :func:`planner.inter.layer_costs.loss_and_output_bytes`, in the options' state, count with
     them, as they grow with the rows). None when a stage has no option."""
     setting, specs, fullest = candidate.setting, candidate.specs, None
+    # the last stage's outputs split by rows (planner.plan.stage.loss_row_axes), or whole on each device (1)
+    split = setup.loss_rows(specs[-1].mesh_shape, num_microbatches=setting.num_microbatches)
     for s, spec in enumerate(specs):
         index = _span_index(setting, spec)
         if index is None:
@@ -142,8 +144,7 @@ def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
         )
         state, activations = state - outputs, activations + outputs
         if fullest is None or state + activations > fullest[0] + fullest[1]:
-            whole = setup.loss_rows(spec.mesh_shape, num_microbatches=setting.num_microbatches) == 1
-            fullest = (state, activations, SLOTS[spec.slot][2], outputs if whole else 0.0)
+            fullest = (state, activations, SLOTS[spec.slot][2], outputs if split == 1 else 0.0)
     assert fullest is not None, "a candidate has stages"
     return MemoryParts(
         state_bytes=fullest[0],
@@ -152,7 +153,7 @@ def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
         data_degree=max(1, candidate.degrees[2]),
         num_microbatches=setting.num_microbatches,
         output_bytes=0.0 if setup.runtime.local_outputs else fullest[3],  # whole on each device (the message says)
-        loss_row_split=setup.loss_rows(specs[-1].mesh_shape, num_microbatches=setting.num_microbatches),
+        loss_row_split=split,
     )
 
 
