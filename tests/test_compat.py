@@ -59,8 +59,8 @@ def test_internal_errors_ask_for_a_bug_report() -> None:
 
 @pytest.mark.slow
 def test_sweep_slice(tmp_path: Path) -> None:
-    """Plan, run two steps and check parity for a slice of the zoo, as the whole sweep does (one family, two
-    methods: the sweep's machinery; the families themselves run in the sweep and the parity tests)."""
+    """Plan, run two steps and check parity for a slice of the zoo, as the whole sweep does (one family, one
+    method: the sweep's machinery; the families themselves run in the sweep and the parity tests)."""
     out, data = tmp_path / "compat.md", tmp_path / "compat.json"
     command = [
         sys.executable,
@@ -69,7 +69,7 @@ def test_sweep_slice(tmp_path: Path) -> None:
         "--families",
         "hf_gpt2_lm_head",
         "--methods",
-        "auto,megatron",
+        "megatron",
         "--worlds",
         "2",
         "--batch-sizes",
@@ -81,7 +81,7 @@ def test_sweep_slice(tmp_path: Path) -> None:
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     cells = json.loads(data.read_text())["cells"]
-    assert len(cells) == 2
+    assert len(cells) == 1
     verdicts = [(c["family"], c["method"], c["outcome"], c["message"]) for c in cells]
     assert all(cell["outcome"] == "ok" for cell in cells), (verdicts, done.stdout[-2000:], done.stderr[-2000:])
     assert done.returncode == 0 and "| hf_gpt2_lm_head | ✓ | ✓ |" in out.read_text()

@@ -90,10 +90,10 @@ def _losses(stdout: str) -> dict[int, str]:
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"^step (\d+)  loss (\S+)", stdout, re.M)}
 
 
-@pytest.mark.parametrize(
-    "world,method",
-    [(2, ["--method", "megatron", "--degrees", "2,1,1"]), (4, ["--method", "megatron", "--degrees", "1,2,2"])],
-)
+# a tensor-parallel stage's DTensor checkpoint (world 2); until 2026-11-28 also a (1, 2, 2) pipeline of replicated
+# stages at world 4 (100-150 s of CI): a pipeline resumes in tests/test_user_journey.py, replicas in
+# tests/test_restart.py, and the stages checkpoint one by one
+@pytest.mark.parametrize("world,method", [(2, ["--method", "megatron", "--degrees", "2,1,1"])])
 def test_edited_program_resumes_to_the_same_loss(tmp_path: Path, world: int, method: list[str]) -> None:
     plan = _plan(
         tmp_path,

@@ -13,8 +13,10 @@ the plan's number of microbatches — or, under ``interleaved`` and ``zero-bubbl
 (:mod:`planner.plan.schedules`), the stages ``k ≡ r (mod P)`` of its rank ``r`` with
 ``ScheduleInterleaved1F1B`` or ``ScheduleInterleavedZeroBubble`` (which runs each backward as torch's
 input-gradient and weight-gradient halves). Inside a stage every rank computes with DTensor on its mesh
-(:mod:`executors.parallel.stages`); a boundary value leaves a stage whole (replicated) on every rank, so rank
-``i`` of the next stage receives it from rank ``i`` of this one. The last stage runs the loss on each rank's rows of
+(:mod:`executors.parallel.stages`); rank ``i`` of the next stage receives a boundary value from rank ``i`` of
+this one: whole (replicated on every rank), or, where the two stages' meshes have one shape, this rank's shard of a
+value the stage computed, in the spec its output spec leaves it in (:func:`boundary_shards`,
+:func:`planner.plan.stage.boundary_spec`). The last stage runs the loss on each rank's rows of
 the model's outputs when the plan says they are batch-major (:func:`planner.plan.stage.loss_row_axes`); the step's
 loss is the sum of the ranks' shares.
 
@@ -25,7 +27,9 @@ embeddings) has its gradients summed over them (:func:`executors.parallel.stages
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -35,13 +39,14 @@ from torch import nn
 from executors.graph_module import Segment, make_segment, model_output, model_tensors
 from executors.parallel.grad_sync import SyncOptions
 from executors.parallel.receive_buffers import ReleasingStage
-from executors.parallel.stages import LossRows, StagePart, build_meshes, build_stage, sync_shared_grads
+from executors.parallel.stages import BoundaryShards, LossRows, StagePart, build_meshes, build_stage, sync_shared_grads
 from executors.session import Workload
 from planner.costing.estimate import shared_params
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan
 from planner.plan.schedules import Schedule
+from planner.plan.stage import boundary_spec, sends_shards
 
 SCHEDULE_CLASSES = {
     "gpipe": "ScheduleGPipe",
@@ -118,6 +123,8 @@ class PipelineRunner:
         params, buffers = model_tensors(model)
         count = len(plan.stages)
         pipeline_stages = []
+        crossing = boundary_shards(graph, plan, segments)
+        examples = partial(_examples, workload, graph, batch_size=microbatch)
         for stage in mine:
             index, last = stage.index, stage.index == count - 1
             part = build_stage(
@@ -133,6 +140,7 @@ class PipelineRunner:
                 loss_inputs=tuple(segments[-1].inputs.index(name) for name in loss_inputs) if last else (),
                 loss_rows=LossRows.of(plan, stage) if last else None,
                 sync=SyncOptions.of(plan),
+                shards=crossing[index],
             )
             self.parts.append(part)
             pipeline_stages.append(
@@ -141,8 +149,8 @@ class PipelineRunner:
                     index,
                     count,
                     torch.device(workload.device),
-                    input_args=_examples(workload, graph, segments[index].inputs, batch_size=microbatch),
-                    output_args=_examples(workload, graph, segments[index].outputs, batch_size=microbatch)
+                    input_args=examples(segments[index].inputs, crossing[index].inputs, stage.mesh_shape),
+                    output_args=examples(segments[index].outputs, crossing[index].outputs, stage.mesh_shape)
                     if not last
                     else torch.zeros(1, device=workload.device),
                     group=groups[position],
@@ -211,16 +219,54 @@ def _schedule(plan: Plan, pipeline_stages: list[Any]) -> Any:
     )
 
 
+def boundary_shards(graph: OpGraph, plan: Plan, segments: list[Segment]) -> list[BoundaryShards]:
+    """Per stage, the inputs and outputs that cross its boundaries as shards: each value stage ``s`` computed and
+    sends to ``s + 1`` when :func:`planner.plan.stage.sends_shards` holds, in the spec
+    :func:`planner.plan.stage.boundary_spec` reads off its output spec; stage ``s + 1`` enters it so."""
+    sent: list[dict[str, tuple[str, ...]]] = []
+    shapes = [stage.mesh_shape for stage in plan.stages]
+    for index, (stage, segment) in enumerate(zip(plan.stages, segments, strict=True)):
+        found: dict[str, tuple[str, ...]] = {}
+        if sends_shards(shapes, index):
+            for name in segment.outputs:
+                record = stage.strategies.get(name)
+                node = graph.node(name) if record is not None else None
+                if node is None or len(node.outputs) != 1 or not node.output.shape:
+                    continue
+                spec = boundary_spec(record.output_spec, mesh_shape=stage.mesh_shape, shape=node.output.shape)
+                if any(placement != "R" for placement in spec):
+                    found[name] = spec
+        sent.append(found)
+    return [
+        BoundaryShards(
+            inputs={p: sent[s - 1][n] for p, n in enumerate(segment.inputs) if s and n in sent[s - 1]},
+            outputs={p: sent[s][n] for p, n in enumerate(segment.outputs) if n in sent[s]},
+        )
+        for s, segment in enumerate(segments)
+    ]
+
+
 def _examples(
-    workload: Workload, graph: OpGraph, names: tuple[str, ...], *, batch_size: int
+    workload: Workload,
+    graph: OpGraph,
+    names: tuple[str, ...],
+    shards: Mapping[int, tuple[str, ...]],
+    mesh_shape: tuple[int, ...],
+    *,
+    batch_size: int,
 ) -> tuple[torch.Tensor, ...]:
-    """Empty tensors with each boundary value's shape and dtype (no shape inference needed)."""
+    """Empty tensors with each boundary value's shape and dtype (no shape inference needed): this rank's shard of
+    those that cross as shards (``shards``: position -> spec on ``mesh_shape``, the stage's and its neighbour's)."""
     from planner.ir.node_call import torch_dtype
 
     metas = []
-    for name in names:
+    for position, name in enumerate(names):
         meta = workload.value_meta(graph, name, batch_size=batch_size)
         dtype = workload.precision.wire_dtype(torch_dtype(meta.dtype))
-        example = torch.empty(meta.shape, dtype=dtype, device=workload.device)
+        shape = list(meta.shape)
+        for axis, placement in enumerate(shards.get(position, ())):
+            if placement != "R":
+                shape[int(placement[2:-1])] //= mesh_shape[axis]
+        example = torch.empty(shape, dtype=dtype, device=workload.device)
         metas.append(example.requires_grad_(example.is_floating_point()))
     return tuple(metas)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,9 +58,19 @@ class LossRows:
         return LossRows(axes=axes, rows=rows) if axes else None
 
 
+@dataclass(frozen=True, kw_only=True)
+class BoundaryShards:
+    """The stage inputs (by position among forward's arguments) and outputs (among what it returns) that cross a
+    pipeline boundary as shards, each with its spec (:func:`planner.plan.stage.boundary_spec`); the others cross
+    whole."""
+
+    inputs: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    outputs: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+
+
 class ShardedStageModule(nn.Module):
-    """Whole tensors in, whole tensors out; DTensors inside; optionally the loss at the end (on this rank's rows
-    of the outputs under ``loss_rows``, scaled by its share)."""
+    """Whole tensors in, whole tensors out (or this rank's shards of those ``shards`` names); DTensors inside;
+    optionally the loss at the end (on this rank's rows of the outputs under ``loss_rows``, scaled by its share)."""
 
     def __init__(
         self,
@@ -71,8 +81,10 @@ class ShardedStageModule(nn.Module):
         loss_inputs: tuple[int, ...] = (),
         loss_rows: LossRows | None = None,
         wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
+        shards: BoundaryShards | None = None,
     ) -> None:
         super().__init__()
+        self._shards = shards or BoundaryShards()
         self.inner = inner
         self.sharding = sharding
         self._loss = loss
@@ -82,7 +94,7 @@ class ShardedStageModule(nn.Module):
 
     def forward(self, *values: Any) -> Any:
         values = tuple(_ContiguousGrad.apply(v) if _needs_grad(v) else v for v in values)
-        outputs = self.inner(*(self.sharding.enter(v) for v in values))
+        outputs = self.inner(*(self._enter(position, v) for position, v in enumerate(values)))
         loss_data = tuple(values[i] for i in self._loss_inputs)
         if self._loss is not None and self._loss_rows is not None:
             assert isinstance(self.sharding, StageSharding), "a one-device stage keeps whole outputs"
@@ -91,13 +103,25 @@ class ShardedStageModule(nn.Module):
             data = tuple(self.sharding.rows_of(v, axes, rows=rows) for v in loss_data)
             share = math.prod(self.sharding.mesh.size(axis) for axis in axes)
             return self._loss(mine, data) / share
-        whole = tuple(self.sharding.leave(v) for v in outputs)
         if self._loss is None:  # sent to the next stage: point-to-point sends need contiguous tensors
-            whole = tuple(
-                _own_tensor(self._to_wire(v).contiguous()) if isinstance(v, torch.Tensor) else v for v in whole
-            )
-            return whole if len(whole) != 1 else whole[0]
-        return self._loss(whole, loss_data)
+            sent = tuple(self._leave(position, v) for position, v in enumerate(outputs))
+            sent = tuple(_own_tensor(self._to_wire(v).contiguous()) if isinstance(v, torch.Tensor) else v for v in sent)
+            return sent if len(sent) != 1 else sent[0]
+        return self._loss(tuple(self.sharding.leave(v) for v in outputs), loss_data)
+
+    def _enter(self, position: int, value: Any) -> Any:
+        spec = self._shards.inputs.get(position)
+        if spec and isinstance(value, torch.Tensor):
+            assert isinstance(self.sharding, StageSharding), "shards cross only between stages of several devices"
+            return self.sharding.enter_shards(value, spec)
+        return self.sharding.enter(value)
+
+    def _leave(self, position: int, value: Any) -> Any:
+        spec = self._shards.outputs.get(position)
+        if spec and isinstance(value, torch.Tensor):
+            assert isinstance(self.sharding, StageSharding), "shards cross only between stages of several devices"
+            return self.sharding.leave_shards(value, spec)
+        return self.sharding.leave(value)
 
     def whole_loss(self, value: torch.Tensor) -> torch.Tensor:
         """The loss of the whole microbatches from this rank's share of it (a collective over the rows' axes)."""
@@ -189,11 +213,13 @@ def build_stage(
     loss_rows: LossRows | None = None,
     wire_dtype: Callable[[torch.dtype], torch.dtype] | None = None,
     sync: SyncOptions | None = None,
+    shards: BoundaryShards | None = None,
 ) -> StagePart:
     """The part of ``stage`` this rank runs, every node as the plan's record of it says; ``sync``: how it
     reduces its gradients (:meth:`executors.parallel.grad_sync.SyncOptions.of` the plan; None: exact, bucketed by
     4-byte gradients, after the backward); ``loss_rows``: where the last stage runs the loss on each rank's rows
-    (:meth:`LossRows.of` the plan)."""
+    (:meth:`LossRows.of` the plan); ``shards``: the inputs and outputs that cross its pipeline boundaries as
+    shards."""
     sharding: StageSharding | SingleDeviceSharding
     if len(stage.devices) == 1:
         sharding = SingleDeviceSharding(device=device)
@@ -212,7 +238,7 @@ def build_stage(
         checkpointed=stage.recomputed_runs(),
     )
     module = ShardedStageModule(
-        inner, sharding, loss=loss, loss_inputs=loss_inputs, loss_rows=loss_rows, wire_dtype=wire_dtype
+        inner, sharding, loss=loss, loss_inputs=loss_inputs, loss_rows=loss_rows, wire_dtype=wire_dtype, shards=shards
     )
     named = dict(inner.named_graph_parameters())
     zero = None

@@ -28,7 +28,9 @@ captured at, so the graph's shape arguments (a ``view``'s sizes) stay right. :cl
 * enters stage inputs as replicated DTensors and leaves outputs as whole tensors
   (:meth:`StageSharding.enter`, :meth:`StageSharding.leave`) — or, on a last stage whose plan says the outputs are
   batch-major, as this rank's rows of them for the loss (:meth:`StageSharding.leave_rows`,
-  :func:`planner.plan.stage.loss_row_axes`);
+  :func:`planner.plan.stage.loss_row_axes`), and across a pipeline boundary between meshes of one shape, the
+  values a stage computed as the shards its output specs leave them in (:meth:`StageSharding.leave_shards`,
+  :meth:`StageSharding.enter_shards`, :func:`planner.plan.stage.boundary_spec`);
 * a one-device stage skips DTensor altogether (:class:`SingleDeviceSharding`: plain tensors, the
   model's own parameters), which keeps pipelines of single-device stages as fast as hand-written
   ones (``benchmarks/executor_overhead.py``);
@@ -131,6 +133,16 @@ class StageSharding:
         """A stage input (the whole tensor on every rank) as a replicated DTensor."""
         return self.replicate(value) if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) else value
 
+    def enter_shards(self, value: torch.Tensor, spec: Sequence[str]) -> DTensor:
+        """A stage input that crossed the boundary as this rank's shard of it in ``spec``
+        (:func:`planner.plan.stage.boundary_spec`); its gradient goes back in the same spec."""
+        return DTensor.from_local(value, self.mesh, to_placements(spec), run_check=False)
+
+    def leave_shards(self, value: Any, spec: Sequence[str]) -> Any:
+        """A stage output as this rank's shard of it in ``spec``, sent so to the next stage
+        (:func:`planner.plan.stage.boundary_spec`); its gradient comes back in the same spec."""
+        return self._local_in(value, to_placements(spec))
+
     def leave(self, value: Any) -> Any:
         """A stage output as the whole tensor on every rank (gradients come back whole too)."""
         if not isinstance(value, DTensor):
@@ -140,10 +152,14 @@ class StageSharding:
     def leave_rows(self, value: Any, axes: Sequence[int]) -> Any:
         """A last stage's output as this rank's rows of it: dim 0 split over ``axes``, whole over the other axes
         (:func:`planner.plan.stage.loss_row_axes`); its gradient comes back split the same way."""
+        return self._local_in(value, self._rows(axes))
+
+    def _local_in(self, value: Any, placements: tuple[Placement, ...]) -> Any:
+        """This rank's local tensor of ``value`` redistributed to ``placements`` (a plain tensor: whole)."""
         if not isinstance(value, torch.Tensor):
             return value
         value = value if isinstance(value, DTensor) else self.replicate(value)
-        return value.redistribute(self.mesh, self._rows(axes)).to_local()
+        return value.redistribute(self.mesh, placements).to_local()
 
     def rows_of(self, value: Any, axes: Sequence[int], *, rows: int) -> Any:
         """This rank's rows of a whole loss input, cut as :meth:`leave_rows` cuts the outputs: those whose dim 0 is

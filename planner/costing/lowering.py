@@ -76,6 +76,7 @@ from planner.ir.graph import OpGraph
 from planner.ir.layers import boundary_bytes
 from planner.plan import GradSync, Plan, Stage
 from planner.plan.schedules import Schedule, in_flight_microbatches
+from planner.plan.stage import sends_shards
 
 
 def simulate_lowered(
@@ -226,6 +227,7 @@ def _as_estimated(
             ddp=ddp,
             pipeline=len(stages) > 1,
             in_flight=_peak_in_flight(schedule, num_stages=len(stages), stage=s, m=m),
+            sends_shards=sends_shards([stage.mesh_shape for stage in stages], s),
         )
         for s, stage in enumerate(stages)
     ]
@@ -288,6 +290,7 @@ def _stage_memory(
     ddp: bool,
     pipeline: bool,
     in_flight: int = 1,
+    sends_shards: bool = False,
 ) -> StageMemory:
     """A pipeline stage's (or a data-parallel plan's) memory parts, as the estimate charges them: FSDP's through
     :func:`planner.costing.zero.fsdp_memory`, any other stage's through
@@ -305,6 +308,7 @@ def _stage_memory(
         data_inputs=data,
         ddp=ddp,
         pipeline=pipeline,
+        sends_shards=sends_shards,
     )
     return replace(memory, in_flight=1)  # the replay holds the in-flight microbatches' activations itself
 

@@ -16,7 +16,9 @@ builds the stage's tape at the microbatch size (:class:`~planner.costing.stage_m
   the model's outputs are batch-major (:func:`planner.plan.stage.loss_row_axes`), the last stage gathers each output
   to its ``1/n`` of the rows and the loss reads those (``n``: :meth:`~planner.costing.setup.CostSetup.loss_rows`); under
   a runtime that keeps each rank's share (``RuntimeProfile.local_outputs``: Megatron-LM) nothing is gathered and
-  the loss reads the rank's share (:func:`_loss_bytes`);
+  the loss reads the rank's share (:func:`_loss_bytes`); a stage that sends its values to the next as shards
+  (:func:`planner.plan.stage.sends_shards`) keeps the shard each crosses in (:func:`planner.plan.stage.boundary_spec`:
+  its own, less any split the axes do not divide evenly);
 * a node the tensor-parallel executor runs on whole inputs (convolutions, batch and group normalization:
   :func:`runs_whole`): its split activation inputs gathered whole (kept when it saves them), its output made
   whole (a transient) and copied out to the planned spec (its local size), and its backward on whole tensors
@@ -54,7 +56,8 @@ from planner.costing.stage_work import stage_strategies
 from planner.ir.graph import OpGraph, OpNode, ValueKind, subgraph
 from planner.ir.op_kinds import BATCH_STATISTICS, WHOLE_UNDER_DTENSOR
 from planner.plan import Stage
-from planner.sharding.specs import REPLICATE, StageMesh
+from planner.plan.stage import boundary_spec
+from planner.sharding.specs import REPLICATE, ShardingSpec, StageMesh
 from planner.sharding.strategies import NodeStrategy
 
 
@@ -69,11 +72,13 @@ def sharded_stage_memory(
     data_inputs: frozenset[str],
     ddp: bool,
     pipeline: bool = False,
+    sends_shards: bool = False,
 ) -> StageMemory:
     """The memory of one device of ``stage`` (module docstring); ``graph`` at the microbatch size (the whole graph
     or the stage's part); ``last``: the stage computes the model's outputs and runs the loss; ``data_inputs``:
     the model's inputs (no gradient); ``ddp``: the stage runs as DDP (a one-stage plan: :func:`runs_as_ddp`);
-    ``pipeline``: a stage of a pipeline of several, which keeps a receive buffer per microbatch."""
+    ``pipeline``: a stage of a pipeline of several, which keeps a receive buffer per microbatch; ``sends_shards``: it
+    sends what it computes to the next stage as shards (:func:`planner.plan.stage.sends_shards`)."""
     grads_in_tape = num_microbatches == 1
     if ddp:  # plain tensors on each replica's rows, whatever the records split
         local = subgraph(graph, list(stage.nodes))
@@ -94,7 +99,11 @@ def sharded_stage_memory(
         inputs=inputs,
         input_grads={name: inputs[name] for name in needs},
         loss_bytes=_loss_bytes(local, chosen, mesh, setup, rows=rows) if last else 0.0,
-        gathered_output_bytes=_gathered_output_bytes(local, chosen, mesh, rows=rows) if gathers else 0.0,
+        gathered_output_bytes=_gathered_output_bytes(
+            local, chosen, mesh, rows=rows, sends_shards=sends_shards and not last
+        )
+        if gathers
+        else 0.0,
         runs=stage.recomputed_runs(),
         activation_itemsize=setup.activation_itemsize,
         fused=not setup.cluster.device.is_cpu(),
@@ -229,17 +238,23 @@ def _loss_bytes(
 
 
 def _gathered_output_bytes(
-    graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh, *, rows: int = 1
+    graph: OpGraph, chosen: Mapping[str, NodeStrategy], mesh: StageMesh, *, rows: int = 1, sends_shards: bool = False
 ) -> float:
     """The copies the runner makes of a DTensor stage's sharded outputs: whole (``StageSharding.leave``), or
-    ``1/rows`` of them on the last stage (``StageSharding.leave_rows``, :func:`planner.plan.stage.loss_row_axes`)."""
+    ``1/rows`` of them on the last stage (``StageSharding.leave_rows``, :func:`planner.plan.stage.loss_row_axes`), or
+    under ``sends_shards`` each computed output's shard in the spec it crosses the boundary in
+    (:func:`planner.plan.stage.boundary_spec`)."""
     total = 0.0
     for name in dict.fromkeys(graph.outputs):
         if not graph.has_node(name):
             continue
-        meta = graph.node(name).output
-        local = mesh.local_bytes(meta, chosen[name].output)
+        node = graph.node(name)
+        meta, spec = node.output, chosen[name].output
+        local = mesh.local_bytes(meta, spec)
         kept = mesh.tensor_bytes(meta) / rows
+        if sends_shards and len(node.outputs) == 1 and meta.shape:
+            sent = boundary_spec(spec.placements, mesh_shape=mesh.mesh_shape, shape=meta.shape)
+            kept = mesh.local_bytes(meta, ShardingSpec(sent))
         total += kept - local if local < kept else 0.0
     return total
 

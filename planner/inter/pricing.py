@@ -55,6 +55,7 @@ from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
 from planner.plan import GradSync, Stage
 from planner.plan.schedules import Schedule, in_flight_microbatches
+from planner.plan.stage import sends_shards
 
 
 def price_stages(
@@ -171,6 +172,7 @@ def _price_each(
             exact=count == 1,
             shapes=shapes,
             index=s,
+            sends_shards=sends_shards([spec.mesh_shape for spec in specs], s),
         )
         if stage.memory_bytes > setup.memory_budget_bytes:
             return None

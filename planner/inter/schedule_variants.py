@@ -45,6 +45,7 @@ from planner.ir.graph import OpGraph
 from planner.options import Method
 from planner.plan import Estimate
 from planner.plan.schedules import MULTI_STAGE_SCHEDULES, check_schedule
+from planner.plan.stage import sends_shards
 
 # (schedule, virtual stages per rank) tried for each candidate; --schedule NAME keeps that name's
 VARIANTS = (("zero-bubble", 1), ("interleaved", 2), ("zero-bubble", 2), ("interleaved", 4))
@@ -103,6 +104,7 @@ def variant(
         [spec.submesh for spec in specs], num_nodes=cluster.num_nodes, devices_per_node=cluster.devices_per_node
     )
     virtual = specs if virtual_stages == 1 else _cut(candidate, tables, specs[0], parts=len(specs) * virtual_stages)
+    mesh_shapes = [spec.mesh_shape for spec in virtual]
     priced = [
         price_stage(
             candidate.setting.graph,
@@ -116,6 +118,7 @@ def variant(
             exact=False,
             shapes=shapes,
             index=k,
+            sends_shards=sends_shards(mesh_shapes, k),
         )
         for k, spec in enumerate(virtual)
     ]

@@ -141,12 +141,14 @@ def _stage_memory(
     ddp: bool,
     fsdp: bool,
     pipeline: bool,
+    sends_shards: bool = False,
 ) -> float:
     """The plan stage's memory per device (:func:`planner.costing.plan_memory.sharded_stage_memory`: its state,
     one microbatch's activation timeline, the others in flight; ``last``: it runs the loss), once per choice and
     schedule position; ``ddp``: a one-stage plan run as DDP; ``fsdp``: one run under FSDP
-    (:func:`planner.costing.zero.fsdp_memory`); ``pipeline``: a stage of several."""
-    key = ("memory", choice, remat, zero, in_flight, m, last, ddp, fsdp, pipeline)
+    (:func:`planner.costing.zero.fsdp_memory`); ``pipeline``: a stage of several; ``sends_shards``: it sends to the
+    next as shards (:func:`planner.plan.stage.sends_shards`)."""
+    key = ("memory", choice, remat, zero, in_flight, m, last, ddp, fsdp, pipeline, sends_shards)
     if fsdp and key not in template.memo:
         template.memo[key] = fsdp_memory(base, template.part, setup, num_microbatches=m).total_bytes
     if key not in template.memo:
@@ -161,6 +163,7 @@ def _stage_memory(
             data_inputs=data,
             ddp=ddp,
             pipeline=not fsdp and not ddp and pipeline,
+            sends_shards=sends_shards,
         )
         template.memo[key] = found.total_bytes
     memory = template.memo[key]
@@ -171,13 +174,15 @@ def _stage_memory(
 @dataclass(frozen=True, kw_only=True)
 class _Where:
     """Where a stage runs in its candidate, for its memory: its slot, the microbatches, how many it holds at once,
-    whether it runs the loss, and whether it is the whole plan (one stage)."""
+    whether it runs the loss, whether it is the whole plan (one stage), and whether it sends to the next stage
+    as shards."""
 
     slot: int
     m: int
     in_flight: int
     last: bool
     exact: bool
+    sends_shards: bool = False
 
 
 def _explained(stage: Stage, *, graph: OpGraph, setup: CostSetup, zero: str | int) -> tuple:
@@ -213,6 +218,7 @@ def _priced_memory(
         ddp=exact and runs_as_ddp([base]),
         fsdp=exact and runs_as_fsdp([base]),
         pipeline=not exact,
+        sends_shards=where.sends_shards,
     )
     if zero == 3 and not (exact and runs_as_fsdp([base])):  # FSDP holds the groups it computes with unsharded
         memory += gathered_param_bytes(planned, graph, setup)
@@ -270,11 +276,13 @@ def price_stage(
     exact: bool,
     shapes: StageShapes,
     index: int,
+    sends_shards: bool = False,
 ) -> PricedStage:
     """Stage ``index`` of a candidate (``spec``) priced on ranks ``devices`` with ``in_flight`` of ``m``
     microbatches (the module docstring). ``refine``: try the stage's own optimum; ``exact`` (a one-stage plan):
     also the memory-constrained ILP, and a data-parallel slot's memory saving weighs every ZeRO level;
-    ``shapes``: the stage problems by shape, shared across candidates."""
+    ``shapes``: the stage problems by shape, shared across candidates; ``sends_shards``: it sends to the next stage
+    as shards (:func:`planner.plan.stage.sends_shards`)."""
     setup, options = tables.setup, tables.options
     names = [name for names in layers.layers[spec.first : spec.last + 1] for name in names]
     part = subgraph(graph, names)
@@ -296,7 +304,8 @@ def price_stage(
         choice, remat=remat, zero=zero, levels=levels, m=m, in_flight=in_flight, setup=setup
     )
     planned = replace(planned, memory_saving=saving)
-    where = _Where(slot=spec.slot, m=m, in_flight=in_flight, last=bool(set(graph.outputs) & set(names)), exact=exact)
+    last = bool(set(graph.outputs) & set(names))
+    where = _Where(slot=spec.slot, m=m, in_flight=in_flight, last=last, exact=exact, sends_shards=sends_shards)
     memory = _priced_memory(template, base, planned, graph, setup, choice=choice, where=where)
     to_part = dict(zip((n.name for n in template.part.nodes), (n.name for n in part.nodes), strict=True))
     return PricedStage(

@@ -22,6 +22,17 @@ That is the whole microbatch's loss and gradient when the loss is a mean over ro
 for microbatches and data-parallel replicas already (:func:`executors.parity.likely_cause` names a loss that is
 not). The memory model charges the outputs and the loss at ``1/n`` of their whole size
 (:mod:`planner.costing.plan_memory`, :func:`planner.inter.layer_costs.loss_and_output_bytes`).
+
+*Shards across stage boundaries* (:func:`boundary_spec`). Between two stages of a pipeline whose stages all have
+the same number of devices, rank ``i`` of a stage sends to rank ``i`` of the next (a pipeline group). When the two
+stages' meshes have the same shape (:func:`sends_shards`), a value the sending stage computed crosses as the shards
+its output spec leaves it in (each ``S(d)`` kept where the axes divide dim ``d`` evenly, the rest replicated) — the
+shard rank ``i`` holds is the one rank ``i`` of the next stage holds at the same mesh coordinates — instead of
+whole on every rank: no gather before the send, ``1/n`` of the bytes on the wire and in the buffers both stages
+keep for the backward. Any other value (a graph input, one passing through a stage, a boundary between meshes of
+different shapes) crosses whole, as before. Exact by construction: the receiver reads the same tensor, a DTensor
+in that spec (:meth:`executors.parallel.tensor_parallel.StageSharding.enter_shards`), which its first reader
+redistributes to the spec it reads.
 """
 
 from __future__ import annotations
@@ -245,3 +256,28 @@ def loss_row_axes(mesh_shape: Sequence[int], *, rows: int) -> tuple[int, ...]:
 def loss_row_split(mesh_shape: Sequence[int], *, rows: int) -> int:
     """How many pieces the last stage cuts its outputs' rows into (1: whole on every rank)."""
     return math.prod(mesh_shape[axis] for axis in loss_row_axes(mesh_shape, rows=rows))
+
+
+def sends_shards(mesh_shapes: Sequence[Sequence[int]], index: int) -> bool:
+    """Whether stage ``index`` of a pipeline whose stages have ``mesh_shapes`` sends the values it computes to the
+    next stage as their shards (:func:`boundary_spec`): every stage has the same number of devices (one pipeline
+    group per device position), more than one, and the next stage's mesh has this one's shape."""
+    if index + 1 >= len(mesh_shapes) or len({math.prod(shape) for shape in mesh_shapes}) != 1:
+        return False
+    return math.prod(mesh_shapes[index]) > 1 and tuple(mesh_shapes[index]) == tuple(mesh_shapes[index + 1])
+
+
+def boundary_spec(output_spec: Sequence[str], *, mesh_shape: Sequence[int], shape: Sequence[int]) -> tuple[str, ...]:
+    """The spec a value crosses a stage boundary in, from its producer's ``output_spec`` and its ``shape``: each axis
+    of more than one device keeps the dim its output spec splits (``S(d)``), where the axes splitting that dim divide
+    it evenly; the rest is replicated (``R``). All ``R``: it crosses whole."""
+    kept = [
+        placement if placement.startswith("S(") and mesh_shape[axis] > 1 else "R"
+        for axis, placement in enumerate(output_spec)
+    ]
+    for dim in {placement for placement in kept if placement != "R"}:
+        axes = [axis for axis, placement in enumerate(kept) if placement == dim]
+        size = shape[int(dim[2:-1])] if int(dim[2:-1]) < len(shape) else 0
+        if not size or size % math.prod(mesh_shape[axis] for axis in axes):
+            kept = ["R" if placement == dim else placement for placement in kept]
+    return tuple(kept)
