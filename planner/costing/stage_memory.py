@@ -31,8 +31,8 @@ saves that input, a transient otherwise). Views and in-place operators alias the
 (:func:`cost_models.memory.aliases_input`), but on a DTensor stage of several devices the tensor-parallel executor
 writes an in-place operator into a copy of its input. Stage inputs are held until the stage's backward ends (the batch;
 a pipeline stage's received activations, whose gradients it sends back), and so are its outputs (the runner
-keeps them to call backward on; a sharded output is gathered whole first, :func:`stage_tape`'s
-``gathered_output_bytes``). The last stage runs the loss on its outputs (:func:`loss_bytes`). Recomputed runs
+keeps them to call backward on; a sharded output is gathered whole first, or to the shard it crosses a pipeline
+boundary in, :func:`stage_tape`'s ``gathered_output_bytes``). The last stage runs the loss on its outputs (:func:`loss_bytes`). Recomputed runs
 keep only what enters them; their activations come back for the backward of the run's last node
 (``backward_bytes``).
 """
