@@ -292,3 +292,26 @@ def test_large_clusters_use_whole_nodes_dividing_them() -> None:
     ]
     assert all(mesh.devices_per_node == 8 for mesh in submeshes(384, 8))
     assert len(submeshes(32, 8)) == 4 + 31  # up to the limit: Alpa's shapes, every n
+
+
+def test_span_options_take_the_largest_peak_of_their_layers_and_sum_the_rest() -> None:
+    """A stage's peak beyond what it keeps is its largest layer's (one microbatch peaks in one layer at a time);
+    its gradient buckets add up (:func:`planner.inter.search._span_maxima`, :meth:`OptionArrays.memory_bytes`)."""
+    import numpy as np
+
+    from planner.inter.search import _span_maxima
+    from planner.inter.stage_dp.solver import OptionArrays
+
+    per_layer = np.array([[1.0], [5.0], [2.0]])
+    maxima = _span_maxima(per_layer)
+    assert maxima[0, 2, 0] == 5.0 and maxima[2, 2, 0] == 2.0 and maxima[0, 0, 0] == 1.0 and maxima[1, 0, 0] == 0.0
+    one = np.array([10.0])
+    arrays = OptionArrays(
+        time_s=one,
+        state_bytes=one,
+        activation_bytes=np.array([2.0]),
+        peak_extra_bytes=np.array([3.0]),
+        sync_bytes=np.array([20.0]),
+    )
+    assert arrays.memory_bytes(4)[0] == 10.0 + max(2.0 * 4 + 3.0, 20.0)
+    assert arrays.memory_bytes(8, (0,)) == 10.0 + max(2.0 * 8 + 3.0, 20.0)

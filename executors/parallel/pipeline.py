@@ -45,8 +45,8 @@ from planner.costing.estimate import shared_params
 from planner.errors import AutoplanError
 from planner.ir.graph import OpGraph
 from planner.plan import Plan
-from planner.plan.schedules import Schedule
-from planner.plan.stage import boundary_spec, sends_shards
+from planner.plan.schedules import Schedule, split_backward_refusal
+from planner.plan.stage import sends_shards, sent_spec
 
 SCHEDULE_CLASSES = {
     "gpipe": "ScheduleGPipe",
@@ -106,6 +106,9 @@ class PipelineRunner:
         graph = workload.graph_at(microbatch)
         loss_inputs = workload.loss_names(graph)
         segments = stage_segments(graph, plan, loss_inputs=loss_inputs)
+        lost = split_backward_refusal(graph, plan.stages) if plan.schedule == Schedule.ZERO_BUBBLE else None
+        if lost is not None:
+            raise AutoplanError(f"this plan cannot run exactly: {lost}")
         meshes = build_meshes(plan, device_type=workload.device.split(":")[0])
         homes = plan.stages[: plan.num_pipeline_ranks]  # stage k runs on the devices of stage k mod P
         groups = [dist.new_group([stage.devices[i] for stage in homes]) for i in range(width)]
@@ -222,7 +225,7 @@ def _schedule(plan: Plan, pipeline_stages: list[Any]) -> Any:
 def boundary_shards(graph: OpGraph, plan: Plan, segments: list[Segment]) -> list[BoundaryShards]:
     """Per stage, the inputs and outputs that cross its boundaries as shards: each value stage ``s`` computed and
     sends to ``s + 1`` when :func:`planner.plan.stage.sends_shards` holds, in the spec
-    :func:`planner.plan.stage.boundary_spec` reads off its output spec; stage ``s + 1`` enters it so."""
+    :func:`planner.plan.stage.sent_spec` reads off its output spec; stage ``s + 1`` enters it so."""
     sent: list[dict[str, tuple[str, ...]]] = []
     shapes = [stage.mesh_shape for stage in plan.stages]
     for index, (stage, segment) in enumerate(zip(plan.stages, segments, strict=True)):
@@ -230,11 +233,12 @@ def boundary_shards(graph: OpGraph, plan: Plan, segments: list[Segment]) -> list
         if sends_shards(shapes, index):
             for name in segment.outputs:
                 record = stage.strategies.get(name)
-                node = graph.node(name) if record is not None else None
-                if node is None or len(node.outputs) != 1 or not node.output.shape:
-                    continue
-                spec = boundary_spec(record.output_spec, mesh_shape=stage.mesh_shape, shape=node.output.shape)
-                if any(placement != "R" for placement in spec):
+                spec = (
+                    None
+                    if record is None
+                    else sent_spec(graph.node(name), record.output_spec, mesh_shape=stage.mesh_shape)
+                )
+                if spec is not None:
                     found[name] = spec
         sent.append(found)
     return [

@@ -117,7 +117,8 @@ def _stage_memory(setting: PipelineChoice, index: tuple[int, int, int, int], *, 
     """(state, activations) bytes per device of a stage: its weights, gradients and optimizer state, and what its
     ``in_flight`` microbatches hold."""
     arrays = setting.spans.arrays
-    return float(arrays.state_bytes[index]), float(arrays.activation_bytes[index] * in_flight)
+    state = float(arrays.state_bytes[index])
+    return state, float(arrays.memory_bytes(in_flight, index)) - state
 
 
 def memory_parts(candidate: Candidate, setup: CostSetup) -> MemoryParts | None:
@@ -246,7 +247,7 @@ def uniform_pipelines(setting: PipelineChoice, setup: CostSetup) -> list[Candida
                     if setting.schedule == Schedule.GPIPE
                     else min(p - s, setting.num_microbatches)
                 )
-                memory = arrays.state_bytes[a, b, j] + arrays.activation_bytes[a, b, j] * in_flight
+                memory = arrays.memory_bytes(in_flight, (a, b, j))
                 times = arrays.time_s[a, b, j]
                 fitting = np.where(memory <= setup.memory_budget_bytes, times, np.inf)
                 # the fastest option that fits; when none does, the smallest (what the does-not-fit figure reports)

@@ -38,25 +38,36 @@ that syncs over a mesh axis once more at the end of the last backward (``StageMe
 
 State: the nodes' ``state_bytes`` (weights, gradients, optimizer state at their shard counts and the stage's
 ZeRO level), less the gradients the tape makes when there is one microbatch.
+
+:func:`layer_memory` reads the same tape on one layer for the stage DP's layer tables
+(:mod:`planner.inter.layer_costs`): what it holds beyond the intra-op problem's per-node figures.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from cost_models.memory import optimizer_bytes, zero_shards
+from cost_models.memory import kept_under_recompute, optimizer_bytes, saved_inputs, zero_shards
 from cost_models.memory_timeline import activation_peak
 from planner.costing.estimate import ddp_bucket_bytes, replica_memory
-from planner.costing.node_cost import node_cost
+from planner.costing.node_cost import NodeCost, node_cost
 from planner.costing.setup import CostSetup
-from planner.costing.stage_memory import NodeBytes, StageMemory, grad_values, loss_bytes, param_owners, stage_tape
+from planner.costing.stage_memory import (
+    NodeBytes,
+    StageMemory,
+    aliases,
+    grad_values,
+    loss_bytes,
+    param_owners,
+    stage_tape,
+)
 from planner.costing.stage_work import stage_strategies
 from planner.ir.graph import OpGraph, OpNode, ValueKind, subgraph
 from planner.ir.op_kinds import BATCH_STATISTICS, WHOLE_UNDER_DTENSOR
 from planner.plan import Stage
-from planner.plan.stage import boundary_spec
+from planner.plan.stage import sent_spec
 from planner.sharding.specs import REPLICATE, ShardingSpec, StageMesh
 from planner.sharding.strategies import NodeStrategy
 
@@ -123,6 +134,63 @@ def sharded_stage_memory(
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class LayerMemory:
+    """What one layer's tape holds beyond the intra-op problem's figures (:func:`layer_memory`)."""
+
+    copies_bytes: float  # resharded copies of inputs its operators save, kept per microbatch in flight
+    peak_extra_bytes: float  # one microbatch's peak in the layer beyond what it keeps (its tape's peak − kept)
+    sync_bytes: float  # the gradient buckets' copy of its gradients that sync over a mesh axis (several devices)
+
+
+def layer_memory(
+    graph: OpGraph,
+    chosen: Mapping[str, NodeStrategy],
+    setup: CostSetup,
+    mesh: StageMesh,
+    *,
+    runs: tuple[tuple[str, ...], ...],
+    zero: int = 0,
+    costs: Mapping[str, NodeCost] | None = None,
+) -> LayerMemory:
+    """The parts of a stage's memory the intra-op problem does not charge, on the tape of one layer (``graph``, its
+    inputs held, at the microbatch size) under ``chosen`` with ``runs`` recomputed, as :func:`sharded_stage_memory`
+    charges them on a whole stage: the resharded copies its non-recomputed operators save, the peak of one
+    microbatch beyond what it keeps (transients, activation gradients, a recomputed run's activations), and the
+    gradient buckets' copy (:class:`~planner.costing.stage_memory.StageMemory`'s ``sync_bytes``). The stage DP adds
+    the copies to each layer's activations, the buckets over its layers and the largest peak of them
+    (:mod:`planner.inter.search`). ``costs``: each node's cost under ``chosen``, where the caller has them."""
+    nodes, _, synced = _node_bytes(graph, chosen, setup, mesh, zero=zero, grads_in_tape=False, costs=costs)
+    inputs = _input_bytes(graph, chosen, mesh)
+    needs = frozenset(name for name in inputs if graph.value(name).meta.is_floating)
+    several = len(mesh.devices) > 1
+    tape = stage_tape(
+        graph,
+        nodes,
+        grads=grad_values(graph, also=needs),
+        inputs=inputs,
+        input_grads={name: inputs[name] for name in needs},
+        runs=runs,
+        activation_itemsize=setup.activation_itemsize,
+        fused=not setup.cluster.device.is_cpu(),
+        inplace_copies=several,
+    )
+    peak = activation_peak(tape)
+    recomputed = kept_under_recompute(graph, runs).recomputed if runs else frozenset()
+    copies = math.fsum(
+        size
+        for node in graph.nodes
+        if node.name not in recomputed and not aliases(node, inplace_copies=several)
+        for position, size in nodes[node.name].copies.items()
+        if position in saved_inputs(node)
+    )
+    return LayerMemory(
+        copies_bytes=copies,
+        peak_extra_bytes=max(0.0, peak.peak_bytes - peak.kept_bytes),
+        sync_bytes=synced if several else 0.0,
+    )
+
+
 def _node_bytes(
     graph: OpGraph,
     chosen: Mapping[str, NodeStrategy],
@@ -131,16 +199,18 @@ def _node_bytes(
     *,
     zero: int,
     grads_in_tape: bool,
+    costs: Mapping[str, NodeCost] | None = None,
 ) -> tuple[dict[str, NodeBytes], float, float]:
     """Each node's tensors on one device, the stage's state (each parameter once, by its first reader; its
-    gradient too unless the tape makes it) and the bytes of the gradients that sync over a mesh axis."""
+    gradient too unless the tape makes it) and the bytes of the gradients that sync over a mesh axis; ``costs``:
+    each node's cost under ``chosen`` where the caller has them (only their output and mask bytes are read)."""
     per = optimizer_bytes(setup.optimizer)
     owners = param_owners(graph)
     found: dict[str, NodeBytes] = {}
     state = synced = 0.0
     for node in graph.nodes:
         strategy = chosen[node.name]
-        cost = node_cost(node, strategy, setup, mesh, saved=False, zero=zero)
+        cost = costs[node.name] if costs is not None else node_cost(node, strategy, setup, mesh, saved=False, zero=zero)
         grads = 0.0
         for name in owners.get(node.name, ()):
             spec = dict(strategy.params).get(name)
@@ -243,7 +313,7 @@ def _gathered_output_bytes(
     """The copies the runner makes of a DTensor stage's sharded outputs: whole (``StageSharding.leave``), or
     ``1/rows`` of them on the last stage (``StageSharding.leave_rows``, :func:`planner.plan.stage.loss_row_axes`), or
     under ``sends_shards`` each computed output's shard in the spec it crosses the boundary in
-    (:func:`planner.plan.stage.boundary_spec`)."""
+    (:func:`planner.plan.stage.sent_spec`)."""
     total = 0.0
     for name in dict.fromkeys(graph.outputs):
         if not graph.has_node(name):
@@ -252,8 +322,8 @@ def _gathered_output_bytes(
         meta, spec = node.output, chosen[name].output
         local = mesh.local_bytes(meta, spec)
         kept = mesh.tensor_bytes(meta) / rows
-        if sends_shards and len(node.outputs) == 1 and meta.shape:
-            sent = boundary_spec(spec.placements, mesh_shape=mesh.mesh_shape, shape=meta.shape)
+        sent = sent_spec(node, spec.placements, mesh_shape=mesh.mesh_shape) if sends_shards else None
+        if sent is not None:
             kept = mesh.local_bytes(meta, ShardingSpec(sent))
         total += kept - local if local < kept else 0.0
     return total

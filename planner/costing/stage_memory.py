@@ -32,9 +32,9 @@ saves that input, a transient otherwise). Views and in-place operators alias the
 writes an in-place operator into a copy of its input. Stage inputs are held until the stage's backward ends (the batch;
 a pipeline stage's received activations, whose gradients it sends back), and so are its outputs (the runner
 keeps them to call backward on; a sharded output is gathered whole first, or to the shard it crosses a pipeline
-boundary in, :func:`stage_tape`'s ``gathered_output_bytes``). The last stage runs the loss on its outputs (:func:`loss_bytes`). Recomputed runs
-keep only what enters them; their activations come back for the backward of the run's last node
-(``backward_bytes``).
+boundary in, :func:`stage_tape`'s ``gathered_output_bytes``). The last stage runs the loss on its outputs
+(:func:`loss_bytes`). Recomputed runs keep only what enters them; their activations come back for the backward of the
+run's last node (``backward_bytes``).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def stage_memory_bytes(memory: StageMemory) -> float:
     return memory.total_bytes
 
 
-def _aliases(node: OpNode, *, inplace_copies: bool) -> bool:
+def aliases(node: OpNode, *, inplace_copies: bool) -> bool:
     """Whether ``node`` allocates nothing: :func:`cost_models.memory.aliases_input`, except that the tensor-parallel
     executor writes an in-place operator into a copy of its DTensor input (``inplace_copies``: a stage of several
     devices on DTensors)."""
@@ -105,7 +105,7 @@ def base_resolver(graph: OpGraph, *, inplace_copies: bool = False) -> Callable[[
     """Value name -> the value whose memory it is (views and in-place operators resolved to what they alias)."""
     base: dict[str, str] = {}
     for node in graph.nodes:
-        if _aliases(node, inplace_copies=inplace_copies):
+        if aliases(node, inplace_copies=inplace_copies):
             source = node.inputs[0]
             base[node.name] = base.get(source, source)
     return lambda name: base.get(name, name)
@@ -135,7 +135,7 @@ def stage_tape(
     run_inputs = _run_inputs(graph, runs) if runs else {}
     ops: list[TapeOp] = []
     for node in graph.nodes:
-        if _aliases(node, inplace_copies=inplace_copies):
+        if aliases(node, inplace_copies=inplace_copies):
             ops.append(TapeOp(name=node.name, reads=(base(node.inputs[0]),)))
             continue
         sizes = node_bytes[node.name]

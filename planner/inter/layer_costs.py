@@ -22,6 +22,10 @@ and each with every recomputation and ZeRO level (:func:`_option`), one *slot* p
   (:func:`planner.intra.stage_problem.recompute_s`: forward compute, half the collectives and half the
   resharding into them, the price the simulator charges too); activations kept = what the runs keep
   (:func:`planner.intra.stage_problem.kept_bytes`: the layer's inputs under ``full``);
+* what the layer's tape holds beyond those figures (:func:`planner.costing.plan_memory.layer_memory`, as the exact
+  pricing charges a whole stage): the resharded copies of inputs its operators save, added to its activations; the
+  peak of one microbatch in it beyond what it keeps (``peak_extra_bytes``); the gradient buckets' copy of its
+  synced gradients on a mesh of several devices (``sync_bytes``, none under FSDP);
 * a layer that computes model outputs also holds them and the loss's tensors once per stage
   (:func:`loss_and_output_bytes`, added to its state by :func:`with_loss`);
 * ZeRO level ``z`` over the data-parallel axes (:mod:`planner.costing.zero`): state bytes and time of the
@@ -41,6 +45,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner.costing.plan_memory import LayerMemory, layer_memory
 from planner.costing.setup import CostSetup
 from planner.intra.ilp import solve_unconstrained
 from planner.intra.incumbents import data_parallel_choice, megatron_choice
@@ -71,6 +76,9 @@ SLOTS = tuple(
 )
 
 
+ROWS = ("time_s", "state_bytes", "activation_bytes", "peak_extra_bytes", "sync_bytes")  # LayerTable.arrays
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerOption:
     time_s: float  # forward + backward of one microbatch, gradient sync amortised
@@ -80,6 +88,8 @@ class LayerOption:
     choice: tuple[int, ...]  # strategy per variable of the table's problem
     source: str
     zero: int = 0
+    peak_extra_bytes: float = 0.0  # one microbatch's peak in the layer beyond what it keeps
+    sync_bytes: float = 0.0  # the gradient buckets' copy of its synced gradients
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,12 +112,11 @@ class LayerTable:
         return option.choice[self.variables.index(self.representative[node])]
 
     def arrays(self) -> np.ndarray:
-        """(3, slots): time, state and activation bytes; inf time for an empty slot."""
-        out = np.zeros((3, len(SLOTS)))
+        """(5, slots): time, state, activation, peak-extra and sync bytes (rows of :data:`ROWS`); inf time for an
+        empty slot."""
+        out = np.zeros((len(ROWS), len(SLOTS)))
         for w, option in enumerate(self.options):
-            out[:, w] = (
-                (np.inf, 0.0, 0.0) if option is None else (option.time_s, option.state_bytes, option.activation_bytes)
-            )
+            out[:, w] = (np.inf, 0, 0, 0, 0) if option is None else tuple(getattr(option, row) for row in ROWS)
         return out
 
 
@@ -154,6 +163,13 @@ def _option(
             memo[choice, remat] = (recompute_s(problem, choice, runs), kept_bytes(problem, choice, runs))
         added, activation = memo[choice, remat]
         time_s += added
+    if (choice, remat, "tape") not in memo:
+        nodes = problem.graph.nodes
+        chosen = {node.name: problem.strategy_of(node.name, choice) for node in nodes}
+        costs = {node.name: problem.cost_of(node.name, choice) for node in nodes}
+        memo[choice, remat, "tape"] = layer_memory(problem.graph, chosen, setup, problem.mesh, runs=runs, costs=costs)
+    tape = memo[choice, remat, "tape"]
+    assert isinstance(tape, LayerMemory)
     if zero:
         if (choice, zero) not in memo:
             memo[choice, zero] = zero_costs(problem, choice, level=zero, setup=setup)
@@ -163,11 +179,13 @@ def _option(
     return LayerOption(
         time_s=time_s,
         state_bytes=state,
-        activation_bytes=activation,
+        activation_bytes=activation + tape.copies_bytes,
         remat=remat,
         choice=choice,
         source=source,
         zero=zero,
+        peak_extra_bytes=tape.peak_extra_bytes,
+        sync_bytes=0.0 if zero in FSDP_LEVELS else tape.sync_bytes,
     )
 
 
@@ -276,8 +294,16 @@ def loss_and_output_bytes(
 
 def with_loss(table: LayerTable, extra_bytes: float) -> LayerTable:
     """``table`` with ``extra_bytes`` added to every option's state (held once per stage, not per microbatch in
-    flight): the model outputs and the loss (:func:`loss_and_output_bytes`)."""
+    flight): the model outputs and the loss (:func:`loss_and_output_bytes`). The loss's tensors include the gradient
+    it hands back, so the layer's peak beyond what it keeps (its outputs' gradients first) counts only past them."""
     if not extra_bytes:
         return table
-    options = tuple(None if o is None else replace(o, state_bytes=o.state_bytes + extra_bytes) for o in table.options)
+    options = tuple(
+        None
+        if o is None
+        else replace(
+            o, state_bytes=o.state_bytes + extra_bytes, peak_extra_bytes=max(0.0, o.peak_extra_bytes - extra_bytes)
+        )
+        for o in table.options
+    )
     return replace(table, options=options)

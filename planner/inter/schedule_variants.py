@@ -44,7 +44,7 @@ from planner.inter.stage_shapes import StageShapes
 from planner.ir.graph import OpGraph
 from planner.options import Method
 from planner.plan import Estimate
-from planner.plan.schedules import MULTI_STAGE_SCHEDULES, check_schedule
+from planner.plan.schedules import MULTI_STAGE_SCHEDULES, check_schedule, split_backward_refusal
 from planner.plan.stage import sends_shards
 
 # (schedule, virtual stages per rank) tried for each candidate; --schedule NAME keeps that name's
@@ -123,6 +123,8 @@ def variant(
         for k, spec in enumerate(virtual)
     ]
     stages = plan_stages(priced, full_graph)
+    if schedule == "zero-bubble" and split_backward_refusal(candidate.setting.graph, stages) is not None:
+        return None  # a parameter would get no gradient (planner.plan.schedules)
     zero = tables.options.zero
     lowered = lower_stages(stages, candidate.setting.graph, setup, num_microbatches=m, schedule=schedule, zero=zero)
     result = simulate_lowered(lowered)

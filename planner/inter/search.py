@@ -10,7 +10,8 @@ For each microbatch count ``m`` (:func:`microbatch_counts`), at microbatch size 
    :class:`~planner.inter.layer_costs.LayerTable` of slots ``w`` (:class:`LayerTables`).
 3. Span options by prefix sums over layers (:func:`option_arrays`)::
 
-       time(k, i, j, (q, w)) = Σ_{ℓ=k..i} time_w(kind ℓ, j, q)     (and state, activation bytes)
+       time(k, i, j, (q, w)) = Σ_{ℓ=k..i} time_w(kind ℓ, j, q)     (and state, activation, sync bytes)
+       peak_extra(k, i, j, (q, w)) = max_{ℓ=k..i} peak_extra_w(kind ℓ, j, q)                  (_span_maxima)
 
    ``--remat off|attention|full`` (``on``: full) keeps only the slots of that recomputation, ``--zero z`` those
    of ZeRO level ``z`` (level 1 on the sharded stages when ``z`` is 2 or 3: those run under FSDP only, so the
@@ -39,7 +40,15 @@ import numpy as np
 from planner.costing.setup import CostSetup
 from planner.errors import AutoplanError
 from planner.inter.forked import fork_map
-from planner.inter.layer_costs import FSDP_LEVELS, SLOTS, LayerTable, layer_table, loss_and_output_bytes, with_loss
+from planner.inter.layer_costs import (
+    FSDP_LEVELS,
+    ROWS,
+    SLOTS,
+    LayerTable,
+    layer_table,
+    loss_and_output_bytes,
+    with_loss,
+)
 from planner.inter.stage_dp.boundaries import BoundaryTable, boundary_table
 from planner.inter.stage_dp.device_blocks import Submesh
 from planner.inter.stage_dp.solver import OptionArrays, StagePlan, solve_stages, submeshes
@@ -228,6 +237,7 @@ def option_arrays(
     width = max(len(shapes) for _, shapes in choices) * slots
     shape = (num_layers, num_layers, len(choices), width)
     times, state, activation = np.full(shape, np.inf), np.zeros(shape), np.zeros(shape)
+    extra, sync = np.zeros(shape), np.zeros(shape)
     allowed = allowed_slots(tables.options.remat, tables.options.zero)
     upper = np.triu(np.ones((num_layers, num_layers), dtype=bool))
     fsdp = np.array([zero in FSDP_LEVELS for _, _, zero in SLOTS])  # data-parallel plans only: one stage, every device
@@ -246,7 +256,7 @@ def option_arrays(
         for index, q in enumerate(shapes):
             per_layer = np.stack([tables.get(graph, layers, kind, submesh, q, m).arrays() for kind in layers.kinds])
             per_layer[:, 0, ~allowed] = np.inf
-            cumulative = np.concatenate([np.zeros((1, 3, slots)), np.cumsum(per_layer, axis=0)])
+            cumulative = np.concatenate([np.zeros((1, len(ROWS), slots)), np.cumsum(per_layer, axis=0)])
             with np.errstate(invalid="ignore"):  # inf − inf where a slot is empty: set to inf below
                 spans = cumulative[None, 1:] - cumulative[:-1, None]  # [k, i] = Σ_{k..i}, valid for k ≤ i
             columns = slice(index * slots, (index + 1) * slots)
@@ -257,12 +267,25 @@ def option_arrays(
                 times[1:, :, j, columns][:, :, fsdp] = np.inf
                 times[:, :-1, j, columns][:, :, fsdp] = np.inf
             state[:, :, j, columns], activation[:, :, j, columns] = spans[:, :, 1], spans[:, :, 2]
+            sync[:, :, j, columns], extra[:, :, j, columns] = spans[:, :, 4], _span_maxima(per_layer[:, 3])
     times[~np.isfinite(times)] = np.inf  # inf − inf in the prefix sums
     return SpanOptions(
-        arrays=OptionArrays(time_s=times, state_bytes=state, activation_bytes=activation),
+        arrays=OptionArrays(
+            time_s=times, state_bytes=state, activation_bytes=activation, peak_extra_bytes=extra, sync_bytes=sync
+        ),
         labels=tuple(labels),
         meshes=tuple(submesh for submesh, _ in choices),
     )
+
+
+def _span_maxima(per_layer: np.ndarray) -> np.ndarray:
+    """``[k, i, slot]`` = the largest of ``per_layer[k..i, slot]`` for ``k ≤ i`` (0 below the diagonal): a stage's
+    peak beyond what it keeps is the largest of its layers'."""
+    count = len(per_layer)
+    out = np.zeros((count, *per_layer.shape))
+    for first in range(count):
+        out[first, first:] = np.maximum.accumulate(per_layer[first:], axis=0)
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,6 +87,11 @@ class StageProblem:
         variable = self.variable_of[self.representative[name]]
         return self.strategies[variable][choice[variable]]
 
+    def cost_of(self, name: str, choice: tuple[int, ...]) -> NodeCost:
+        """The cost of node ``name`` under the strategy ``choice`` picks (its representative's variable)."""
+        variable = self.variable_of[self.representative[name]]
+        return self.costs[variable][choice[variable]]
+
 
 def build_stage_problem(
     graph: OpGraph, setup: CostSetup, mesh: StageMesh, options: IntraOpOptions = DEFAULT_OPTIONS
@@ -200,7 +205,7 @@ def recompute_s(
     objective, _ = evaluate(problem.problem, choice)
     forward = own = step = 0.0
     for node in problem.graph.nodes:
-        c = _cost_of(problem, choice, node.name)
+        c = problem.cost_of(node.name, choice)
         forward, own = forward + c.forward_s, own + c.compute_s + c.comm_s + c.zero_comm_s
         step += c.step_s
     reshard = max(0.0, objective - own - step / problem.num_microbatches)
@@ -217,7 +222,7 @@ def _runs_forward_s(problem: StageProblem, choice: tuple[int, ...], inside: list
         node = graph.node(name)
         key = tuple(problem.representative.get(value, value) for value in (name, *node.inputs))
         if key not in seen:
-            seen[key] = _cost_of(problem, choice, name).forward_s + _reshard_into(problem, choice, name, grads) / 2
+            seen[key] = problem.cost_of(name, choice).forward_s + _reshard_into(problem, choice, name, grads) / 2
         total += seen[key]
     return total
 
@@ -243,7 +248,7 @@ def kept_bytes(problem: StageProblem, choice: tuple[int, ...], runs: tuple[tuple
     kept = kept_under_recompute(graph, runs)
 
     def cost(name: str) -> NodeCost:
-        return _cost_of(problem, choice, name)
+        return problem.cost_of(name, choice)
 
     total = math.fsum(cost(name).mask_bytes for name in kept.masked)
     total += math.fsum(cost(n.name).extra_bytes for n in graph.nodes if n.name not in kept.recomputed)
@@ -286,8 +291,3 @@ def zero_costs(problem: StageProblem, choice: tuple[int, ...], *, level: int, se
         step += weight * (other.step_s - base.step_s)
         state += weight * other.state_bytes
     return ZeroCosts(per_microbatch_s=per_microbatch, step_s=step, state_bytes=state)
-
-
-def _cost_of(problem: StageProblem, choice: tuple[int, ...], name: str) -> NodeCost:
-    variable = problem.variable_of[problem.representative[name]]
-    return problem.costs[variable][choice[variable]]

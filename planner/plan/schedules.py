@@ -23,15 +23,28 @@ actions in the order the executor's schedule class runs them:
 
 ``tests/test_schedules.py`` checks every order against the ``pipeline_order`` torch's own schedule
 classes compute. :func:`check_schedule` refuses what torch's classes refuse.
+
+A zero-bubble schedule splits each backward (torch's ``stage_backward_input``, then ``stage_backward_weight``): on
+every stage but the first, the weight gradients are computed from where the parameters' paths meet the paths of
+the stage inputs that need a gradient. A parameter of such a stage whose path meets none of them (an embedding
+looked up from the model's integer inputs, sent on unchanged) gets no gradient at all (torch's own TODO in
+``backward_weight_one_chunk``). :func:`split_backward_refusal` finds that at planning time, so such a pipeline is
+never offered under zero bubble (:mod:`planner.inter.schedule_variants`), and the executor refuses a plan that has
+it before it runs (``executors.parallel.pipeline.PipelineRunner``).
 """
 
 from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from planner.errors import AutoplanError
+from planner.ir.graph import OpGraph, ValueKind
+
+if TYPE_CHECKING:
+    from planner.plan.stage import Stage
 
 
 class Schedule(enum.StrEnum):
@@ -147,3 +160,45 @@ def interleaved_actions(
         actions.append(next_action("W", backward_stage, backward_steps[weights_done]))
         weights_done += 1
     return actions
+
+
+def split_backward_refusal(graph: OpGraph, stages: Sequence[Stage]) -> str | None:
+    """Why a zero-bubble schedule would lose a parameter's gradient on ``stages`` (module docstring), or None."""
+    for index, stage in enumerate(stages[1:], start=1):
+        lost = unreached_params(graph, stage.nodes)
+        if lost:
+            return (
+                f"under zero bubble stage {index} would get no gradient for {lost[0]} ({len(lost)} parameter(s)): "
+                "torch's split backward computes a stage's weight gradients from its inputs' gradients, and no input "
+                "of the stage that needs a gradient reaches it; re-plan with --schedule gpipe, 1f1b or interleaved"
+            )
+    return None
+
+
+def unreached_params(graph: OpGraph, names: Sequence[str]) -> list[str]:
+    """The parameters read by the nodes ``names`` whose paths to the stage's outputs meet no value that depends on
+    a floating value computed outside the stage (a stage input that needs a gradient)."""
+    mine = set(names)
+    order = [node for node in graph.nodes if node.name in mine]
+    reached: set[str] = set()
+    for node in order:
+        if any(
+            value in reached
+            or (
+                graph.value_kind(value) == ValueKind.NODE and value not in mine and graph.node(value).output.is_floating
+            )
+            for value in node.inputs
+        ):
+            reached.add(node.name)
+    readers = graph.consumers()
+    meets: set[str] = set()
+    for node in reversed(order):
+        if node.name in reached or any(reader in meets for reader in readers.get(node.name, ())):
+            meets.add(node.name)
+    return [
+        value
+        for node in order
+        if node.name not in meets
+        for value in dict.fromkeys(node.inputs)
+        if graph.value_kind(value) == ValueKind.PARAM
+    ]

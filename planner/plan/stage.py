@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from planner.ir.graph import OpNode
 from planner.plan.codec import JsonCoded
 from planner.plan.explain import ExplainRow
 
@@ -281,3 +282,14 @@ def boundary_spec(output_spec: Sequence[str], *, mesh_shape: Sequence[int], shap
         if not size or size % math.prod(mesh_shape[axis] for axis in axes):
             kept = ["R" if placement == dim else placement for placement in kept]
     return tuple(kept)
+
+
+def sent_spec(node: OpNode, output_spec: Sequence[str], *, mesh_shape: Sequence[int]) -> tuple[str, ...] | None:
+    """The spec the value ``node`` computes crosses to the next stage in when its stage sends shards
+    (:func:`sends_shards`): :func:`boundary_spec` of its ``output_spec``, for a node of one output with a shape;
+    None when it crosses whole. The one rule the runner (``executors.parallel.pipeline.boundary_shards``) and the
+    memory model (``planner.costing.plan_memory``) share."""
+    if len(node.outputs) != 1 or not node.output.shape:
+        return None
+    spec = boundary_spec(output_spec, mesh_shape=mesh_shape, shape=node.output.shape)
+    return spec if any(placement != "R" for placement in spec) else None

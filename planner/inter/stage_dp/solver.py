@@ -7,8 +7,11 @@ the optional ``boundary_s`` (p2p of activations and gradients to the next stage,
 
     t_s = o_s.time_s + b(i_s, j_s, j_{s+1})   (none after the last stage)                       (_plan)
     T   = Σ_s t_s + (B − 1)·max_s t_s          (Alpa's pipeline latency)                          (_plan)
-    o_s.state_bytes + o_s.activation_bytes·min(S − s, B) ≤ budget   (1F1B in flight)   (_fitting_times)
-                                                ·B for GPipe (every microbatch in flight: one class)
+    o_s.state_bytes + max(o_s.activation_bytes·f + o_s.peak_extra, o_s.sync) ≤ budget,  f = min(S − s, B)
+                                                (1F1B in flight; f = B for GPipe: one class)   (_fitting_times)
+
+``peak_extra``: what one microbatch holds at its peak beyond what it keeps; ``sync``: the gradient buckets' copy
+at the end of the last backward (:meth:`OptionArrays.memory_bytes`; both 0 for a :class:`StageOption`).
 
 Only the memory check sees a stage's position, through ``f = min(S − s, B)``, so the fastest fitting
 option ``τ_f(k, i, j)`` beats the others of its span, submesh and ``f``: lower sum and max alike.
@@ -74,6 +77,18 @@ class OptionArrays:
     time_s: np.ndarray
     state_bytes: np.ndarray
     activation_bytes: np.ndarray
+    peak_extra_bytes: np.ndarray | None = None  # one microbatch's peak beyond what it keeps (None: 0)
+    sync_bytes: np.ndarray | None = None  # the gradient buckets' copy at the end of the last backward (None: 0)
+
+    def memory_bytes(self, in_flight: int | np.ndarray, index: tuple = ()) -> np.ndarray:
+        """Bytes per device of the options at ``index`` with ``in_flight`` microbatches in flight (module
+        docstring): state + max(activations · in flight + peak extra, sync)."""
+        during = self.activation_bytes[index] * in_flight
+        if self.peak_extra_bytes is not None:
+            during = during + self.peak_extra_bytes[index]
+        if self.sync_bytes is not None:
+            during = np.maximum(during, self.sync_bytes[index])
+        return self.state_bytes[index] + during
 
 
 class StageCosts(Protocol):
@@ -238,8 +253,8 @@ def _arrays(options: Options, num_layers: int, num_meshes: int) -> OptionArrays:
 
 def _fitting_times(arrays: OptionArrays, flights: Sequence[int], budget: float) -> np.ndarray:
     """``τ_f(k, i, j)`` for each ``f`` of ``flights``: the fastest option fitting with f microbatches in flight."""
-    times, state, activation = arrays.time_s, arrays.state_bytes, arrays.activation_bytes
-    return np.stack([np.where(state + activation * f <= budget, times, np.inf).min(axis=-1) for f in flights])
+    times = arrays.time_s
+    return np.stack([np.where(arrays.memory_bytes(f) <= budget, times, np.inf).min(axis=-1) for f in flights])
 
 
 def _classes(fitting: np.ndarray, stage_limit: int, *, exact: bool) -> tuple[np.ndarray, bool]:
@@ -257,7 +272,8 @@ def _chosen(tables: _DpInputs, first: int, last: int, j: int, in_flight: int) ->
     """The fastest option of a stage that fits with ``in_flight`` microbatches."""
     arrays = tables.arrays
     state, activation = arrays.state_bytes[first, last, j], arrays.activation_bytes[first, last, j]
-    times = np.where(state + activation * in_flight <= tables.budget, arrays.time_s[first, last, j], np.inf)
+    memory = arrays.memory_bytes(in_flight, (first, last, j))
+    times = np.where(memory <= tables.budget, arrays.time_s[first, last, j], np.inf)
     o = int(np.argmin(times))
     if tables.labels is not None:
         return tables.labels[first, last, j][o]
