@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from cost_models.memory import kept_under_recompute, optimizer_bytes, saved_inputs, zero_shards
-from cost_models.memory_timeline import activation_peak
+from cost_models.memory_timeline import Tape, activation_peak
 from planner.costing.estimate import ddp_bucket_bytes, replica_memory
 from planner.costing.node_cost import NodeCost, node_cost
 from planner.costing.setup import CostSetup
@@ -103,22 +103,20 @@ def sharded_stage_memory(
     several = len(stage.devices) > 1
     gathers = several and not setup.runtime.local_outputs
     rows = setup.loss_rows(stage.mesh_shape, num_microbatches=num_microbatches) if last else 1
-    tape = stage_tape(
+    tape = _tape(
         local,
         nodes,
-        grads=grad_values(local, also=needs),
+        setup,
         inputs=inputs,
-        input_grads={name: inputs[name] for name in needs},
+        needs=needs,
+        runs=stage.recomputed_runs(),
+        several=several,
         loss_bytes=_loss_bytes(local, chosen, mesh, setup, rows=rows) if last else 0.0,
         gathered_output_bytes=_gathered_output_bytes(
             local, chosen, mesh, rows=rows, sends_shards=sends_shards and not last
         )
         if gathers
         else 0.0,
-        runs=stage.recomputed_runs(),
-        activation_itemsize=setup.activation_itemsize,
-        fused=not setup.cluster.device.is_cpu(),
-        inplace_copies=several,
     )
     peak = activation_peak(tape)
     return StageMemory(
@@ -164,17 +162,7 @@ def layer_memory(
     inputs = _input_bytes(graph, chosen, mesh)
     needs = frozenset(name for name in inputs if graph.value(name).meta.is_floating)
     several = len(mesh.devices) > 1
-    tape = stage_tape(
-        graph,
-        nodes,
-        grads=grad_values(graph, also=needs),
-        inputs=inputs,
-        input_grads={name: inputs[name] for name in needs},
-        runs=runs,
-        activation_itemsize=setup.activation_itemsize,
-        fused=not setup.cluster.device.is_cpu(),
-        inplace_copies=several,
-    )
+    tape = _tape(graph, nodes, setup, inputs=inputs, needs=needs, runs=runs, several=several)
     peak = activation_peak(tape)
     recomputed = kept_under_recompute(graph, runs).recomputed if runs else frozenset()
     copies = math.fsum(
@@ -188,6 +176,35 @@ def layer_memory(
         copies_bytes=copies,
         peak_extra_bytes=max(0.0, peak.peak_bytes - peak.kept_bytes),
         sync_bytes=synced if several else 0.0,
+    )
+
+
+def _tape(
+    graph: OpGraph,
+    nodes: Mapping[str, NodeBytes],
+    setup: CostSetup,
+    *,
+    inputs: Mapping[str, float],
+    needs: frozenset[str],
+    runs: tuple[tuple[str, ...], ...],
+    several: bool,
+    loss_bytes: float = 0.0,
+    gathered_output_bytes: float = 0.0,
+) -> Tape:
+    """The tape of ``graph`` (a stage, or one layer) from its nodes' bytes: ``needs``, the inputs whose gradient goes
+    back; ``several``: a DTensor stage of several devices (in-place operators write into copies)."""
+    return stage_tape(
+        graph,
+        nodes,
+        grads=grad_values(graph, also=needs),
+        inputs=inputs,
+        input_grads={name: inputs[name] for name in needs},
+        loss_bytes=loss_bytes,
+        gathered_output_bytes=gathered_output_bytes,
+        runs=runs,
+        activation_itemsize=setup.activation_itemsize,
+        fused=not setup.cluster.device.is_cpu(),
+        inplace_copies=several,
     )
 
 

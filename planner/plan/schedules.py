@@ -27,17 +27,17 @@ classes compute. :func:`check_schedule` refuses what torch's classes refuse.
 A zero-bubble schedule splits each backward (torch's ``stage_backward_input``, then ``stage_backward_weight``): on
 every stage but the first, the weight gradients are computed from where the parameters' paths meet the paths of
 the stage inputs that need a gradient. A parameter of such a stage whose path meets none of them (an embedding
-looked up from the model's integer inputs, sent on unchanged) gets no gradient at all (torch's own TODO in
-``backward_weight_one_chunk``). :func:`split_backward_refusal` finds that at planning time, so such a pipeline is
-never offered under zero bubble (:mod:`planner.inter.schedule_variants`), and the executor refuses a plan that has
-it before it runs (``executors.parallel.pipeline.PipelineRunner``).
+looked up from the model's integer inputs, sent on unchanged) gets no gradient at all (a known gap, noted in
+torch's ``backward_weight_one_chunk``). :func:`split_backward_refusal` finds that at planning time, so such a
+pipeline is never offered under zero bubble (:mod:`planner.inter.schedule_variants`), and the executor refuses a
+plan that has it before it runs (``executors.parallel.pipeline.PipelineRunner``).
 """
 
 from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from planner.errors import AutoplanError
@@ -164,8 +164,9 @@ def interleaved_actions(
 
 def split_backward_refusal(graph: OpGraph, stages: Sequence[Stage]) -> str | None:
     """Why a zero-bubble schedule would lose a parameter's gradient on ``stages`` (module docstring), or None."""
+    readers = graph.consumers()
     for index, stage in enumerate(stages[1:], start=1):
-        lost = unreached_params(graph, stage.nodes)
+        lost = unreached_params(graph, stage.nodes, readers=readers)
         if lost:
             return (
                 f"under zero bubble stage {index} would get no gradient for {lost[0]} ({len(lost)} parameter(s)): "
@@ -175,9 +176,12 @@ def split_backward_refusal(graph: OpGraph, stages: Sequence[Stage]) -> str | Non
     return None
 
 
-def unreached_params(graph: OpGraph, names: Sequence[str]) -> list[str]:
+def unreached_params(
+    graph: OpGraph, names: Sequence[str], *, readers: Mapping[str, Sequence[str]] | None = None
+) -> list[str]:
     """The parameters read by the nodes ``names`` whose paths to the stage's outputs meet no value that depends on
-    a floating value computed outside the stage (a stage input that needs a gradient)."""
+    a floating value computed outside the stage (a stage input that needs a gradient); ``readers``: the graph's
+    :meth:`~planner.ir.graph.OpGraph.consumers`, where the caller has them."""
     mine = set(names)
     order = [node for node in graph.nodes if node.name in mine]
     reached: set[str] = set()
@@ -190,7 +194,7 @@ def unreached_params(graph: OpGraph, names: Sequence[str]) -> list[str]:
             for value in node.inputs
         ):
             reached.add(node.name)
-    readers = graph.consumers()
+    readers = graph.consumers() if readers is None else readers
     meets: set[str] = set()
     for node in reversed(order):
         if node.name in reached or any(reader in meets for reader in readers.get(node.name, ())):
